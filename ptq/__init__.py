@@ -1,0 +1,29 @@
+"""ptq: post-training quantization for ONNX models.
+
+The public API is imported lazily so that `import ptq` stays cheap (no onnxruntime at import time).
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "QParams": "ptq.qparams",
+    "compute_qparams": "ptq.qparams",
+    "quantize_multiplier": "ptq.requant",
+    "requantize": "ptq.requant",
+    "load_model": "ptq.graph",
+    "calibrate": "ptq.calibrate",
+    "load_quant_table": "ptq.quant_table",
+    "save_quant_table": "ptq.quant_table",
+    "run_int": "ptq.executor",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'ptq' has no attribute {name!r}")
