@@ -1,0 +1,115 @@
+"""`kld`: the threshold minimizing KL(P || Q) over the histogram of |x| (TensorRT 2017, slides 37-39).
+
+On the |x| histogram h (bins of width w; between B/2 + 1 and B bins occupied, see HistogramCollector;
+the default B = 4096 gives at least TensorRT's 2048 bins), with L = 2^(bits-1) levels for a signed
+tensor and 2^bits for an unsigned one (128 / 256 at 8 bits), for every candidate i in [L, n]
+(n = occupied bins):
+
+    P   = h[:i] with the tail sum(h[i:]) added to its last bin, normalized by its sum
+    Q   = h[:i] (no tail) merged into L groups of m = i // L bins (the last group takes the remainder),
+          each group's sum spread evenly over the bins of the group where P is non-zero, normalized
+    KL  = sum_j P_j log(P_j / Q_j);  a candidate whose Q is 0 where P is not scores +inf
+    threshold = i * w (the upper edge of bin i - 1) for the i with the smallest KL (ties: smallest i)
+
+Before the search h[0] is set to h[1]: the spike of exact zeros after a ReLU otherwise dominates P and
+drags the threshold far down (measured on 10^6 ReLU(N(0, 1)) samples at 8 bits: 1.5 without the fix,
+4.47 with it, brute-force MSE optimum 4.2); `zero_spike_fix=False` turns this off. If n <= L no
+clipping is possible at this resolution and the threshold is n * w.
+
+Vectorized sweep: with cumulative sums cs (of h), nz (of h > 0) and xl (of h log h), and N = sum(h),
+for candidate i with group sums S_g, P-masses T_g (= S_g, plus the tail for the last group) and
+non-zero counts k_g:
+
+    KL_i = (xl[i-1] + f(h[i-1] + tail) - sum_g T_g log(S_g / k_g)) / N - log N + log cs[i],  f(a) = a log a
+
+The first L - 1 groups depend on i only through m = i // L, so their sum is computed once per
+(channel, m), O(C * B) in all, and each candidate adds its last group in O(1): the whole sweep is a few
+vectorized passes over (channel, candidate) arrays.
+
+Result: (-t, t) for a signed tensor, (0, t) for an unsigned one, clipped to the observed min/max.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from calibrators.registry import Calibrator, clip_symmetric, register_calibrator
+from calibrators.statistics import Stat
+
+def _xlogx(a: np.ndarray) -> np.ndarray:
+    return a * np.log(np.where(a > 0, a, 1.0))
+
+
+def occupied_bins(counts: np.ndarray) -> np.ndarray:
+    """(C,) index of the last non-empty bin plus one, 0 for an empty row."""
+    mask = counts > 0
+    return np.where(mask.any(axis=1), counts.shape[1] - np.argmax(mask[:, ::-1], axis=1), 0)
+
+
+def kld_sweep(abs_counts: np.ndarray, levels: int, zero_spike_fix: bool = True) -> tuple:
+    """KL(P || Q) of every candidate of every channel: (channel, candidate i, kl), flat arrays, grouped
+    by channel in order and i ascending within a channel (see the module docstring for P, Q and i)."""
+    nbins = abs_counts.shape[1]
+    h = abs_counts.astype(np.float64)
+    if zero_spike_fix and nbins > 1:
+        h[:, 0] = h[:, 1]
+    ncand = np.maximum(occupied_bins(abs_counts) - levels + 1, 0)
+    chan = np.repeat(np.arange(h.shape[0]), ncand)
+    cand = levels + np.arange(chan.size) - np.repeat(np.cumsum(ncand) - ncand, ncand)
+    if chan.size == 0:
+        return chan, cand, np.empty(0)
+
+    zero = np.zeros((h.shape[0], 1))
+    cs = np.concatenate([zero, np.cumsum(h, axis=1)], axis=1)
+    nz = np.concatenate([zero, np.cumsum(h > 0, axis=1, dtype=np.float64)], axis=1)
+    xl = np.concatenate([zero, np.cumsum(_xlogx(h), axis=1)], axis=1)
+    total = cs[:, -1]
+
+    # The first L - 1 groups depend on the candidate only through m = i // L: one row per (channel, m).
+    m_values = np.arange(1, cand.max() // levels + 1)
+    start = np.arange(levels - 1)[None, :] * m_values[:, None]  # (M, L - 1)
+    stop = start + m_values[:, None]
+    s = cs[:, stop] - cs[:, start]  # (C, M, L - 1)
+    k = nz[:, stop] - nz[:, start]
+    head = np.sum(s * np.log(np.where(s > 0, s, 1.0) / np.maximum(k, 1.0)), axis=2)  # (C, M)
+
+    m = cand // levels
+    last_start = (levels - 1) * m
+    tail = total[chan] - cs[chan, cand]
+    last = h[chan, cand - 1]
+    s_last = cs[chan, cand] - cs[chan, last_start]
+    k_last = nz[chan, cand] - nz[chan, last_start] + ((last == 0) & (tail > 0))  # the tail fills P's last bin
+    t_last = s_last + tail
+    cross = head[chan, m - 1] + t_last * np.log(np.where(s_last > 0, s_last, 1.0) / np.maximum(k_last, 1.0))
+    entropy = xl[chan, cand - 1] + _xlogx(last + tail)
+    kept = cs[chan, cand]  # sum of Q before normalization; 0 only when Q is 0 everywhere (scored +inf)
+    kl = (entropy - cross) / total[chan] - np.log(total[chan]) + np.log(np.maximum(kept, 1.0))
+    return chan, cand, np.where((t_last > 0) & (s_last == 0), np.inf, kl)
+
+
+def kld_threshold_bins(abs_counts: np.ndarray, levels: int, zero_spike_fix: bool = True) -> np.ndarray:
+    """(C,) the best candidate i per channel (the threshold is i * bin width); see the module docstring."""
+    best = occupied_bins(abs_counts)
+    chan, cand, kl = kld_sweep(abs_counts, levels, zero_spike_fix)
+    if chan.size:
+        order = np.lexsort((kl, chan))  # stable: among equal KL the smallest candidate comes first
+        per_channel = np.bincount(chan, minlength=best.size)
+        has = per_channel > 0
+        best[has] = cand[order[(np.cumsum(per_channel) - per_channel)[has]]]
+    return best
+
+
+@register_calibrator("kld")
+@dataclass(frozen=True)
+class KLD(Calibrator):
+    """TensorRT's entropy calibration on the |x| histogram (see the module docstring)."""
+
+    zero_spike_fix: bool = True
+    needs = frozenset({Stat.HISTOGRAM})
+
+    def _compute(self, stats, bits, signed):
+        hist = stats.histogram
+        levels = 1 << (bits - 1 if signed else bits)
+        threshold = kld_threshold_bins(hist.abs_counts(), levels, self.zero_spike_fix) * hist.width
+        return clip_symmetric(threshold, stats, signed)
