@@ -1,0 +1,41 @@
+"""The `ptq` command line: one subcommand per module in `ptq.commands`."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional
+
+from ptq import __version__
+
+# Each module defines `add_arguments(parser)` and `run(args) -> int`, and a one-line `HELP`.
+SUBCOMMANDS = ("calibrate", "run", "ops", "report", "debug")
+
+
+class UserError(Exception):
+    """An error caused by the user's input: printed as one line, exit status 2, no traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ptq", description="Post-training quantization for ONNX models.")
+    parser.add_argument("--version", action="version", version=f"ptq {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in SUBCOMMANDS:
+        module = importlib.import_module(f"ptq.commands.{name}")
+        sub = subparsers.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(sub)
+        sub.set_defaults(handler=module.run)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except (UserError, ValueError, FileNotFoundError) as exc:
+        print(f"ptq {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the `ptq` CLI (see ptq/cli.py)."""

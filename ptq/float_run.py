@@ -1,0 +1,142 @@
+"""The float run that feeds calibration: onnxruntime on a copy of the model whose activations are outputs.
+
+Each batch's activations are folded into per-tensor `TensorStatistics` and dropped, so memory stays at one
+batch of activations however many images are used (onnxruntime's own calibration keeps all of them).
+A model whose batch dimension is fixed at 1 is run sample by sample. When a calibrator needs per-batch
+statistics (`mean`), each tensor's per-sample activations are concatenated along axis 0 into the batch
+before folding, so statistics see the same batches as with a dynamic-batch model; otherwise every sample
+is folded on its own (the result is the same, the memory one sample's activations).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Optional, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from calibrators import Stat, TensorStatistics
+from ptq.graph import Graph, ModelError
+
+
+def stats_model(graph: Graph, tensors: Sequence[str]) -> onnx.ModelProto:
+    """A copy of the model with every tensor in `tensors` (that is not a graph input) as an extra output."""
+    model = onnx.ModelProto()
+    model.CopyFrom(graph.model)
+    present = {o.name for o in model.graph.output} | set(graph.inputs)
+    for name in tensors:
+        if name in present:
+            continue
+        info = graph.tensors[name]
+        elem = helper.np_dtype_to_tensor_dtype(info.dtype)
+        model.graph.output.append(helper.make_tensor_value_info(name, elem, None))
+        present.add(name)
+    return model
+
+
+def image_input(graph: Graph) -> str:
+    """The one float graph input that images are fed to."""
+    float_inputs = [n for n in graph.inputs if graph.tensors[n].is_float]
+    if len(graph.inputs) != 1 or len(float_inputs) != 1:
+        raise ModelError(f"calibration from images needs a model with one float input, this one has {graph.inputs}")
+    return float_inputs[0]
+
+
+@dataclass
+class FloatRunner:
+    """An onnxruntime session that returns the listed activations for a batch of model inputs."""
+
+    graph: Graph
+    tensors: list[str]
+    input_name: str
+    fixed_batch: Optional[int]  # the model's batch dimension when it is a fixed number
+    session: object
+
+    @classmethod
+    def create(cls, graph: Graph, tensors: Sequence[str], providers: Optional[list[str]] = None) -> "FloatRunner":
+        import onnxruntime as ort  # imported lazily: it is slow to import
+
+        name = image_input(graph)
+        batch_dim = graph.tensors[name].shape[0]
+        if batch_dim not in (None, 0, 1):
+            raise ModelError(f"input {name!r} has a fixed batch of {batch_dim}; ptq needs batch 1 or a dynamic batch")
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        try:
+            session = ort.InferenceSession(
+                stats_model(graph, tensors).SerializeToString(),
+                options,
+                providers=providers or ["CPUExecutionProvider"],
+            )
+        except _ort_errors() as exc:
+            raise ModelError(f"onnxruntime cannot load the model: {exc}") from exc
+        return cls(graph, list(tensors), name, batch_dim or None, session)
+
+    def _session_run(self, names: list[str], batch: np.ndarray) -> list[np.ndarray]:
+        try:
+            return self.session.run(names, {self.input_name: batch})
+        except _ort_errors() as exc:
+            raise ModelError(f"onnxruntime failed on a batch of shape {batch.shape}: {exc}") from exc
+
+    def run(self, batch: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
+        """(name, activation with the batch on axis 0) for every listed tensor, one tensor at a time.
+
+        For a batch-1 model each tensor's per-sample pieces are concatenated only when it is yielded and
+        then released, so the peak is one batch of activations plus one tensor, not two batches.
+        """
+        if self.input_name in self.tensors:
+            yield self.input_name, batch
+        wanted = [t for t in self.tensors if t != self.input_name]
+        if self.fixed_batch == 1 and batch.shape[0] != 1:
+            per_sample = [self._session_run(wanted, batch[i : i + 1]) for i in range(len(batch))]
+            for k, name in enumerate(wanted):
+                pieces = [sample[k] for sample in per_sample]
+                for sample in per_sample:
+                    sample[k] = None
+                yield name, _concat(pieces)
+        else:
+            yield from zip(wanted, self._session_run(wanted, batch))
+
+
+def _ort_errors() -> tuple:
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    return (state.Fail, state.InvalidArgument, state.InvalidGraph, state.RuntimeException, state.NotImplemented)
+
+
+def _concat(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(arrays, axis=0) if arrays[0].ndim else np.stack(arrays)
+
+
+def collect_statistics(
+    graph: Graph,
+    batches: Iterable[np.ndarray],
+    tensors: Sequence[str],
+    needs: frozenset,
+    *,
+    providers: Optional[list[str]] = None,
+    on_batch: Optional[Callable[[int], None]] = None,
+) -> dict[str, TensorStatistics]:
+    """Per-tensor statistics of `tensors` over all `batches` (each folded in and dropped).
+
+    `on_batch(n)` is called after each batch of n samples (progress reporting).
+    """
+    runner = FloatRunner.create(graph, tensors, providers)
+    stats = {name: TensorStatistics(needs, axis=None) for name in tensors}
+    # Only per-batch statistics depend on how samples are grouped (min/max, moments and the fixed-grid
+    # histograms do not), so without them a batch-1 model folds sample by sample: one sample's activations
+    # in memory instead of a batch's.
+    sample_by_sample = runner.fixed_batch == 1 and Stat.BATCH_EXTREMA not in needs
+    dtype = graph.tensors[runner.input_name].dtype
+    for batch in batches:
+        batch = np.asarray(batch, dtype=dtype)
+        for part in (np.split(batch, len(batch)) if sample_by_sample else [batch]):
+            for name, value in runner.run(part):
+                try:
+                    stats[name].update(value)
+                except ValueError as exc:
+                    raise ValueError(f"tensor {name!r}: {exc}") from exc
+        if on_batch is not None:
+            on_batch(len(batch))
+    return stats

@@ -1,0 +1,230 @@
+"""Export a QDQ ONNX model from a graph and its quantization table (onnxruntime runs it).
+
+- Every activation `t` in the table: the producer now writes `t_prequant`, then
+  `QuantizeLinear -> DequantizeLinear` writes `t` again, so downstream nodes and graph outputs keep their
+  names and see the fake-quantized value `DQ(Q(t))`. A graph input gets its chain at the start and its
+  consumers are rewired to `t_dq`.
+- Weights are stored quantized (`w_quantized`, integer initializer) + `DequantizeLinear` (with `axis` when
+  per-channel) writing `w`.
+- Conv/ConvTranspose/Gemm biases are stored as int32 with `scale = s_in * s_w[c]` (float32 product, as
+  onnxruntime computes it), zero point 0: `b_q = clamp(round_half_even(b / scale), int32)`.
+
+Containers: bits <= 8 use int8/uint8, up to 16 int16/uint16. 16-bit Q/DQ needs opset 21 in the default
+domain; before that the `com.microsoft` Q/DQ (onnxruntime contrib ops) is used. Per-channel
+`DequantizeLinear` needs opset 13, so older models are converted to opset 13 first.
+
+Codes narrower than their container (e.g. 4 bits in int8, or the restricted range [-127, 127]) would
+otherwise saturate at the container's limits: a `Clip` to the real range `[(qmin - zp) * s, (qmax - zp) * s]`
+before `QuantizeLinear` makes `round(x / s) + zp` land in [qmin, qmax]. Stored weights are already in range.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, version_converter
+
+from ptq.graph import Graph, ModelError
+from ptq.qparams import QParams
+from ptq.quant_table import QuantTable
+from ptq.weight_roles import bias_role, weight_role
+
+MS_DOMAIN = "com.microsoft"
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _container_range(qp: QParams) -> tuple[int, int]:
+    info = np.iinfo(qp.dtype)
+    return int(info.min), int(info.max)
+
+
+def bias_scale(input_qp: QParams, weight_qp: QParams) -> np.ndarray:
+    """float32 `s_in * s_w` (one value per weight channel)."""
+    return (input_qp.scale.astype(np.float32) * weight_qp.scale.astype(np.float32)).astype(np.float32)
+
+
+def quantize_bias(bias: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """int32 `clamp(round_half_even(b / scale))` (float64 division)."""
+    q = np.rint(np.asarray(bias, dtype=np.float64) / scale.astype(np.float64))
+    return np.clip(q, INT32_MIN, INT32_MAX).astype(np.int32)
+
+
+class _Builder:
+    """Accumulates the new initializers and nodes; hands out unique names."""
+
+    def __init__(self, model: onnx.ModelProto, opset: int):
+        self.model = model
+        self.opset = opset
+        self.used = {t.name for t in model.graph.initializer} | {i.name for i in model.graph.input}
+        for node in model.graph.node:
+            self.used.update(node.input)
+            self.used.update(node.output)
+        self.initializers: list[onnx.TensorProto] = []
+        self.uses_ms_domain = False
+
+    def name(self, base: str) -> str:
+        candidate, k = base, 1
+        while candidate in self.used:
+            candidate, k = f"{base}_{k}", k + 1
+        self.used.add(candidate)
+        return candidate
+
+    def constant(self, base: str, value: np.ndarray) -> str:
+        name = self.name(base)
+        self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def domain(self, qp_dtype: np.dtype) -> str:
+        if qp_dtype.itemsize == 2 and self.opset < 21:
+            self.uses_ms_domain = True
+            return MS_DOMAIN
+        return ""
+
+    def scale_zp(self, base: str, qp: QParams) -> tuple[str, str]:
+        shape = () if qp.axis is None else (qp.scale.size,)
+        scale = self.constant(f"{base}_scale", qp.scale.astype(np.float32).reshape(shape))
+        zp = self.constant(f"{base}_zero_point", qp.zero_point.astype(qp.dtype).reshape(shape))
+        return scale, zp
+
+    def dequantize(self, quantized: str, scale: str, zp: str, out: str, qp_dtype, axis: Optional[int]) -> onnx.NodeProto:
+        kwargs = {} if axis is None else {"axis": int(axis)}
+        return helper.make_node("DequantizeLinear", [quantized, scale, zp], [out], name=self.name(f"{out}_DequantizeLinear"),
+                                domain=self.domain(qp_dtype), **kwargs)
+
+    def qdq_chain(self, source: str, out: str, qp: QParams) -> list[onnx.NodeProto]:
+        """[Clip ->] QuantizeLinear -> DequantizeLinear from `source` to `out` (per-tensor activation)."""
+        nodes = []
+        scale, zp = self.scale_zp(out, qp)
+        x = source
+        if (qp.qmin, qp.qmax) != _container_range(qp):
+            lo, hi = qp.real_range()
+            lo_name = self.constant(f"{out}_clip_min", np.float32(lo[0]))
+            hi_name = self.constant(f"{out}_clip_max", np.float32(hi[0]))
+            x = self.name(f"{out}_clipped")
+            nodes.append(helper.make_node("Clip", [source, lo_name, hi_name], [x], name=self.name(f"{out}_Clip")))
+        quantized = self.name(f"{out}_quantized")
+        nodes.append(helper.make_node("QuantizeLinear", [x, scale, zp], [quantized],
+                                      name=self.name(f"{out}_QuantizeLinear"), domain=self.domain(qp.dtype)))
+        nodes.append(self.dequantize(quantized, scale, zp, out, qp.dtype, None))
+        return nodes
+
+
+def _prepare_model(graph: Graph, table: QuantTable) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    model.CopyFrom(graph.model)
+    per_channel = any(e.qparams.axis is not None for e in table.tensors.values())
+    if per_channel and graph.opset < 13:
+        try:
+            model = version_converter.convert_version(model, 13)
+        except Exception as exc:  # the converter raises bare RuntimeErrors from C++
+            raise ModelError(f"per-channel QDQ needs opset 13; converting this opset {graph.opset} model failed "
+                             f"({exc}); use per-tensor weights") from exc
+    return model
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def _quantize_weights(graph: Graph, table: QuantTable, b: _Builder, initializers: dict) -> tuple[list, set]:
+    """DequantizeLinear nodes for weights and biases; returns (nodes, names of replaced float initializers)."""
+    nodes, replaced = [], set()
+    consumers = graph.consumers()
+    for node in graph.nodes:
+        role = weight_role(node)
+        if role is None or len(node.inputs) <= role.input_index:
+            continue
+        w = node.inputs[role.input_index]
+        entry = table.tensors.get(w)
+        if w not in initializers or entry is None or entry.kind != "weight":
+            continue
+        if initializers[w].dtype != np.float32:
+            raise ModelError(f"QDQ export supports float32 weights; {w!r} is {initializers[w].dtype}")
+        qp = entry.qparams
+        if qp.axis is not None and (qp.axis >= initializers[w].ndim or initializers[w].shape[qp.axis] != qp.scale.size):
+            raise ModelError(f"weight {w!r} of shape {initializers[w].shape} does not match its table entry "
+                             f"({qp.scale.size} scales on axis {qp.axis}); was the table calibrated on this model?")
+        if w not in replaced:
+            quantized = b.constant(f"{w}_quantized", qp.quantize(initializers[w]))
+            scale, zp = b.scale_zp(w, qp)
+            nodes.append(b.dequantize(quantized, scale, zp, w, qp.dtype, qp.axis))
+            replaced.add(w)
+        nodes.extend(_quantize_bias(node, entry.qparams, table, b, initializers, consumers, replaced))
+    return nodes, replaced
+
+
+def _quantize_bias(node, weight_qp: QParams, table: QuantTable, b: _Builder, initializers, consumers, replaced) -> list:
+    role = bias_role(node)
+    if role is None:
+        return []
+    bias_name, input_qp = node.inputs[role.input_index], table.qparams(node.inputs[role.data_index])
+    if bias_name not in initializers or bias_name in replaced or input_qp is None or len(consumers[bias_name]) != 1:
+        return []  # shared or computed biases stay float
+    bias = initializers[bias_name]
+    scale = bias_scale(input_qp, weight_qp)
+    if bias.ndim != 1 or scale.size not in (1, bias.size):
+        return []
+    axis = None if scale.size == 1 else 0
+    quantized = b.constant(f"{bias_name}_quantized", quantize_bias(bias, scale))
+    scale_name = b.constant(f"{bias_name}_scale", scale.reshape(() if axis is None else (scale.size,)))
+    zp_name = b.constant(f"{bias_name}_zero_point", np.zeros(() if axis is None else (scale.size,), np.int32))
+    replaced.add(bias_name)
+    return [b.dequantize(quantized, scale_name, zp_name, bias_name, np.dtype(np.int32), axis)]
+
+
+def export_qdq(graph: Graph, table: QuantTable) -> onnx.ModelProto:
+    """The QDQ model of `graph` with the QParams of `table` (see the module docstring)."""
+    model = _prepare_model(graph, table)
+    b = _Builder(model, _opset(model))
+    initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    weight_nodes, replaced = _quantize_weights(graph, table, b, initializers)
+
+    activations = {
+        name: table.tensors[name].qparams
+        for name in graph.activations
+        if name in table.tensors and table.tensors[name].kind == "activation"
+    }
+    for name, qp in activations.items():
+        if graph.tensors[name].dtype != np.float32:
+            raise ModelError(f"QDQ export supports float32 activations; {name!r} is {graph.tensors[name].dtype}")
+        if qp.axis is not None:
+            raise ModelError(f"activation {name!r} has per-channel QParams; QDQ export quantizes activations per tensor")
+
+    head, input_rename = list(weight_nodes), {}
+    for name in graph.inputs:
+        if name in activations:
+            input_rename[name] = b.name(f"{name}_dq")
+            head.extend(b.qdq_chain(name, input_rename[name], activations[name]))
+
+    body = []
+    for node in model.graph.node:
+        for k, inp in enumerate(node.input):
+            if inp in input_rename:
+                node.input[k] = input_rename[inp]
+        chains = []
+        for k, out in enumerate(node.output):
+            if out in activations:
+                node.output[k] = b.name(f"{out}_prequant")
+                chains.extend(b.qdq_chain(node.output[k], out, activations[out]))
+        body.append(node)
+        body.extend(chains)
+    for out in model.graph.output:
+        if out.name in input_rename:
+            raise ModelError(f"graph input {out.name!r} is also a graph output; cannot quantize it in place")
+
+    kept = [t for t in model.graph.initializer if t.name not in replaced]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept + b.initializers)
+    graph_inputs = [i for i in model.graph.input if i.name not in replaced]
+    del model.graph.input[:]
+    model.graph.input.extend(graph_inputs)
+    del model.graph.node[:]
+    model.graph.node.extend(head + body)
+    if b.uses_ms_domain and not any(o.domain == MS_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        raise ModelError(f"internal error: the exported QDQ model is invalid: {exc}") from exc
+    return model
