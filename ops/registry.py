@@ -21,7 +21,9 @@ from ptq.requant import DEFAULT_MBITS
 
 
 class DotBackend(Protocol):
-    """The integer dot product under Conv, Gemm and MatMul: (..., M, K) @ (K, N) -> int64 (..., M, N)."""
+    """The integer dot product under Conv, Gemm and MatMul: (..., M, K) @ (..., K, N) -> int64 (..., M, N),
+    batch dimensions broadcast as in numpy.matmul (grouped conv and activation @ activation use them).
+    The result must be a new array: the ops requantize it in place."""
 
     name: str
 
@@ -44,6 +46,7 @@ class IntRuntime:
 class QuantizeOptions:
     mbits: int = DEFAULT_MBITS  # multiplier width of (M, N) pairs
     accumulator_bits: int = 32
+    bn_weight_bits: int = 16  # standalone BatchNormalization weights (whitepaper 4.5 advises 16)
 
 
 @dataclass

@@ -74,3 +74,33 @@ def saturate_int32(acc: np.ndarray) -> tuple[np.ndarray, int]:
     if overflow:
         acc = np.clip(acc, INT32_MIN, INT32_MAX)
     return acc, overflow
+
+
+def requantize_inplace(acc: np.ndarray, m, n, zp_out, qmin: int, qmax: int, axis: Optional[int] = None,
+                       dtype=None, offset=None) -> np.ndarray:
+    """`requantize(acc + offset, ...)` computed in the int64 array `acc` itself (overwritten), with no
+    full-size temporaries (they dominate the time on large activations):
+
+        acc = clamp((acc * M + (offset * M + 2^(N-1) + zp_out * 2^N)) >> N, qmin, qmax)
+
+    The same integers as `requantize`: zp_out * 2^N is a multiple of 2^N, so it passes through the shift.
+    `offset` (a bias / zero-point fold, broadcastable to `acc`): |acc| * M + |offset| * M + 2^(N-1) +
+    |zp_out| * 2^N must stay within int64; callers check this with a static bound.
+    """
+    if not isinstance(acc, np.ndarray) or acc.dtype != np.int64 or not acc.flags.writeable:
+        raise ValueError("requantize_inplace needs a writable int64 array")
+    m, n, zp_out = (np.asarray(v, dtype=np.int64) for v in (m, n, zp_out))
+    if axis is not None:
+        shape = [1] * acc.ndim
+        shape[axis % acc.ndim] = -1
+        m, n, zp_out = (v.reshape(shape) if v.size > 1 else v.reshape(()) for v in (m, n, zp_out))
+    else:
+        m, n, zp_out = (v.reshape(()) if v.size == 1 else v for v in (m, n, zp_out))
+    const = ((np.int64(1) << n) >> 1) + zp_out * (np.int64(1) << n)
+    if offset is not None:
+        const = const + np.asarray(offset, dtype=np.int64) * m
+    np.multiply(acc, m, out=acc)
+    np.add(acc, const, out=acc)
+    np.right_shift(acc, n, out=acc)
+    np.clip(acc, qmin, qmax, out=acc)
+    return acc.astype(dtype) if dtype is not None else acc

@@ -1,0 +1,153 @@
+"""Add, Sub, Mul with numpy broadcasting (whitepaper 4.24 ElementwiseAdd, 4.28 ElementwiseSub, 4.27 ElementwiseMul).
+
+Add / Sub rescale both inputs to one common scale s_y / 2^L with their own (M, N) pairs, add, and requantize
+the sum by a plain rounding shift of L bits (L = `COMMON_SHIFT`):
+
+    a_c = ((a_q - zp_a) * 2^L * M_a + 2^(N_a-1)) >> N_a           M_a / 2^N_a ~= s_a / s_y
+    b_c = ((b_q - zp_b) * 2^L * M_b + 2^(N_b-1)) >> N_b           M_b / 2^N_b ~= s_b / s_y
+    y_q = clamp(((a_c +- b_c + 2^(L-1)) >> L) + zp_y, qmin, qmax)
+
+This is the whitepaper's y = ((a - zp_a) M' + (b - zp_b) M'') / 2^N' with M', M'' kept within `mbits` bits
+each (the products M_2 M_3 2^(N_1-N_2) of 4.24 can reach 30+ bits). LSB bound vs the float op on the
+dequantized inputs: 0.5 (final rounding) + 2^-L (intermediate roundings) + sum_i |x_i - zp_i| * err_i with
+err_i = |M_i / 2^N_i - s_i / s_y| <= (s_i / s_y) * 2^-(mbits-1): under 0.6 LSB for 8-bit operands.
+
+Mul: y_q = clamp((((a_q - zp_a) * (b_q - zp_b) * M + 2^(N-1)) >> N) + zp_y, qmin, qmax), M / 2^N ~= s_a s_b / s_y.
+LSB bound: 0.5 + |(a - zp_a)(b - zp_b)| * |M / 2^N - s_a s_b / s_y| (under 0.52 for 8-bit operands whose
+product fits the output range; at most 2^-32 absolute error per unit of product when the factor is tiny).
+
+A constant input (e.g. a bias-like addend or a scale) is quantized per tensor with the qparams the quant
+table gives for it, else with its own min/max (asymmetric, as many bits as the other input).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from ops.linear import require_per_tensor, require_qparams
+from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
+from ptq.qparams import QParams, compute_qparams
+from ptq.requant import quantize_multiplier, requantize, shift_round
+
+COMMON_SHIFT = 16
+
+
+@dataclass
+class QuantizedElementwise(QuantizedNode):
+    constant_codes: tuple[Optional[np.ndarray], Optional[np.ndarray]]  # quantized constant inputs (None: activation)
+    m: np.ndarray  # Add/Sub: (M_a, M_b); Mul: (M,)
+    n: np.ndarray
+    shift: int  # Add/Sub: L; Mul: 0
+
+
+def _input_qparams(ctx: QuantizeContext) -> tuple[list[QParams], list[Optional[np.ndarray]]]:
+    node = ctx.node
+    if len(node.inputs) != 2:
+        raise QuantizationError(f"{node.op_type} {node.name!r}: expected 2 inputs, got {len(node.inputs)}")
+    qps: list[Optional[QParams]] = [None, None]
+    codes: list[Optional[np.ndarray]] = [None, None]
+    for i in (0, 1):
+        if i not in ctx.constants:
+            qps[i] = require_qparams(ctx.in_qparams[i], f"input {i}", node)
+            require_per_tensor(qps[i], f"input {i}", node)
+    for i in (0, 1):
+        if i in ctx.constants:
+            value = np.asarray(ctx.constants[i], dtype=np.float64)
+            qp = ctx.in_qparams[i]
+            if qp is None:
+                other = qps[1 - i]
+                bits = other.bits if other is not None else 8
+                qp = compute_qparams(value.min(initial=0.0), value.max(initial=0.0), bits, symmetric=False)
+            require_per_tensor(qp, f"constant input {i}", node)
+            qps[i] = qp
+            codes[i] = qp.quantize(value)
+    return qps, codes
+
+
+def _operands(q: QuantizedElementwise, inputs) -> list[np.ndarray]:
+    """The two inputs as centered int64 codes x_q - zp (constants from their quantized codes)."""
+    out = []
+    for i in (0, 1):
+        raw = q.constant_codes[i] if q.constant_codes[i] is not None else np.asarray(inputs[i])
+        if not np.issubdtype(raw.dtype, np.integer):
+            raise TypeError(f"{q.node.op_type} {q.node.name!r}: input {i} must be integer codes, got {raw.dtype}")
+        out.append(raw.astype(np.int64) - int(q.in_qparams[i].zero_point[0]))
+    return out
+
+
+class _AddSub(OpDef):
+    sign: int = 1
+    int_types = "int8/uint8/int16 -> int8/uint8/int16"
+
+    def forward_float(self, node, inputs):
+        a, b = (np.asarray(v, dtype=np.float32) for v in inputs[:2])
+        return [(a + b if self.sign > 0 else a - b).astype(np.float32)]
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedElementwise:
+        qps, codes = _input_qparams(ctx)
+        y_qp = require_qparams(ctx.out_qparams[0], "output", ctx.node)
+        require_per_tensor(y_qp, "output", ctx.node)
+        r = np.array([qps[0].scale[0], qps[1].scale[0]]) / float(y_qp.scale[0])
+        try:
+            m, n = quantize_multiplier(r, ctx.options.mbits)
+        except ValueError as err:
+            raise QuantizationError(f"{ctx.node.op_type} {ctx.node.name!r}: input/output scale ratio: {err}") from err
+        return QuantizedElementwise(ctx.node, qps + list(ctx.in_qparams[2:]), [y_qp], (codes[0], codes[1]),
+                                    m, n, COMMON_SHIFT)
+
+    def forward_int(self, q: QuantizedElementwise, inputs, runtime: IntRuntime):
+        a, b = _operands(q, inputs)
+        a_c = shift_round(a << q.shift, q.m[0], q.n[0])
+        b_c = shift_round(b << q.shift, q.m[1], q.n[1])
+        total = a_c + b_c if self.sign > 0 else a_c - b_c
+        y_qp = q.out_qparams[0]
+        return [requantize(total, 1, q.shift, y_qp.zero_point[0], y_qp.qmin, y_qp.qmax, dtype=y_qp.dtype)]
+
+
+@register
+class Add(_AddSub):
+    """ONNX Add (broadcasting). Integer formula and LSB bound: module docstring."""
+
+    op_type = "Add"
+    section = "4.24"
+    sign = 1
+
+
+@register
+class Sub(_AddSub):
+    """ONNX Sub (broadcasting): Add with the second input's rescaled value subtracted (module docstring)."""
+
+    op_type = "Sub"
+    section = "4.28"
+    sign = -1
+
+
+@register
+class Mul(OpDef):
+    """ONNX Mul (broadcasting). Integer formula and LSB bound: module docstring."""
+
+    op_type = "Mul"
+    section = "4.27"
+    int_types = "int8/uint8/int16 -> int8/uint8/int16"
+
+    def forward_float(self, node, inputs):
+        a, b = (np.asarray(v, dtype=np.float32) for v in inputs[:2])
+        return [(a * b).astype(np.float32)]
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedElementwise:
+        qps, codes = _input_qparams(ctx)
+        y_qp = require_qparams(ctx.out_qparams[0], "output", ctx.node)
+        require_per_tensor(y_qp, "output", ctx.node)
+        r = float(qps[0].scale[0]) * float(qps[1].scale[0]) / float(y_qp.scale[0])
+        try:
+            m, n = quantize_multiplier(r, ctx.options.mbits)
+        except ValueError as err:
+            raise QuantizationError(f"Mul {ctx.node.name!r}: s_a * s_b / s_y: {err}") from err
+        return QuantizedElementwise(ctx.node, qps + list(ctx.in_qparams[2:]), [y_qp], (codes[0], codes[1]), m, n, 0)
+
+    def forward_int(self, q: QuantizedElementwise, inputs, runtime: IntRuntime):
+        a, b = _operands(q, inputs)
+        y_qp = q.out_qparams[0]
+        return [requantize(a * b, q.m, q.n, y_qp.zero_point[0], y_qp.qmin, y_qp.qmax, dtype=y_qp.dtype)]

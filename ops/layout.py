@@ -1,0 +1,192 @@
+"""Data-movement ops: Identity, Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Split, Slice.
+
+Whitepaper 4.57 (Reshape; 4.77 Transpose, 4.65 Slice and 4.71 Split refer to it / to Crop), ONNX convention:
+from y_f = T(x_f), (y_q - zp_y) * s_y = T((x_q - zp_x) * s_x); choosing s_y = s_x and zp_y = zp_x gives
+
+    y_q = T(x_q)
+
+so the integer forward moves the codes exactly as the float op moves values, and every output takes the
+input's qparams (this rule overrides the quant table's proposal). LSB bound vs the float op on the
+dequantized input: 0 (exact).
+
+Index inputs (shape, axes, splits, starts/ends/steps) arrive as raw integer arrays, or as attributes in the
+opsets that had them there.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ops.common import activation_qparams, int_list, normalize_axes, optional_input
+from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
+from ptq.graph import Node
+
+
+class _Layout(OpDef):
+    """An op that only moves elements: the same `apply` serves the float and the integer forward."""
+
+    int_types = "any -> same as input"
+    section = "4.57"
+
+    def apply(self, node: Node, x: np.ndarray, inputs: list) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def forward_float(self, node, inputs):
+        x = np.asarray(inputs[0], dtype=np.float32)
+        return [np.asarray(y, dtype=np.float32) for y in self.apply(node, x, inputs)]
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedNode:
+        x_qp = activation_qparams(ctx)
+        return QuantizedNode(ctx.node, list(ctx.in_qparams), [x_qp if name else None for name in ctx.node.outputs])
+
+    def forward_int(self, q: QuantizedNode, inputs, runtime: IntRuntime):
+        x = np.asarray(inputs[0])
+        if not np.issubdtype(x.dtype, np.integer):
+            raise TypeError(f"{q.node.op_type} {q.node.name!r}: expected integer codes, got {x.dtype}")
+        return self.apply(q.node, x, inputs)
+
+
+@register
+class Identity(_Layout):
+    """ONNX Identity: y_q = x_q, output qparams = input's."""
+
+    op_type = "Identity"
+
+    def apply(self, node, x, inputs):
+        return [x]
+
+
+@register
+class Reshape(_Layout):
+    """ONNX Reshape (0 copies the input dimension unless allowzero=1, -1 is inferred): y_q = reshape(x_q)."""
+
+    op_type = "Reshape"
+
+    def apply(self, node, x, inputs):
+        shape = int_list(node, inputs, 1, "shape")
+        if shape is None:
+            raise ValueError(f"Reshape {node.name!r}: no target shape")
+        if not node.attr("allowzero", 0):
+            if any(d == 0 for d in shape[x.ndim:]):
+                raise ValueError(f"Reshape {node.name!r}: 0 at position >= input rank {x.ndim} in shape {shape}")
+            shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
+        try:
+            return [x.reshape(shape)]
+        except ValueError as err:
+            raise ValueError(f"Reshape {node.name!r}: cannot reshape {x.shape} to {shape}") from err
+
+
+@register
+class Flatten(_Layout):
+    """ONNX Flatten: (d_0 * ... * d_{axis-1}, d_axis * ... * d_{n-1})."""
+
+    op_type = "Flatten"
+
+    def apply(self, node, x, inputs):
+        axis = int(node.attr("axis", 1))
+        if not -x.ndim <= axis <= x.ndim:
+            raise ValueError(f"Flatten {node.name!r}: axis {axis} out of range for rank {x.ndim}")
+        axis = axis + x.ndim if axis < 0 else axis
+        outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+        inner = int(np.prod(x.shape[axis:], dtype=np.int64))
+        return [x.reshape(outer, inner)]
+
+
+@register
+class Squeeze(_Layout):
+    """ONNX Squeeze: drop the given size-1 axes (all size-1 axes when none are given)."""
+
+    op_type = "Squeeze"
+
+    def apply(self, node, x, inputs):
+        axes = int_list(node, inputs, 1, "axes")
+        if axes is None:
+            return [x.reshape([d for d in x.shape if d != 1])]
+        axes = normalize_axes(axes, x.ndim, node)
+        bad = [a for a in axes if x.shape[a] != 1]
+        if bad:
+            raise ValueError(f"Squeeze {node.name!r}: axes {bad} of shape {x.shape} are not of size 1")
+        return [np.squeeze(x, axis=tuple(axes))]
+
+
+@register
+class Unsqueeze(_Layout):
+    """ONNX Unsqueeze: insert size-1 axes at the given positions of the output."""
+
+    op_type = "Unsqueeze"
+
+    def apply(self, node, x, inputs):
+        axes = int_list(node, inputs, 1, "axes")
+        if not axes:
+            raise ValueError(f"Unsqueeze {node.name!r}: no axes")
+        return [np.expand_dims(x, tuple(normalize_axes(axes, x.ndim + len(axes), node)))]
+
+
+@register
+class Transpose(_Layout):
+    """ONNX Transpose (default perm: reversed axes). Whitepaper 4.77."""
+
+    op_type = "Transpose"
+    section = "4.77"
+
+    def apply(self, node, x, inputs):
+        perm = node.attr("perm")
+        perm = list(range(x.ndim))[::-1] if perm is None else [int(p) for p in perm]
+        if sorted(normalize_axes(perm, x.ndim, node)) != list(range(x.ndim)):
+            raise ValueError(f"Transpose {node.name!r}: perm {perm} is not a permutation of rank {x.ndim}")
+        return [np.transpose(x, perm)]
+
+
+@register
+class Split(_Layout):
+    """ONNX Split: sizes from the `split` input (opset >= 13) or attribute, else equal parts (the last one
+    smaller when `num_outputs` does not divide the axis, opset 18). Whitepaper 4.71."""
+
+    op_type = "Split"
+    section = "4.71"
+
+    def apply(self, node, x, inputs):
+        axis = normalize_axes([int(node.attr("axis", 0))], x.ndim, node)[0]
+        dim = x.shape[axis]
+        sizes = int_list(node, inputs, 1, "split")
+        if sizes is None:
+            parts = int(node.attr("num_outputs", len(node.outputs)))
+            chunk = -(-dim // parts)
+            sizes = [min(chunk, max(dim - i * chunk, 0)) for i in range(parts)]
+        if len(sizes) != len(node.outputs) or sum(sizes) != dim or min(sizes) < 0:
+            raise ValueError(f"Split {node.name!r}: sizes {sizes} do not split dim {dim} "
+                             f"into {len(node.outputs)} outputs")
+        return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
+
+
+@register
+class Slice(_Layout):
+    """ONNX Slice: starts/ends/axes/steps from inputs 1-4 (opset >= 10) or attributes (opset 1), with ONNX
+    clamping (start to [0, d] / [0, d-1], end to [0, d] / [-1, d-1] for positive / negative steps).
+    Whitepaper 4.65."""
+
+    op_type = "Slice"
+    section = "4.65"
+
+    def apply(self, node, x, inputs):
+        starts = int_list(node, inputs, 1, "starts")
+        ends = int_list(node, inputs, 2, "ends")
+        if starts is None or ends is None or len(starts) != len(ends):
+            raise ValueError(f"Slice {node.name!r}: starts {starts} and ends {ends} must be given, of equal length")
+        axes = int_list(node, inputs, 3, "axes")
+        axes = list(range(len(starts))) if axes is None else axes
+        steps = optional_input(inputs, 4)
+        steps = [1] * len(starts) if steps is None else [int(s) for s in np.asarray(steps).ravel()]
+        if not len(axes) == len(steps) == len(starts):
+            raise ValueError(f"Slice {node.name!r}: starts/ends/axes/steps lengths differ")
+        index = [slice(None)] * x.ndim
+        for start, end, axis, step in zip(starts, ends, normalize_axes(axes, x.ndim, node), steps):
+            if step == 0:
+                raise ValueError(f"Slice {node.name!r}: step 0 on axis {axis}")
+            dim = x.shape[axis]
+            start, end = (v + dim if v < 0 else v for v in (start, end))
+            if step > 0:
+                start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+            else:
+                start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+            index[axis] = slice(start, None if end < 0 else end, step)
+        return [x[tuple(index)]]

@@ -1,0 +1,96 @@
+"""Sigmoid, Tanh, HardSigmoid, HardSwish through lookup tables (whitepaper 4.62, 4.74, 4.36; tables per 3.3.2.2).
+
+Offline (float64, ONNX convention): T[x_q] = clamp(round_half_even(f((x_q - zp_x) * s_x) / s_y) + zp_y, qmin, qmax)
+for every input code (inputs of at most 10 bits: a direct table, exact by construction); 16-bit inputs use
+lut's interpolated wide table (257 nodes, integer linear interpolation). At run time y_q = T[x_q], integer
+indexing only (`lut.LookupTable.lookup`).
+
+LSB bound vs the float op on the dequantized input: 0.5 LSB for direct tables (the table is the correctly
+rounded result; float32 evaluation of f may flip a tie); 0.5 + the table's own `max_error_lsb` (reported by
+lut, typically <= 1) for interpolated ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lut.functions import FUNCTIONS, LutFunction
+from lut.table import LookupTable, build_table
+from ops.linear import require_per_tensor, require_qparams
+from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
+
+
+@dataclass
+class QuantizedLut(QuantizedNode):
+    table: LookupTable
+
+
+class _LutOp(OpDef):
+    int_types = "int8/uint8/int16 -> int8/uint8/int16"
+
+    def function(self, node) -> LutFunction:
+        raise NotImplementedError
+
+    def forward_float(self, node, inputs):
+        x = np.asarray(inputs[0], dtype=np.float32)
+        return [self.function(node)(x).astype(np.float32)]
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedLut:
+        node = ctx.node
+        x_qp = require_qparams(ctx.in_qparams[0], "input", node)
+        y_qp = require_qparams(ctx.out_qparams[0], "output", node)
+        require_per_tensor(x_qp, "input", node)
+        require_per_tensor(y_qp, "output", node)
+        fn = self.function(node)
+        table = build_table(fn, x_qp, y_qp, symmetry=fn.symmetry, center=fn.center)
+        return QuantizedLut(node, list(ctx.in_qparams), [y_qp], table)
+
+    def forward_int(self, q: QuantizedLut, inputs, runtime: IntRuntime):
+        return [q.table.lookup(np.asarray(inputs[0]))]
+
+
+@register
+class Sigmoid(_LutOp):
+    """ONNX Sigmoid as a lookup table (module docstring)."""
+
+    op_type = "Sigmoid"
+    section = "4.62"
+
+    def function(self, node) -> LutFunction:
+        return FUNCTIONS["sigmoid"]
+
+
+@register
+class Tanh(_LutOp):
+    """ONNX Tanh as a lookup table (module docstring)."""
+
+    op_type = "Tanh"
+    section = "4.74"
+
+    def function(self, node) -> LutFunction:
+        return FUNCTIONS["tanh"]
+
+
+@register
+class HardSwish(_LutOp):
+    """ONNX HardSwish, x * max(0, min(1, x / 6 + 1/2)), as a lookup table (module docstring)."""
+
+    op_type = "HardSwish"
+    section = "4.36"
+
+    def function(self, node) -> LutFunction:
+        return FUNCTIONS["hardswish"]
+
+
+@register
+class HardSigmoid(_LutOp):
+    """ONNX HardSigmoid, max(0, min(1, alpha * x + beta)) (defaults 0.2, 0.5), as a lookup table."""
+
+    op_type = "HardSigmoid"
+    section = "3.3.2.2 (LUT; no chapter 4 entry)"
+
+    def function(self, node) -> LutFunction:
+        alpha = float(node.attr("alpha", 0.2))
+        beta = float(node.attr("beta", 0.5))
+        return LutFunction(f"hardsigmoid_{alpha:g}_{beta:g}", lambda x: np.clip(alpha * x + beta, 0.0, 1.0))

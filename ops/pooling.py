@@ -1,0 +1,234 @@
+"""AveragePool, GlobalAveragePool, MaxPool, GlobalMaxPool over N-d spatial axes (NCHW...), ONNX convention.
+
+AveragePool (whitepaper 4.4): y_f = sum(x_f) / c over a window of c counted elements. The whitepaper keeps
+s_y = s_x and divides by c with an (M, N) pair; here the division and the scale change share one requant
+(`ops.common.MeanRequant`), so the output may take the quant table's (narrower) proposal:
+
+    acc[p] = saturate_int32(sum over the window's real elements of (x_q - zp_x))     (padding adds 0)
+    y_q[p] = clamp(((acc[p] * M_c + 2^(N_c-1)) >> N_c) + zp_y, qmin, qmax),  M_c / 2^N_c ~= s_x / (s_y * c[p])
+
+c[p] counts the window taps inside the padded input (count_include_pad=1) or inside the input itself
+(count_include_pad=0, the default): with padding excluded, or with ceil_mode windows that run past the
+padding, c varies per output position and so does (M_c, N_c), one pair per distinct count.
+GlobalAveragePool is the same with one window covering all spatial axes.
+LSB bound vs the float op on the dequantized input: 0.5 + |y_f| / s_y * 2^-mbits.
+
+MaxPool (4.43) and GlobalMaxPool: s_y = s_x and zp_y = zp_x (the rule overrides the table's proposal), so
+
+    y_q[p] = max over the window of x_q          (padding never wins)
+
+exactly (LSB bound 0). The optional Indices output of MaxPool is not supported.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ops.common import QuantizedMean, activation_qparams, centered, quantize_mean
+from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
+from ptq.graph import Node
+
+
+@dataclass(frozen=True)
+class PoolGeometry:
+    """Per spatial axis: kernel, stride, dilation, declared begin/end pads and output size."""
+
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads_begin: tuple[int, ...]
+    pads_end: tuple[int, ...]
+    out: tuple[int, ...]
+
+    @property
+    def extent(self) -> tuple[int, ...]:
+        return tuple((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations))
+
+
+def _text(value, default: str) -> str:
+    if value is None:
+        return default
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def pool_geometry(node: Node, spatial: tuple[int, ...]) -> PoolGeometry:
+    """ONNX output size and padding of a pooling node (auto_pad, pads, strides, dilations, ceil_mode)."""
+    kernel = node.attr("kernel_shape")
+    if kernel is None:
+        raise ValueError(f"{node.op_type} {node.name!r}: kernel_shape is required")
+    kernel = tuple(int(k) for k in kernel)
+    nd = len(kernel)
+    if nd != len(spatial):
+        raise ValueError(f"{node.op_type} {node.name!r}: kernel {kernel} for {len(spatial)} spatial axes")
+    strides = tuple(int(s) for s in node.attr("strides", [1] * nd))
+    dilations = tuple(int(d) for d in node.attr("dilations", [1] * nd))
+    extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    auto_pad = _text(node.attr("auto_pad"), "NOTSET")
+    ceil_mode = bool(node.attr("ceil_mode", 0))
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = [-(-n // s) for n, s in zip(spatial, strides)]
+        total = [max((o - 1) * s + e - n, 0) for o, s, e, n in zip(out, strides, extent, spatial)]
+        small = [t // 2 for t in total]
+        big = [t - t // 2 for t in total]
+        begin, end = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+    elif auto_pad in ("NOTSET", "VALID"):
+        pads = [0] * (2 * nd) if auto_pad == "VALID" else [int(p) for p in node.attr("pads", [0] * (2 * nd))]
+        begin, end = pads[:nd], pads[nd:]
+        out = []
+        for n, b, e, ext, s in zip(spatial, begin, end, extent, strides):
+            span = n + b + e - ext
+            if span < 0:
+                raise ValueError(f"{node.op_type} {node.name!r}: window {ext} larger than padded input {n + b + e}")
+            o = (-(-span // s) if ceil_mode else span // s) + 1
+            if ceil_mode and (o - 1) * s >= n + b:  # the last window must start inside the input or its begin pad
+                o -= 1
+            out.append(o)
+    else:
+        raise ValueError(f"{node.op_type} {node.name!r}: unknown auto_pad {auto_pad!r}")
+    return PoolGeometry(kernel, strides, dilations, tuple(begin), tuple(end), tuple(out))
+
+
+def windows(x: np.ndarray, g: PoolGeometry, fill) -> np.ndarray:
+    """View (N, C, *out, *kernel) of the pooling windows of `x`, padded with `fill` (also past the declared
+    end pads, where ceil_mode windows overhang)."""
+    nd = len(g.kernel)
+    spatial = x.shape[2:]
+    ends = [max((o - 1) * s + e - (n + b), 0)
+            for o, s, e, n, b in zip(g.out, g.strides, g.extent, spatial, g.pads_begin)]
+    padded = np.pad(x, [(0, 0), (0, 0)] + list(zip(g.pads_begin, ends)), constant_values=fill)
+    view = sliding_window_view(padded, g.extent, axis=tuple(range(2, 2 + nd)))
+    index = (slice(None), slice(None)) + tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(g.out, g.strides))
+    return view[index + tuple(slice(None, None, d) for d in g.dilations)]
+
+
+def window_counts(g: PoolGeometry, spatial: tuple[int, ...], include_pad: bool) -> np.ndarray:
+    """Elements counted by each averaging window, shape `g.out`: taps inside [-pad_begin, n + pad_end)
+    (include_pad) or inside [0, n)."""
+    counts = np.ones((), dtype=np.int64)
+    for n, k, s, d, b, e, o in zip(spatial, g.kernel, g.strides, g.dilations, g.pads_begin, g.pads_end, g.out):
+        taps = (np.arange(o) * s - b)[:, None] + np.arange(k) * d
+        lo, hi = (-b, n + e) if include_pad else (0, n)
+        per_axis = np.count_nonzero((taps >= lo) & (taps < hi), axis=1)
+        counts = np.multiply.outer(counts, per_axis)
+    return counts
+
+
+def _spatial_input(node: Node, x: np.ndarray) -> None:
+    if x.ndim < 3:
+        raise ValueError(f"{node.op_type} {node.name!r}: expected an (N, C, spatial...) input, got shape {x.shape}")
+
+
+def _quantize_max(ctx: QuantizeContext) -> QuantizedNode:
+    node = ctx.node
+    if len(node.outputs) > 1 and node.outputs[1]:
+        raise QuantizationError(f"{node.op_type} {node.name!r}: the Indices output is not supported")
+    return QuantizedNode(node, list(ctx.in_qparams), [activation_qparams(ctx)] + [None] * (len(node.outputs) - 1))
+
+
+def _integer(node: Node, x) -> np.ndarray:
+    x = np.asarray(x)
+    if not np.issubdtype(x.dtype, np.integer):
+        raise TypeError(f"{node.op_type} {node.name!r}: expected integer codes, got {x.dtype}")
+    _spatial_input(node, x)
+    return x
+
+
+@register
+class AveragePool(OpDef):
+    """ONNX AveragePool (pads, auto_pad, strides, dilations, ceil_mode, count_include_pad).
+    Integer formula and LSB bound: module docstring."""
+
+    op_type = "AveragePool"
+    section = "4.4"
+    int_types = "int8/uint8/int16/uint16 -> int8/uint8/int16/uint16"
+
+    def forward_float(self, node, inputs):
+        x = np.asarray(inputs[0], dtype=np.float32)
+        _spatial_input(node, x)
+        g = pool_geometry(node, x.shape[2:])
+        nd = len(g.kernel)
+        total = windows(x.astype(np.float64), g, 0.0).sum(axis=tuple(range(-nd, 0)))
+        counts = window_counts(g, x.shape[2:], bool(node.attr("count_include_pad", 0)))
+        return [(total / counts).astype(np.float32)]
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedMean:
+        return quantize_mean(ctx)
+
+    def forward_int(self, q: QuantizedMean, inputs, runtime: IntRuntime):
+        node = q.node
+        x = _integer(node, inputs[0])
+        g = pool_geometry(node, x.shape[2:])
+        nd = len(g.kernel)
+        acc = windows(centered(x, q.in_qparams[0], node), g, 0).sum(axis=tuple(range(-nd, 0)))
+        counts = window_counts(g, x.shape[2:], bool(node.attr("count_include_pad", 0)))
+        return [q.mean.apply(acc, counts, partial(runtime.record_overflow, node))]
+
+
+@register
+class GlobalAveragePool(OpDef):
+    """ONNX GlobalAveragePool: the mean over all spatial axes (count = their product), module docstring."""
+
+    op_type = "GlobalAveragePool"
+    section = "4.4"
+    int_types = "int8/uint8/int16/uint16 -> int8/uint8/int16/uint16"
+
+    def forward_float(self, node, inputs):
+        x = np.asarray(inputs[0], dtype=np.float32)
+        _spatial_input(node, x)
+        return [x.astype(np.float64).mean(axis=tuple(range(2, x.ndim)), keepdims=True).astype(np.float32)]
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedMean:
+        return quantize_mean(ctx)
+
+    def forward_int(self, q: QuantizedMean, inputs, runtime: IntRuntime):
+        x = _integer(q.node, inputs[0])
+        acc = centered(x, q.in_qparams[0], q.node).sum(axis=tuple(range(2, x.ndim)), keepdims=True)
+        count = int(np.prod(x.shape[2:], dtype=np.int64))
+        return [q.mean.apply(acc, count, partial(runtime.record_overflow, q.node))]
+
+
+@register
+class MaxPool(OpDef):
+    """ONNX MaxPool (pads, auto_pad, strides, dilations, ceil_mode): y_q = window max of x_q, qparams = input's."""
+
+    op_type = "MaxPool"
+    section = "4.43"
+    int_types = "any -> same as input"
+
+    def forward_float(self, node, inputs):
+        x = np.asarray(inputs[0], dtype=np.float32)
+        _spatial_input(node, x)
+        g = pool_geometry(node, x.shape[2:])
+        return [windows(x, g, -np.inf).max(axis=tuple(range(-len(g.kernel), 0)))]
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedNode:
+        return _quantize_max(ctx)
+
+    def forward_int(self, q: QuantizedNode, inputs, runtime: IntRuntime):
+        x = _integer(q.node, inputs[0])
+        g = pool_geometry(q.node, x.shape[2:])
+        return [windows(x, g, np.iinfo(x.dtype).min).max(axis=tuple(range(-len(g.kernel), 0)))]
+
+
+@register
+class GlobalMaxPool(OpDef):
+    """ONNX GlobalMaxPool: y_q = max of x_q over all spatial axes, qparams = input's (4.43)."""
+
+    op_type = "GlobalMaxPool"
+    section = "4.43"
+    int_types = "any -> same as input"
+
+    def forward_float(self, node, inputs):
+        x = np.asarray(inputs[0], dtype=np.float32)
+        _spatial_input(node, x)
+        return [x.max(axis=tuple(range(2, x.ndim)), keepdims=True)]
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedNode:
+        return _quantize_max(ctx)
+
+    def forward_int(self, q: QuantizedNode, inputs, runtime: IntRuntime):
+        x = _integer(q.node, inputs[0])
+        return [x.max(axis=tuple(range(2, x.ndim)), keepdims=True)]
