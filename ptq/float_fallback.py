@@ -1,0 +1,78 @@
+"""Float evaluation of single nodes: constant folding, shape subgraphs and the executor's float fallback.
+
+A node runs through its registered op's `forward_float` when there is one, otherwise through onnx's reference
+implementation of that single node (`onnx.reference.ReferenceEvaluator` over the node alone). A node that
+neither knows (a custom domain without a registered op) raises `FloatFallbackError` naming it.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from ops.registry import get_op
+from ptq.graph import Node
+
+
+class FloatFallbackError(ValueError):
+    """A node cannot be evaluated in float (no registered op and no onnx reference implementation)."""
+
+
+def _attr_to_proto_value(value):
+    if isinstance(value, np.ndarray):
+        return numpy_helper.from_array(value)
+    return value
+
+
+def node_proto(node: Node) -> onnx.NodeProto:
+    """The ONNX NodeProto of an IR node (attributes converted back to their ONNX form)."""
+    attrs = {k: _attr_to_proto_value(v) for k, v in node.attrs.items()}
+    return helper.make_node(node.op_type, node.inputs, node.outputs, name=node.name, domain=node.domain, **attrs)
+
+
+class ReferenceRunner:
+    """Evaluates single nodes with onnx.reference, building one evaluator per node and reusing it."""
+
+    def __init__(self, opset: int):
+        self.opset = opset
+        self._evaluators: dict[str, ReferenceEvaluator] = {}
+
+    def evaluator(self, node: Node) -> ReferenceEvaluator:
+        """The (cached) evaluator of `node`; raises FloatFallbackError when onnx.reference cannot run it."""
+        ev = self._evaluators.get(node.name)
+        if ev is None:
+            opsets = {"": self.opset}
+            if node.domain:
+                opsets[node.domain] = 1
+            try:
+                ev = ReferenceEvaluator(node_proto(node), opsets=opsets)
+            except Exception as exc:  # onnx raises several types for unknown ops / bad attributes
+                raise FloatFallbackError(
+                    f"{node.op_type} node {node.name!r} (domain {node.domain or 'ai.onnx'!r}) has no registered op "
+                    f"and onnx.reference cannot run it: {exc}"
+                ) from exc
+            self._evaluators[node.name] = ev
+        return ev
+
+    def run(self, node: Node, inputs: list[Optional[np.ndarray]]) -> list[np.ndarray]:
+        ev = self.evaluator(node)
+        feeds = {name: value for name, value in zip(node.inputs, inputs) if name}
+        try:
+            outs = ev.run(None, feeds)
+        except Exception as exc:  # reference kernels raise whatever numpy raises
+            raise FloatFallbackError(f"onnx.reference failed on {node.op_type} node {node.name!r}: {exc}") from exc
+        return [np.asarray(o) for o in outs]
+
+
+def run_float(node: Node, inputs: list[Optional[np.ndarray]], runner: ReferenceRunner) -> list[np.ndarray]:
+    """The float outputs of `node`: its registered `forward_float`, else onnx.reference."""
+    op = get_op(node.op_type, node.domain)
+    if op is not None:
+        try:
+            return list(op.forward_float(node, inputs))
+        except NotImplementedError:
+            pass  # an op may leave its float forward to the reference implementation
+    return runner.run(node, inputs)

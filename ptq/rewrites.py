@@ -1,0 +1,255 @@
+"""Graph rewrites applied before quantization, on a copy of the IR (the caller's Graph is never mutated).
+
+1. `fold_static`: shape subgraphs (Shape of a statically shaped tensor, and everything computed only from
+   constants and such shapes: Gather, Concat, Cast, Unsqueeze, Slice, ConstantOfShape, ...) and weight-only
+   subgraphs (a Transpose or DequantizeLinear on a weight) are evaluated once; their outputs become constants.
+2. `fold_batchnorm`: a BatchNormalization whose input is a Conv output with no other consumer is folded into
+   the Conv (seed 003), per output channel c:
+       k_c = gamma_c / sqrt(var_c + eps),  W'_c = W_c * k_c,  b'_c = (b_c - mean_c) * k_c + beta_c
+   The Conv then produces the BatchNormalization's output tensor.
+3. `fuse_activations`: a Relu, Clip (constant bounds) or LeakyRelu whose input is a Conv/Gemm output with no
+   other consumer is fused into that node with onnxruntime's FusedConv attributes `activation` and
+   `activation_params` ([min, max] for Clip, [alpha] for LeakyRelu); the Conv/Gemm then produces the
+   activation's output tensor, so its quantize rule uses that tensor's qparams.
+
+Nodes listed in `protected` (by node name) are never folded into or fused with another node: the user wants
+to run them on their own (e.g. in float).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from ptq.float_fallback import ReferenceRunner, run_float
+from ptq.graph import Graph, Node, TensorInfo
+
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+FUSABLE_ACTIVATIONS = ("Relu", "Clip", "LeakyRelu")
+FUSION_HOSTS = ("Conv", "Gemm")
+LEAKY_RELU_DEFAULT_ALPHA = 0.01
+
+
+@dataclass
+class BatchNormFold:
+    conv: str  # node names
+    batchnorm: str
+    weight: str  # the new (folded) weight and bias initializers
+    bias: str
+    original_weight: str
+
+
+@dataclass
+class ActivationFusion:
+    host: str  # the Conv/Gemm node name
+    activation: str  # the removed activation node's name
+    op_type: str
+    removed_tensor: str  # the host's former output (no longer exists)
+
+
+@dataclass
+class RewriteLog:
+    folded_nodes: list[str] = field(default_factory=list)  # nodes evaluated once (shape and weight subgraphs)
+    batchnorm_folds: list[BatchNormFold] = field(default_factory=list)
+    fusions: list[ActivationFusion] = field(default_factory=list)
+
+    @property
+    def folded_weights(self) -> dict[str, str]:
+        """New weight initializer -> the weight it was derived from by BN folding."""
+        return {f.weight: f.original_weight for f in self.batchnorm_folds}
+
+
+def copy_graph(graph: Graph) -> Graph:
+    """A copy of the IR that rewrites may change freely (arrays are shared: rewrites replace, never modify)."""
+    nodes = [
+        dataclasses.replace(n, inputs=list(n.inputs), outputs=list(n.outputs), attrs=dict(n.attrs)) for n in graph.nodes
+    ]
+    return dataclasses.replace(
+        graph,
+        nodes=nodes,
+        tensors=dict(graph.tensors),
+        initializers=dict(graph.initializers),
+        inputs=list(graph.inputs),
+        outputs=list(graph.outputs),
+        activations=list(graph.activations),
+        constants=set(graph.constants),
+        shape_tensors=set(graph.shape_tensors),
+    )
+
+
+def _static_shape(graph: Graph, name: str) -> Optional[tuple]:
+    info = graph.tensors.get(name)
+    if info is None or info.shape is None or any(d is None or d <= 0 for d in info.shape):
+        return None
+    return tuple(int(d) for d in info.shape)
+
+
+def _make_constant(graph: Graph, name: str, value: np.ndarray) -> None:
+    value = np.asarray(value)
+    graph.initializers[name] = value
+    graph.constants.add(name)
+    graph.tensors[name] = TensorInfo(name, value.dtype, tuple(value.shape))
+    if name in graph.activations:
+        graph.activations.remove(name)
+
+
+def fold_static(graph: Graph, runner: ReferenceRunner) -> list[str]:
+    """Evaluate every node whose inputs are constants or static shapes; returns the folded node names.
+
+    Protection does not apply here: a constant subgraph evaluated in float is exactly what it computes.
+    `Shape`/`Size` of a tensor with a fully known shape is evaluated on a zero-strided view of that shape (their
+    result depends on the shape only), so shape subgraphs reduce to constants.
+    """
+    folded, kept = [], []
+    for node in graph.nodes:
+        present = [i for i in node.inputs if i]
+        foldable = node.op_type not in NONDETERMINISTIC and bool(present)
+        values: Optional[list] = None
+        if foldable and node.op_type in ("Shape", "Size") and not node.domain:
+            shape = _static_shape(graph, node.inputs[0])
+            if shape is not None:
+                dtype = graph.tensors[node.inputs[0]].dtype or np.float32
+                values = runner.run(node, [np.broadcast_to(np.zeros((), dtype=dtype), shape)])  # no allocation
+        elif foldable and all(i in graph.initializers for i in present):
+            values = run_float(node, [graph.initializers[i] if i else None for i in node.inputs], runner)
+        if values is None:
+            kept.append(node)
+            continue
+        for out, value in zip(node.outputs, values):
+            if out:
+                _make_constant(graph, out, value)
+        folded.append(node.name)
+    graph.nodes = kept
+    return folded
+
+
+def _single_consumer(graph: Graph, consumers: dict[str, list[Node]], tensor: str) -> bool:
+    return len(consumers.get(tensor, [])) == 1 and tensor not in graph.outputs
+
+
+def _unique_name(graph: Graph, base: str) -> str:
+    name, k = base, 1
+    while name in graph.tensors or name in graph.initializers:
+        name, k = f"{base}_{k}", k + 1
+    return name
+
+
+def fold_batchnorm(graph: Graph, protected: frozenset = frozenset()) -> list[BatchNormFold]:
+    """Fold each BatchNormalization into the Conv producing its input (see the module docstring)."""
+    folds, removed = [], set()
+    producer, consumers = graph.producer(), graph.consumers()
+    for bn in graph.nodes:
+        if bn.op_type != "BatchNormalization" or bn.domain or bn.name in protected:
+            continue
+        conv = producer.get(bn.inputs[0])
+        if conv is None or conv.op_type != "Conv" or conv.domain or conv.name in protected:
+            continue
+        if bn.attr("training_mode", 0) or len([o for o in bn.outputs if o]) != 1:
+            continue
+        params = bn.inputs[1:5]
+        conv_consts = [i for i in conv.inputs[1:] if i]
+        if not all(p in graph.initializers for p in params + conv_consts):
+            continue
+        if not _single_consumer(graph, consumers, bn.inputs[0]) or "activation" in conv.attrs:
+            continue
+        gamma, beta, mean, var = (graph.initializers[p].astype(np.float64) for p in params)
+        weight = graph.initializers[conv.inputs[1]]
+        bias = (
+            graph.initializers[conv.inputs[2]].astype(np.float64)
+            if len(conv.inputs) > 2 and conv.inputs[2]
+            else np.zeros(weight.shape[0])
+        )
+        k = gamma / np.sqrt(var + float(bn.attr("epsilon", 1e-5)))
+        new_w = weight.astype(np.float64) * k.reshape((-1,) + (1,) * (weight.ndim - 1))
+        new_b = (bias - mean) * k + beta
+        w_name = _unique_name(graph, f"{conv.inputs[1]}_bnfold")
+        b_name = _unique_name(graph, f"{w_name}_bias")
+        _make_constant(graph, w_name, new_w.astype(weight.dtype))
+        _make_constant(graph, b_name, new_b.astype(weight.dtype))
+        old_out, original_weight = conv.outputs[0], conv.inputs[1]
+        conv.inputs = [conv.inputs[0], w_name, b_name]
+        conv.outputs[0] = bn.outputs[0]
+        _drop_activation(graph, old_out)
+        removed.add(bn.name)
+        folds.append(BatchNormFold(conv.name, bn.name, w_name, b_name, original_weight))
+    graph.nodes = [n for n in graph.nodes if n.name not in removed]
+    return folds
+
+
+def _drop_activation(graph: Graph, tensor: str) -> None:
+    if tensor in graph.activations:
+        graph.activations.remove(tensor)
+
+
+def _activation_params(graph: Graph, act: Node) -> Optional[list[float]]:
+    """FusedConv `activation_params` of a Relu/Clip/LeakyRelu node; None when they are not constant."""
+    if act.op_type == "Relu":
+        return []
+    if act.op_type == "LeakyRelu":
+        return [float(act.attr("alpha", LEAKY_RELU_DEFAULT_ALPHA))]
+    bounds = []
+    lowest, highest = float(np.finfo(np.float32).min), float(np.finfo(np.float32).max)
+    for index, default in ((1, lowest), (2, highest)):  # onnx Clip's defaults for an omitted bound
+        name = act.inputs[index] if len(act.inputs) > index else ""
+        if not name:
+            bounds.append(default)
+        elif name in graph.initializers and graph.initializers[name].size == 1:
+            bounds.append(float(graph.initializers[name].reshape(())))
+        else:
+            return None
+    return bounds
+
+
+def fuse_activations(
+    graph: Graph, can_host: Callable[[Node], bool] = lambda node: True, protected: frozenset = frozenset()
+) -> list[ActivationFusion]:
+    """Fuse Relu/Clip/LeakyRelu into the producing Conv/Gemm (see the module docstring).
+
+    `can_host(node)` lets the caller refuse a host (the executor refuses hosts that will not run as integer
+    ops, since onnx's own Conv/Gemm know nothing of fused activations).
+    """
+    fusions, removed = [], set()
+    producer, consumers = graph.producer(), graph.consumers()
+    for act in graph.nodes:
+        if act.op_type not in FUSABLE_ACTIVATIONS or act.domain or act.name in protected:
+            continue
+        host = producer.get(act.inputs[0])
+        if host is None or host.op_type not in FUSION_HOSTS or host.domain or host.name in protected:
+            continue
+        if "activation" in host.attrs or not _single_consumer(graph, consumers, act.inputs[0]) or not can_host(host):
+            continue
+        params = _activation_params(graph, act)
+        if params is None:
+            continue
+        host.attrs["activation"] = act.op_type
+        if params:
+            host.attrs["activation_params"] = params
+        old_out = host.outputs[0]
+        host.outputs[0] = act.outputs[0]
+        _drop_activation(graph, old_out)
+        removed.add(act.name)
+        fusions.append(ActivationFusion(host.name, act.name, act.op_type, old_out))
+    graph.nodes = [n for n in graph.nodes if n.name not in removed]
+    return fusions
+
+
+def apply_rewrites(
+    graph: Graph,
+    runner: ReferenceRunner,
+    *,
+    fold_bn: bool = True,
+    fuse: bool = True,
+    can_host: Callable[[Node], bool] = lambda node: True,
+    protected: frozenset = frozenset(),
+) -> tuple[Graph, RewriteLog]:
+    """All rewrites, in order, on a copy of `graph`: (static folding, BN folding, activation fusion)."""
+    graph = copy_graph(graph)
+    log = RewriteLog()
+    log.folded_nodes = fold_static(graph, runner)
+    if fold_bn:
+        log.batchnorm_folds = fold_batchnorm(graph, protected)
+    if fuse:
+        log.fusions = fuse_activations(graph, can_host, protected)
+    return graph, log

@@ -1,0 +1,294 @@
+"""The integer executor: float fallback, input checks, qparams flow, memory option, errors.
+
+Unregistered ops (Cos, Sin) exercise the float fallback; their expected outputs are written out by hand here
+as quantize(f(dequantize(codes))) with numpy.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from ops.registry import get_op
+from ptq.executor import ExecutorError, IntRunResult, NodeKind, prepare, run_int
+from ptq.graph import load_model
+from ptq.qparams import QParams
+from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
+
+OPSET = 18
+
+
+def _model(nodes, inputs, outputs, initializers=None) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs],
+        [numpy_helper.from_array(v, k) for k, v in (initializers or {}).items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=9)
+
+
+def _table(entries: dict[str, QParams]) -> QuantTable:
+    tensors = {}
+    for name, qp in entries.items():
+        lo, hi = qp.real_range()
+        tensors[name] = TensorEntry("activation", "extrema", lo, hi, qp)
+    return QuantTable(options=CalibrationOptions(), tensors=tensors)
+
+
+QX = QParams(scale=0.025, zero_point=120, bits=8, signed=False)  # codes 0..255
+QC = QParams(scale=1 / 127, zero_point=-3, bits=8, signed=True)  # codes -128..127
+QS = QParams(scale=0.9 / 32767, zero_point=0, bits=16, signed=True)
+
+
+@pytest.fixture
+def cos_sin():
+    assert get_op("Cos") is None and get_op("Sin") is None, "the test needs unregistered ops"
+    nodes = [helper.make_node("Cos", ["x"], ["c"], name="cos"), helper.make_node("Sin", ["c"], ["s"], name="sin")]
+    model = _model(nodes, [("x", [2, 5])], [("s", [2, 5])])
+    return load_model(model), _table({"x": QX, "c": QC, "s": QS})
+
+
+def _by_hand(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    sx, sc, ss = np.float32(0.025), np.float32(1 / 127), np.float32(0.9 / 32767)
+    xq = np.clip(np.rint(x.astype(np.float64) / sx) + 120, 0, 255)
+    c = np.cos(((xq - 120) * sx).astype(np.float32))
+    cq = np.clip(np.rint(c.astype(np.float64) / sc) - 3, -128, 127)
+    s = np.sin(((cq + 3) * sc).astype(np.float32))
+    sq = np.clip(np.rint(s.astype(np.float64) / ss), -32768, 32767)
+    return xq, cq, sq
+
+
+def test_unregistered_ops_run_in_float_with_quantized_borders(cos_sin):
+    graph, table = cos_sin
+    x = np.random.default_rng(0).uniform(-3, 3, (2, 5)).astype(np.float32)
+    result = prepare(graph, table).run({"x": x})
+    xq, cq, sq = _by_hand(x)
+    np.testing.assert_array_equal(result.tensors["x"], xq)
+    np.testing.assert_array_equal(result.tensors["c"], cq)
+    np.testing.assert_array_equal(result.tensors["s"], sq)
+    assert result.tensors["s"].dtype == np.int16
+    np.testing.assert_allclose(result.outputs["s"], sq * np.float32(0.9 / 32767), rtol=1e-6)
+    assert [(f.name, f.op_type, f.reason) for f in result.float_nodes] == [
+        ("cos", "Cos", "not registered"),
+        ("sin", "Sin", "not registered"),
+    ]
+    assert "cos (Cos): not registered" in result.summary()
+    assert result.qparams["c"] == QC and result.overflows == {}
+
+
+def test_fallback_output_without_table_qparams_is_a_clear_error(cos_sin):
+    graph, _ = cos_sin
+    with pytest.raises(ExecutorError, match="'c'.*no qparams"):
+        prepare(graph, _table({"x": QX, "s": QS}))
+
+
+def test_graph_input_without_qparams_is_a_clear_error(cos_sin):
+    graph, _ = cos_sin
+    with pytest.raises(ExecutorError, match="graph input 'x'"):
+        prepare(graph, _table({"c": QC, "s": QS}))
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ({}, "missing \\['x'\\]"),
+        ({"x": np.zeros((2, 5), np.float32), "y": np.zeros(1, np.float32)}, "unexpected \\['y'\\]"),
+        ({"x": np.zeros((2, 5), np.float64)}, "dtype float64"),
+        ({"x": np.zeros((5, 2), np.float32)}, "shape \\(5, 2\\)"),
+        ({"x": np.zeros((2, 5, 1), np.float32)}, "shape \\(2, 5, 1\\)"),
+        ({"x": np.full((2, 5), np.nan, np.float32)}, "NaN or Inf"),
+        ({"x": np.full((2, 5), np.inf, np.float32)}, "NaN or Inf"),
+        ({"x": [[0.0] * 5] * 2}, "numpy array"),
+    ],
+)
+def test_bad_inputs_are_rejected(cos_sin, inputs, message):
+    graph, table = cos_sin
+    with pytest.raises(ExecutorError, match=message):
+        prepare(graph, table).run(inputs)
+
+
+def test_keep_outputs_only_drops_intermediates(cos_sin):
+    graph, table = cos_sin
+    x = np.random.default_rng(1).uniform(-3, 3, (2, 5)).astype(np.float32)
+    prepared = prepare(graph, table)
+    full, lean = prepared.run({"x": x}), prepared.run({"x": x}, keep_all=False)
+    assert set(lean.tensors) == {"s"}
+    np.testing.assert_array_equal(lean.outputs["s"], full.outputs["s"])
+
+
+def test_caller_graph_is_not_mutated(cos_sin):
+    graph, table = cos_sin
+    before = [(n.name, list(n.inputs), list(n.outputs), dict(n.attrs)) for n in graph.nodes]
+    prepare(graph, table)
+    assert [(n.name, list(n.inputs), list(n.outputs), dict(n.attrs)) for n in graph.nodes] == before
+
+
+def test_unknown_float_node_is_an_error(cos_sin):
+    graph, table = cos_sin
+    with pytest.raises(ExecutorError, match="'nope'"):
+        prepare(graph, table, float_nodes=["nope"])
+
+
+def test_run_int_from_files(tmp_path, cos_sin):
+    graph, table = cos_sin
+    model_path = tmp_path / "m.onnx"
+    onnx.save(graph.model, str(model_path))
+    save_quant_table(table, tmp_path / "m.quant.json")
+    x = np.random.default_rng(2).uniform(-3, 3, (2, 5)).astype(np.float32)
+    result = run_int(model_path, tmp_path / "m.quant.json", {"x": x})
+    assert isinstance(result, IntRunResult)
+    np.testing.assert_array_equal(result.tensors["s"], _by_hand(x)[2])
+
+
+def test_shape_subgraph_on_dynamic_batch_runs_at_run_time():
+    # y = Cos(Reshape(x, Shape(x))): the Shape cannot be folded (dynamic batch) and is never quantized
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("Cos", ["x"], ["c"], name="cos"),
+        helper.make_node("Reshape", ["c", "s"], ["y"], name="reshape"),
+    ]
+    graph = load_model(_model(nodes, [("x", ["n", 4])], [("y", ["n", 4])]))
+    table = _table({"x": QX, "c": QC, "y": QC})
+    prepared = prepare(graph, table, float_nodes=["Reshape"])
+    assert [s.kind for s in prepared.steps] == [NodeKind.SHAPE, NodeKind.FLOAT, NodeKind.FLOAT]
+    x = np.random.default_rng(3).uniform(-3, 3, (3, 4)).astype(np.float32)
+    result = prepared.run({"x": x})
+    np.testing.assert_array_equal(result.tensors["s"], [3, 4])
+    np.testing.assert_array_equal(result.tensors["y"], result.tensors["c"])
+    assert [f.reason for f in result.float_nodes] == ["not registered", "marked float"]
+
+
+def test_cli_ops_lists_every_registered_op(capsys):
+    from ops.registry import REGISTRY
+    from ptq.cli import main
+
+    assert main(["ops"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["op", "domain"]
+    rows = {tuple(line.split()[:2]) for line in lines[2:] if line.strip() and not line.endswith("op(s)")}
+    assert rows == {(op_type, domain or "ai.onnx") for domain, op_type in REGISTRY}
+    assert lines[-1] == f"{len(REGISTRY)} op(s)"
+
+
+def test_cli_ops_unknown_domain_is_an_error(capsys):
+    from ptq.cli import main
+
+    assert main(["ops", "--domain", "no.such.domain"]) == 2
+    assert "no registered op in domain 'no.such.domain'" in capsys.readouterr().err
+
+
+def test_cli_run_missing_quant_table_is_an_error(tmp_path, capsys):
+    from ptq.cli import main
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"")
+    status = main(["run", str(model), "--quant", str(tmp_path / "nope.json"), "--images", str(tmp_path)])
+    assert status == 2
+    assert "quantization table not found" in capsys.readouterr().err
+
+
+def _conv_bn_graph():
+    rng = np.random.default_rng(5)
+    init = {
+        "W": rng.normal(size=(3, 2, 1, 1)).astype(np.float32),
+        "gamma": np.array([0.5, 2.0, 4.0], np.float32),
+        "beta": np.zeros(3, np.float32),
+        "mean": np.zeros(3, np.float32),
+        "var": np.ones(3, np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "W"], ["c"], name="conv"),
+        helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["y"], name="bn", epsilon=0.0),
+    ]
+    return load_model(_model(nodes, [("x", [1, 2, 2, 2])], [("y", [1, 3, 2, 2])], init)), init["W"]
+
+
+def _weight_entry(qp: QParams) -> TensorEntry:
+    lo, hi = qp.real_range()
+    return TensorEntry("weight", "extrema", lo, hi, qp)
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_folded_weight_gets_recomputed_symmetric_qparams(per_channel):
+    graph, w = _conv_bn_graph()
+    k = np.array([0.5, 2.0, 4.0])
+    folded = w.astype(np.float64) * k[:, None, None, None]
+    if per_channel:
+        amax = np.abs(w).reshape(3, -1).max(1)
+        original = QParams(scale=amax / 127.5, zero_point=np.zeros(3), bits=8, signed=True, axis=0)
+        want = np.abs(folded).reshape(3, -1).max(1) / 127.5
+    else:
+        original = QParams(scale=np.abs(w).max() / 127.5, zero_point=0, bits=8, signed=True)
+        want = np.array([np.abs(folded).max() / 127.5])
+    table = _table({"x": QX, "y": QC})
+    table.tensors["W"] = _weight_entry(original)
+    prepared = prepare(graph, table)
+    fold = prepared.rewrites.batchnorm_folds[0]
+    qp = prepared.qparams[fold.weight]
+    assert (qp.axis == 0) == per_channel and qp.symmetric and qp.bits == 8
+    np.testing.assert_allclose(qp.scale, want, rtol=1e-6)
+    assert prepared.steps[0].quantized.in_qparams[1] == qp
+
+
+def test_table_entry_for_the_folded_weight_wins():
+    graph, w = _conv_bn_graph()
+    table = _table({"x": QX, "y": QC})
+    table.tensors["W"] = _weight_entry(QParams(scale=[0.01, 0.02, 0.03], zero_point=[0, 0, 0], axis=0))
+    own = QParams(scale=[0.1, 0.2, 0.3], zero_point=[0, 0, 0], axis=0)
+    table.tensors["W_bnfold"] = _weight_entry(own)
+    prepared = prepare(graph, table)
+    assert prepared.rewrites.batchnorm_folds[0].weight == "W_bnfold"
+    assert prepared.qparams["W_bnfold"] == own
+
+
+def test_missing_weight_qparams_is_a_clear_error():
+    graph, _ = _conv_bn_graph()
+    with pytest.raises(ExecutorError, match="weight 'W' of Conv 'conv' has no qparams"):
+        prepare(graph, _table({"x": QX, "y": QC}))
+
+
+def _run_args(**flags):
+    import argparse
+
+    from ptq.commands import run as run_cmd
+
+    parser = argparse.ArgumentParser()
+    run_cmd.add_arguments(parser)
+    argv = ["m.onnx", "--quant", "q.json", "--images", "d"]
+    for key, value in flags.items():
+        argv += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return parser.parse_args(argv)
+
+
+def test_cli_run_preprocessing_comes_from_the_table_and_flags_override(tmp_path):
+    from ptq.commands.run import _preprocess
+
+    recorded = {"mean": [1.0, 2.0, 3.0], "std": [4.0, 5.0, 6.0], "resize": 300, "crop_ratio": 0.9, "bgr": True,
+                "layout": "NHWC"}
+    pre = _preprocess(_run_args(), recorded)
+    assert (pre.mean, pre.std, pre.resize, pre.crop_ratio, pre.bgr, pre.layout) == (
+        (1.0, 2.0, 3.0), (4.0, 5.0, 6.0), 300, 0.9, True, "NHWC")
+    pre = _preprocess(_run_args(mean="10,20,30", resize=256), recorded)
+    assert pre.mean == (10.0, 20.0, 30.0) and pre.resize == 256 and pre.std == (4.0, 5.0, 6.0)
+    config = tmp_path / "pre.json"
+    config.write_text('{"mean": 0, "std": 1}')
+    pre = _preprocess(_run_args(config=config, crop_ratio=1.0), recorded)
+    assert (pre.mean, pre.std, pre.resize, pre.crop_ratio, pre.bgr) == ((0.0,) * 3, (1.0,) * 3, None, 1.0, False)
+
+
+def test_unknown_custom_op_fails_at_prepare_naming_the_node():
+    from ptq.float_fallback import FloatFallbackError
+
+    node = helper.make_node("Frobnicate", ["x"], ["y"], name="frob", domain="my.ops")
+    graph_proto = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(
+        graph_proto, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("my.ops", 1)], ir_version=9
+    )
+    with pytest.raises(FloatFallbackError, match="Frobnicate node 'frob' \\(domain 'my.ops'\\) has no registered op"):
+        prepare(load_model(model), _table({"x": QX, "y": QC}))
