@@ -1,0 +1,204 @@
+"""report.html: one self-contained page (inline CSS, inline SVG plot, inline script; no network).
+
+The plot shows the cumulative and isolated cosine of every layer along the graph (x = topological index),
+with the ranked suspects marked; the table sorts by any column on a click of its header.
+"""
+from __future__ import annotations
+
+import math
+from html import escape
+from pathlib import Path
+from typing import Optional, Union
+
+from reports.layers import Report
+
+PLOT_W, PLOT_H = 960, 320
+MARGIN_L, MARGIN_R, MARGIN_T, MARGIN_B = 64, 16, 16, 40
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222}
+h1{font-size:22px;margin:0 0 8px} h2{font-size:17px;margin:24px 0 8px}
+table{border-collapse:collapse;font-size:12px}
+th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}
+td.t,th.t{text-align:left}
+th{background:#f0f0f0;cursor:pointer;user-select:none}
+th.asc::after{content:" \\25B2"} th.desc::after{content:" \\25BC"}
+tr.suspect td{background:#fde8e8}
+.summary td{text-align:left}
+svg text{font-size:11px;fill:#333}
+.legend span{display:inline-block;margin-right:16px;font-size:13px}
+.sw{display:inline-block;width:14px;height:3px;vertical-align:middle;margin-right:4px}
+"""
+
+_SCRIPT = """
+document.querySelectorAll('table.sortable').forEach(function(table){
+  var heads = table.querySelectorAll('th');
+  heads.forEach(function(th, col){
+    th.addEventListener('click', function(){
+      var asc = !th.classList.contains('asc');
+      heads.forEach(function(h){h.classList.remove('asc','desc');});
+      th.classList.add(asc ? 'asc' : 'desc');
+      var body = table.tBodies[0];
+      var rows = Array.prototype.slice.call(body.rows);
+      rows.sort(function(a, b){
+        var x = a.cells[col].getAttribute('data-v'), y = b.cells[col].getAttribute('data-v');
+        var nx = parseFloat(x), ny = parseFloat(y), r;
+        if (!isNaN(nx) && !isNaN(ny)) { r = nx - ny; } else { r = x < y ? -1 : (x > y ? 1 : 0); }
+        return asc ? r : -r;
+      });
+      rows.forEach(function(row){ body.appendChild(row); });
+    });
+  });
+});
+"""
+
+
+def _fmt(value: float, digits: int = 6) -> str:
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:.{digits}g}"
+
+
+def _sort_key(value) -> str:
+    """The data-v attribute: numbers sort numerically (infinities as large finite numbers)."""
+    if isinstance(value, float) and math.isinf(value):
+        return "1e308" if value > 0 else "-1e308"
+    return str(value)
+
+
+def _cell(value, text: Optional[str] = None, left: bool = False) -> str:
+    cls = ' class="t"' if left else ""
+    shown = escape(text if text is not None else str(value))
+    return f'<td{cls} data-v="{escape(_sort_key(value))}">{shown}</td>'
+
+
+def _y_floor(lo: float) -> float:
+    """The bottom of the cosine axis: half a step below the worst cosine, the step being the power of ten
+    of 1 - worst (so 0.9991 plots from 0.99905, 0.87 from 0.75), never below -1 nor at 1."""
+    if lo >= 1.0:
+        return 1.0 - 1e-6
+    step = 10 ** math.floor(math.log10(1.0 - lo))
+    return max(-1.0, math.floor(lo / step) * step - 0.5 * step)
+
+
+def _plot(report: Report) -> str:
+    layers = report.layers
+    n = len(layers)
+    if n == 0:
+        return "<p>No layers.</p>"
+    cum = [layer.cumulative.cosine for layer in layers]
+    iso = [layer.isolated.cosine for layer in layers]
+    y_min = _y_floor(min(min(cum), min(iso)))
+    w = PLOT_W - MARGIN_L - MARGIN_R
+    h = PLOT_H - MARGIN_T - MARGIN_B
+
+    def px(i: int) -> float:
+        return MARGIN_L + (w * i / (n - 1) if n > 1 else w / 2)
+
+    def py(v: float) -> float:
+        return MARGIN_T + h * (1.0 - (v - y_min) / (1.0 - y_min))
+
+    parts = [f'<svg width="{PLOT_W}" height="{PLOT_H}" '
+             f'viewBox="0 0 {PLOT_W} {PLOT_H}" role="img" aria-label="cosine along the graph">',
+             f'<rect x="{MARGIN_L}" y="{MARGIN_T}" width="{w}" height="{h}" fill="#fafafa" stroke="#999"/>']
+    for k in range(6):
+        v = y_min + (1.0 - y_min) * k / 5
+        y = py(v)
+        parts.append(f'<line x1="{MARGIN_L}" y1="{y:.1f}" x2="{MARGIN_L + w}" y2="{y:.1f}" stroke="#e3e3e3"/>')
+        parts.append(f'<text x="{MARGIN_L - 6}" y="{y + 4:.1f}" text-anchor="end">{v:.6g}</text>')
+    for k in range(0, n, max(1, n // 10)):
+        parts.append(f'<text x="{px(k):.1f}" y="{MARGIN_T + h + 16}" text-anchor="middle">{k}</text>')
+    parts.append(f'<text x="{MARGIN_L + w / 2}" y="{PLOT_H - 6}" text-anchor="middle">layer (topological order)</text>')
+    for values, color in ((iso, "#2b8a3e"), (cum, "#1c5fd1")):
+        points = " ".join(f"{px(i):.1f},{py(v):.1f}" for i, v in enumerate(values))
+        parts.append(f'<polyline points="{points}" fill="none" stroke="{color}" stroke-width="1.5"/>')
+    index = {layer.name: i for i, layer in enumerate(layers)}
+    for rank, b in enumerate(report.bottlenecks[:10], 1):
+        i = index.get(b.name)
+        if i is None:
+            continue
+        x, y = px(i), py(min(cum[i], iso[i]))
+        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="5" fill="none" stroke="#d11c1c" stroke-width="2">'
+                     f'<title>#{rank} {escape(b.name)}: {escape(b.reason)}</title></circle>')
+        parts.append(f'<text x="{x + 7:.1f}" y="{y - 6:.1f}" fill="#d11c1c" style="fill:#d11c1c">{rank}</text>')
+    parts.append("</svg>")
+    legend = ('<div class="legend"><span><i class="sw" style="background:#1c5fd1"></i>cumulative cosine</span>'
+              '<span><i class="sw" style="background:#2b8a3e"></i>isolated cosine</span>'
+              '<span style="color:#d11c1c">&#9711; ranked suspects</span></div>')
+    return legend + "".join(parts)
+
+
+def _summary(report: Report) -> str:
+    rows = [("model", report.model), ("quant table", report.quant), ("images", str(report.images)),
+            ("quantized tensors", str(len(report.layers)))]
+    for out in report.outputs:
+        s = out.similarity
+        rows.append((f"output {out.name}",
+                     f"cosine {s.cosine:.6f}, mse {_fmt(s.mse, 4)}, sqnr {_fmt(s.sqnr_db, 4)} dB, "
+                     f"max abs err {_fmt(s.max_abs_err, 4)}"))
+    c = report.classification
+    if c:
+        rows.append(("top-1 / top-5 agreement", f"{c['top1_agreement']:.3f} / {c['top5_agreement']:.3f}"))
+        if "labelled" in c:
+            rows.append(("accuracy (float / int)",
+                         f"{c['float_accuracy']:.3f} / {c['int_accuracy']:.3f} over {c['labelled']} labelled images"))
+    if report.float_nodes:
+        rows.append(("float nodes", ", ".join(report.float_nodes)))
+    for note in report.notes:
+        rows.append(("note", note))
+    body = "".join(f'<tr><th class="t">{escape(k)}</th><td>{escape(v)}</td></tr>' for k, v in rows)
+    suspects = "".join(f"<li><b>{escape(b.name)}</b>: {escape(b.reason)}</li>" for b in report.bottlenecks[:10])
+    return (f'<table class="summary">{body}</table><h2>Top suspects</h2>'
+            + (f"<ol>{suspects}</ol>" if suspects else "<p>None: every layer keeps its cosine.</p>"))
+
+
+def _table(report: Report) -> str:
+    ranks = {b.name: k for k, b in enumerate(report.bottlenecks, 1)}
+    heads = ["#", "tensor", "op", "bits", "scale", "zp", "cum cosine", "cum sqnr dB", "cum mse", "cum max err",
+             "iso cosine", "iso sqnr dB", "iso mse", "cosine drop", "clipped %", "suspect"]
+    head = "".join(f'<th class="t">{h}</th>' if h in ("tensor", "op") else f"<th>{h}</th>" for h in heads)
+    rows = []
+    for i, layer in enumerate(report.layers):
+        qp = layer.qparams
+        if qp.per_channel:
+            scale_v, scale_t = float(qp.scale.max()), f"{qp.scale.min():.3g}..{qp.scale.max():.3g}"
+            zp_v, zp_t = int(qp.zero_point.max()), f"{qp.zero_point.min()}..{qp.zero_point.max()}"
+        else:
+            scale_v, scale_t = float(qp.scale[0]), f"{qp.scale[0]:.4g}"
+            zp_v, zp_t = int(qp.zero_point[0]), str(int(qp.zero_point[0]))
+        cum, iso = layer.cumulative, layer.isolated
+        rank = ranks.get(layer.name)
+        cls = ' class="suspect"' if rank is not None and rank <= 10 else ""
+        op = layer.op_type + (" (float)" if layer.float_fallback else "")
+        cells = [
+            _cell(i), _cell(layer.name, left=True), _cell(op, left=True), _cell(qp.bits), _cell(scale_v, scale_t),
+            _cell(zp_v, zp_t), _cell(cum.cosine, f"{cum.cosine:.6f}"), _cell(cum.sqnr_db, _fmt(cum.sqnr_db, 4)),
+            _cell(cum.mse, _fmt(cum.mse, 4)), _cell(cum.max_abs_err, _fmt(cum.max_abs_err, 4)),
+            _cell(iso.cosine, f"{iso.cosine:.6f}"), _cell(iso.sqnr_db, _fmt(iso.sqnr_db, 4)),
+            _cell(iso.mse, _fmt(iso.mse, 4)), _cell(layer.cosine_drop, f"{layer.cosine_drop:.6f}"),
+            _cell(layer.clipped, f"{100 * layer.clipped:.3g}"),
+            _cell(rank if rank is not None else 1e9, str(rank) if rank is not None else ""),
+        ]
+        rows.append(f"<tr{cls}>{''.join(cells)}</tr>")
+    return f'<table class="sortable" id="layers"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def render_html(report: Report) -> str:
+    title = f"ptq report: {Path(report.model).name}"
+    return (
+        "<!DOCTYPE html>\n"
+        f'<html lang="en"><head><meta charset="utf-8"/><title>{escape(title)}</title>'
+        f"<style>{_CSS}</style></head><body>"
+        f"<h1>{escape(title)}</h1>"
+        f"<h2>Summary</h2>{_summary(report)}"
+        f"<h2>Cosine along the graph</h2>{_plot(report)}"
+        f"<h2>Layers</h2><p>Click a column header to sort.</p>{_table(report)}"
+        f"<script>//<![CDATA[{_SCRIPT}//]]></script>"
+        "</body></html>\n"
+    )
+
+
+def write_html(report: Report, path: Union[str, Path]) -> Path:
+    path = Path(path)
+    path.write_text(render_html(report), encoding="utf-8")
+    return path

@@ -1,0 +1,101 @@
+"""Class labels of evaluation images: from a labels file, or from a number at the end of the file name.
+
+File-name rule: the label is the integer after the last `_` or `-` of the stem, e.g.
+`imagenet_00_243.jpg` -> 243, `cat-7.png` -> 7. A stem without such a suffix (`cat.jpg`, `img42.jpg`) has no
+label: a bare trailing number is too often a sequence number to be trusted.
+
+Labels file (`--labels FILE`), one of:
+- JSON: an object mapping file names (or stems) to integer labels;
+- text: one `NAME LABEL` pair per line, separated by whitespace, a comma or a colon; blank lines and lines
+  starting with `#` are ignored; a first line whose label is not an integer is taken as a CSV header.
+Names in the file match an image by its file name or by its stem.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Optional, Union
+
+_SUFFIX = re.compile(r"[_-](\d+)$")
+_LINE = re.compile(r"^\s*(.+?)\s*[\s,:]\s*(\S+)\s*$")
+
+
+def label_from_filename(path: Union[str, Path]) -> Optional[int]:
+    """The integer after the last `_` or `-` of the file's stem, or None."""
+    match = _SUFFIX.search(Path(path).stem)
+    return int(match.group(1)) if match else None
+
+
+def load_labels(path: Union[str, Path]) -> dict[str, int]:
+    """Read a labels file (JSON object or NAME LABEL lines) into {name: label}."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"labels file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json" or text.lstrip().startswith("{"):
+        return _labels_from_json(path, text)
+    labels: dict[str, int] = {}
+    first = True
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        match = _LINE.match(line)
+        if not match:
+            raise ValueError(f"{path}:{lineno}: expected 'NAME LABEL', got {line!r}")
+        name, value = match.group(1), match.group(2)
+        try:
+            label = int(value)
+        except ValueError:
+            if first:  # a CSV header such as "file,label"
+                first = False
+                continue
+            raise ValueError(f"{path}:{lineno}: label {value!r} is not an integer") from None
+        first = False
+        _put(labels, name, label, f"{path}:{lineno}")
+    if not labels:
+        raise ValueError(f"labels file {path} holds no labels")
+    return labels
+
+
+def _labels_from_json(path: Path, text: str) -> dict[str, int]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"labels file {path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"labels file {path}: expected a non-empty JSON object mapping file names to labels")
+    labels: dict[str, int] = {}
+    for name, label in data.items():
+        if isinstance(label, bool) or not isinstance(label, int):
+            raise ValueError(f"labels file {path}: label of {name!r} is {label!r}, not an integer")
+        _put(labels, name, label, str(path))
+    return labels
+
+
+def _put(labels: dict[str, int], name: str, label: int, where: str) -> None:
+    if label < 0:
+        raise ValueError(f"{where}: negative label {label} for {name!r}")
+    if name in labels and labels[name] != label:
+        raise ValueError(f"{where}: {name!r} labelled twice ({labels[name]} and {label})")
+    labels[name] = label
+
+
+class LabelResolver:
+    """Looks up the label of an image path: in the labels file when given, else from the file name."""
+
+    def __init__(self, labels: Optional[dict[str, int]] = None):
+        self.labels = labels
+
+    @classmethod
+    def from_option(cls, labels_file: Optional[Union[str, Path]]) -> "LabelResolver":
+        return cls(load_labels(labels_file) if labels_file else None)
+
+    def __call__(self, image: Union[str, Path]) -> Optional[int]:
+        path = Path(image)
+        if self.labels is None:
+            return label_from_filename(path)
+        for key in (path.name, path.stem, str(image)):
+            if key in self.labels:
+                return self.labels[key]
+        return None

@@ -1,0 +1,93 @@
+"""report.json and report.csv writers, and the short stdout summary."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Union
+
+from reports.layers import Report
+
+CSV_COLUMNS = (
+    "index", "name", "node", "op_type", "bits", "granularity", "scale", "zero_point", "range_min", "range_max",
+    "cumulative_cosine", "cumulative_mse", "cumulative_sqnr_db", "cumulative_max_abs_err",
+    "isolated_cosine", "isolated_mse", "isolated_sqnr_db", "isolated_max_abs_err",
+    "cosine_drop", "clipped_fraction", "float_fallback", "suspect_rank",
+)
+
+
+def finite_or_none(value):
+    """JSON has no Infinity/NaN: non-finite floats become null (the metric definitions say so)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
+def report_json(report: Report) -> str:
+    return json.dumps(finite_or_none(report.to_dict()), indent=1, allow_nan=False)
+
+
+def write_json(report: Report, path: Union[str, Path]) -> Path:
+    path = Path(path)
+    path.write_text(report_json(report) + "\n", encoding="utf-8")
+    return path
+
+
+def report_csv(report: Report) -> str:
+    """One row per layer, in topological order; per-channel qparams give their scale range as `min..max`."""
+    ranks = {b.name: k for k, b in enumerate(report.bottlenecks, 1)}
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for index, layer in enumerate(report.layers):
+        qp = layer.to_dict()["qparams"]
+        if qp["granularity"] == "per-channel":
+            scale = f"{qp['scale_min']:.6g}..{qp['scale_max']:.6g}"
+            zero_point = f"{qp['zero_point_min']}..{qp['zero_point_max']}"
+        else:
+            scale, zero_point = f"{qp['scale']:.6g}", qp["zero_point"]
+        cum, iso = layer.cumulative, layer.isolated
+        writer.writerow([
+            index, layer.name, layer.node, layer.op_type, layer.qparams.bits, qp["granularity"], scale, zero_point,
+            f"{qp['range'][0]:.6g}", f"{qp['range'][1]:.6g}",
+            f"{cum.cosine:.6f}", f"{cum.mse:.6g}", f"{cum.sqnr_db:.3f}", f"{cum.max_abs_err:.6g}",
+            f"{iso.cosine:.6f}", f"{iso.mse:.6g}", f"{iso.sqnr_db:.3f}", f"{iso.max_abs_err:.6g}",
+            f"{layer.cosine_drop:.6f}", f"{layer.clipped:.6g}", int(layer.float_fallback), ranks.get(layer.name, ""),
+        ])
+    return buf.getvalue()
+
+
+def write_csv(report: Report, path: Union[str, Path]) -> Path:
+    path = Path(path)
+    path.write_text(report_csv(report), encoding="utf-8")
+    return path
+
+
+def summary_text(report: Report, top: int = 5) -> str:
+    """Output metrics and the top suspects, for stdout."""
+    lines = [f"{report.images} images, {len(report.layers)} quantized tensors"]
+    for out in report.outputs:
+        s = out.similarity
+        lines.append(f"output {out.name}: cosine {s.cosine:.6f}  mse {s.mse:.4g}  sqnr {s.sqnr_db:.2f} dB")
+    c = report.classification
+    if c:
+        line = f"top-1 agreement {c['top1_agreement']:.3f}  top-5 agreement {c['top5_agreement']:.3f}"
+        if "labelled" in c:
+            line += f"  accuracy float {c['float_accuracy']:.3f} int {c['int_accuracy']:.3f} ({c['labelled']} labelled)"
+        lines.append(line)
+    if report.float_nodes:
+        lines.append(f"float nodes: {', '.join(report.float_nodes)}")
+    lines.extend(report.notes)
+    if report.bottlenecks:
+        lines.append(f"top {min(top, len(report.bottlenecks))} suspects:")
+        for k, b in enumerate(report.bottlenecks[:top], 1):
+            lines.append(f"  {k}. {b.name}: {b.reason}")
+    else:
+        lines.append("no suspects: every layer keeps its cosine")
+    return "\n".join(lines)
