@@ -29,6 +29,7 @@ from ptq.qdq_export import export_qdq
 from ptq.qparams import compute_qparams
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
 from ptq.weight_roles import weight_role
+from ptq.weight_scale_floor import floor_weight_scales
 
 DEFAULT_CALIBRATOR = "extrema"
 DEFAULT_WEIGHT_CALIBRATOR = "extrema"
@@ -202,6 +203,7 @@ def weight_entries(graph: Graph, options: CalibrationOptions) -> dict[str, Tenso
 def build_table(graph: Graph, stats: dict[str, TensorStatistics], options: CalibrationOptions) -> QuantTable:
     tensors = activation_entries(graph, stats, options)
     tensors.update(weight_entries(graph, options))
+    floor_weight_scales(graph, tensors, options)
     return QuantTable(options=options, tensors=tensors)
 
 
