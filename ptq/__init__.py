@@ -14,10 +14,22 @@ _EXPORTS = {
     "quantize_multiplier": "ptq.requant",
     "requantize": "ptq.requant",
     "load_model": "ptq.graph",
+    "ModelError": "ptq.graph",
+    "Preprocess": "ptq.images",
     "calibrate": "ptq.calibrate",
+    "CalibrationResult": "ptq.calibrate",
+    "CalibrationOptions": "ptq.quant_table",
+    "QuantTable": "ptq.quant_table",
+    "TensorEntry": "ptq.quant_table",
+    "QuantTableError": "ptq.quant_table",
     "load_quant_table": "ptq.quant_table",
     "save_quant_table": "ptq.quant_table",
+    "export_qdq": "ptq.qdq_export",
+    "prepare": "ptq.executor",
     "run_int": "ptq.executor",
+    "IntegerGraph": "ptq.executor",
+    "IntRunResult": "ptq.executor",
+    "ExecutorOptions": "ptq.executor",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

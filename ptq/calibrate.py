@@ -9,6 +9,7 @@ quantization grid is spent on the values that survive (what a fused Conv+ReLU6 d
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -207,6 +208,32 @@ def build_table(graph: Graph, stats: dict[str, TensorStatistics], options: Calib
     return QuantTable(options=options, tensors=tensors)
 
 
+def align_with_integer_graph(graph: Graph, table: QuantTable) -> list[str]:
+    """Give activations the qparams the integer graph fixes by rule, in place; returns the tensors changed.
+
+    Some op rules override the calibrated proposal for their output (layout ops, MaxPool and nearest Resize
+    move codes and keep their input's qparams). Writing those final qparams into the table makes the QDQ model
+    describe the grid the integer executor computes on. A graph the executor cannot prepare keeps the
+    calibrated qparams, with a warning.
+    """
+    from ptq.executor import prepare
+
+    try:
+        final = prepare(graph, table).qparams
+    except ValueError as exc:  # QuantizationError, ExecutorError
+        logging.getLogger("ptq.calibrate").warning(
+            "the integer graph could not be prepared (%s); the table keeps the calibrated qparams", exc)
+        return []
+    changed = []
+    for name, entry in table.tensors.items():
+        qp = final.get(name)
+        if entry.kind == "activation" and qp is not None and qp != entry.qparams:
+            lo, hi = qp.real_range()
+            table.tensors[name] = TensorEntry("activation", entry.calibrator, lo, hi, qp)
+            changed.append(name)
+    return changed
+
+
 def output_paths(model: ModelSource, out_dir: Union[str, Path]) -> tuple[Path, Path]:
     stem = Path(model).stem if isinstance(model, (str, Path)) else (model.graph.name or "model")
     out_dir = Path(out_dir)
@@ -244,6 +271,7 @@ def calibrate(
     input_shapes: Optional[dict] = None,
     progress: bool = False,
     write_qdq: bool = True,
+    align: bool = True,
 ) -> CalibrationResult:
     """Calibrate `model` on `images` and, with `out_dir`, write `<stem>.quant.json` and `<stem>.qdq.onnx`.
 
@@ -251,7 +279,8 @@ def calibrate(
     (batch on axis 0). Activations use `calibrator` at `bits` (asymmetric unless `symmetric`), weights
     `weight_calibrator` at `weight_bits` (symmetric unless `weight_symmetric=False`), per channel unless
     `per_channel=False`. `narrow` selects the restricted signed range [-(2^(b-1)-1), 2^(b-1)-1]; `pow2`
-    rounds scales up to powers of two. The input model is never modified; files are written atomically.
+    rounds scales up to powers of two. `align` writes the qparams the integer graph fixes by rule into the
+    table (see `align_with_integer_graph`). The input model is never modified; files are written atomically.
     """
     start = time.perf_counter()
     preprocess = preprocess or Preprocess()
@@ -272,6 +301,8 @@ def calibrate(
         num_images=num_images, batch_size=batch_size, seed=seed, progress=progress,
     )
     table = build_table(graph, stats, options)
+    if align:
+        align_with_integer_graph(graph, table)
     qdq = export_qdq(graph, table) if write_qdq else None
     result = CalibrationResult(table=table, graph=graph, images_used=len(log.used), skipped=list(log.skipped))
     if paths is not None:
