@@ -35,7 +35,6 @@ def _check_multiplier(m, n, r):
 
 def _setup(seed, x_bits, x_signed, shape=(2, 3, 5, 4), lo=-4.0, hi=5.0):
     rng = np.random.default_rng(seed)
-    x_f = rng.uniform(lo, hi, size=shape).astype(np.float32)
     x_qp = random_qparams(rng, lo, hi, x_bits, signed=x_signed)
     x_q = random_codes(rng, x_qp, shape)
     return rng, x_qp, x_q
