@@ -83,7 +83,7 @@ def peak_rss_mb() -> float:
 
 
 def work_ptq(cfg: dict) -> dict:
-    from ptq.calibrate import calibrate
+    from ptq.pipeline import calibrate
 
     start = time.perf_counter()
     result = calibrate(cfg["model"], cfg["images"], cfg["out"], calibrator=cfg["calibrator"],

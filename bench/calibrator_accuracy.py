@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from calibrators import required_stats  # noqa: E402
-from ptq.calibrate import collect_image_statistics, build_table  # noqa: E402
+from ptq.pipeline import collect_image_statistics, build_table  # noqa: E402
 from ptq.graph import load_model  # noqa: E402
 from ptq.images import InputSpec, Preprocess, load_image  # noqa: E402
 from ptq.qdq_export import export_qdq  # noqa: E402

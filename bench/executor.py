@@ -23,7 +23,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ptq.calibrate import calibrate, input_spec  # noqa: E402
+from ptq.pipeline import calibrate, input_spec  # noqa: E402
 from ptq.executor import prepare  # noqa: E402
 from ptq.float_run import image_input  # noqa: E402
 from ptq.graph import load_model  # noqa: E402

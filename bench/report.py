@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     if args.quant:
         table = load_quant_table(args.quant)
     else:
-        from ptq.calibrate import calibrate
+        from ptq.pipeline import calibrate
 
         table = calibrate(args.model, REPO / "examples" / "calib", write_qdq=False).table
     graph = load_model(args.model, table.options.input_shapes)

@@ -20,7 +20,7 @@ from typing import Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from ptq.calibrate import input_spec
+from ptq.pipeline import input_spec
 from ptq.executor import IntegerGraph, NodeKind, Step, prepare
 from ptq.float_run import image_input, stats_model
 from ptq.graph import Graph
@@ -282,7 +282,6 @@ def evaluate(
                 ev.overflows[name] = ev.overflows.get(name, 0) + count
             if isolated and (isolated_images is None or ev.images < isolated_images):
                 _accumulate_isolated(prepared, ev, specs, steps, floats, runtime_values, refs)
-            del refs
             dequantized = {name: dequantize32(ev.qparams[name], result.tensors[name]) for name in outputs}
             for name in outputs:
                 ev.outputs[name].update(floats[name], dequantized[name])

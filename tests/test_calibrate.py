@@ -10,7 +10,7 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 from PIL import Image
 
-from ptq.calibrate import calibrate
+from ptq.pipeline import calibrate
 from ptq.cli import main
 from ptq.images import InputSpec, Preprocess, load_image
 from ptq.qdq_export import export_qdq
@@ -257,19 +257,10 @@ def test_models_ptq_cannot_feed_images_to_are_clear_errors(tiny, tmp_path):
         calibrate(two_inputs, images, preprocess=RAW)
 
 
-def test_ptq_calibrate_is_callable_even_after_the_submodule_is_imported(tiny):
-    import ptq
-    import ptq.calibrate  # binds the submodule to the package attribute
-
-    model_path, images, _ = tiny
-    result = ptq.calibrate(model_path, images, preprocess=RAW, write_qdq=False)
-    assert result.images_used == 7 and "input" in result.table.tensors
-
-
 def test_every_calibrator_gives_a_runnable_qdq_efficientnet(model_path, calib_dir):
     """Statistics collected once (4 photos) for every calibrator; each table exports a QDQ model that runs."""
     from calibrators import required_stats
-    from ptq.calibrate import build_table, collect_image_statistics
+    from ptq.pipeline import build_table, collect_image_statistics
     from ptq.graph import load_model
     from ptq.quant_table import CalibrationOptions
 

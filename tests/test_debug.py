@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from ptq.calibrate import calibrate
+from ptq.pipeline import calibrate
 from ptq.cli import main
 from ptq.executor import NodeKind, prepare
 from ptq.graph import load_model

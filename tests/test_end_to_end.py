@@ -27,7 +27,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ptq.calibrate import calibrate, input_spec
+from ptq.pipeline import calibrate, input_spec
 from ptq.cli import main as cli_main
 from ptq.executor import ExecutorOptions, prepare
 from ptq.graph import load_model

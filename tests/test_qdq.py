@@ -4,7 +4,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ptq.calibrate import build_table, calibrate
+from ptq.pipeline import build_table, calibrate
 from ptq.float_run import collect_statistics
 from ptq.graph import load_model
 from ptq.qdq_export import MS_DOMAIN, export_qdq

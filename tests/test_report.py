@@ -133,7 +133,6 @@ def test_html_is_well_formed_and_self_contained():
 # --- end to end on a three-layer toy graph: x -> Gemm -> t1 -> Gemm -> t2 -> Gemm -> y (identity weights) ---
 
 def _toy_model():
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     eye, zero = np.eye(8, dtype=np.float32), np.zeros(8, dtype=np.float32)
@@ -158,7 +157,7 @@ def _hand_similarity(ref, test):
 
 
 def test_isolated_vs_cumulative_on_toy_graph():
-    from ptq.calibrate import calibrate
+    from ptq.pipeline import calibrate
     from ptq.graph import load_model
     from reports.evaluate import ArraySamples, build_report, evaluate
     from reports.tables import scale_range

@@ -3,7 +3,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from ptq.calibrate import calibrate
+from ptq.pipeline import calibrate
 from ptq.executor import prepare
 from ptq.qdq_export import export_qdq
 from ptq.qparams import compute_qparams

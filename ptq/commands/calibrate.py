@@ -10,7 +10,7 @@ HELP = "calibrate a model on a folder of images; write <stem>.quant.json and <st
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ptq.calibrate import DEFAULT_CALIBRATOR, DEFAULT_WEIGHT_CALIBRATOR
+    from ptq.pipeline import DEFAULT_CALIBRATOR, DEFAULT_WEIGHT_CALIBRATOR
 
     parser.add_argument("model", help="the float ONNX model (never modified)")
     parser.add_argument("--images", required=True, help="folder of calibration images (searched recursively)")
@@ -61,7 +61,7 @@ def preprocess_from_args(args: argparse.Namespace) -> Preprocess:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ptq.calibrate import calibrate
+    from ptq.pipeline import calibrate
     from ptq.graph import parse_input_shapes
 
     logging.basicConfig(format="ptq: warning: %(message)s")

@@ -109,7 +109,7 @@ def _print_summary(tally: Tally, float_nodes) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ptq.calibrate import input_spec
+    from ptq.pipeline import input_spec
     from ptq.executor import prepare
     from ptq.float_run import image_input
     from ptq.graph import load_model

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
@@ -221,7 +219,7 @@ def align_with_integer_graph(graph: Graph, table: QuantTable) -> list[str]:
     try:
         final = prepare(graph, table).qparams
     except ValueError as exc:  # QuantizationError, ExecutorError
-        logging.getLogger("ptq.calibrate").warning(
+        logging.getLogger("ptq.pipeline").warning(
             "the integer graph could not be prepared (%s); the table keeps the calibrated qparams", exc)
         return []
     changed = []
@@ -313,14 +311,3 @@ def calibrate(
     result.seconds = time.perf_counter() - start
     return result
 
-
-class _CallableModule(types.ModuleType):
-    """`ptq.calibrate` names both this module and the API function. Importing a submodule binds the module
-    to the package attribute (overriding the lazy export of the function), so the module itself forwards
-    calls: `ptq.calibrate(model, images, ...)` works whichever of the two the attribute holds."""
-
-    def __call__(self, *args, **kwargs) -> CalibrationResult:
-        return calibrate(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
