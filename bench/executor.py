@@ -3,8 +3,8 @@
     python3 bench/executor.py [--model M] [--quant Q.json] [--images DIR] [--repeat R] [--profile-top K]
 
 Without `--quant` the model is calibrated first (on examples/calib; not timed). Prints the mean time per
-image of `IntegerGraph.run` (outputs-only memory mode, as plain inference runs) and of an onnxruntime
-CPU session on the float model, their ratio, the integer time by op type, and cProfile's top functions of the
+image of `IntegerGraph.run` (outputs-only memory mode, as plain inference runs) and of onnxruntime CPU
+sessions on the float model (default threads, and one thread as ptq's own kernels use), the ratios, the integer time by op type, and cProfile's top functions of the
 integer run by own time (the kernels). Both sides run on the same preprocessed images, after one warm-up
 run, alternating image by image (so a change in machine load hits both alike).
 """
@@ -49,6 +49,15 @@ def _interleaved_times(fns: dict, samples: list[np.ndarray], repeat: int) -> dic
                 fn(x)
                 totals[key] += time.perf_counter() - start
     return {key: total / (repeat * len(samples)) for key, total in totals.items()}
+
+
+def _ort_session(ort, model: str, threads: int):
+    """An onnxruntime CPU session (`threads` 0: its default, one per core). Idle intra-op threads otherwise
+    spin for a while after each run, taking a core from the ptq run that follows."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
 def _time_by_op(prepared, name: str, samples: list[np.ndarray]) -> dict[str, float]:
@@ -98,19 +107,26 @@ def main(argv=None) -> int:
     prepared = prepare(graph, table)
     prepare_s = time.perf_counter() - start
 
-    session = ort.InferenceSession(args.model, providers=["CPUExecutionProvider"])
+    sessions = {threads: _ort_session(ort, args.model, threads) for threads in (0, 1)}
     times = _interleaved_times(
-        {"ort": lambda x: session.run(None, {name: x}), "ptq": lambda x: prepared.run({name: x}, keep_all=False)},
+        {
+            "ort": lambda x: sessions[0].run(None, {name: x}),
+            "ort1": lambda x: sessions[1].run(None, {name: x}),
+            "ptq": lambda x: prepared.run({name: x}, keep_all=False),
+        },
         samples,
         args.repeat,
     )
-    t_ort, t_ptq = times["ort"], times["ptq"]
+    t_ort, t_ort1, t_ptq = times["ort"], times["ort1"], times["ptq"]
 
     print(f"images: {len(samples)} x {args.repeat} pass(es), model {Path(args.model).name}")
     print(f"ptq prepare (rewrites + quantize rules): {1000 * prepare_s:.0f} ms, once")
-    print(f"onnxruntime float : {1000 * t_ort:8.2f} ms/image ({ort.__version__}, CPUExecutionProvider, default threads)")
-    print(f"ptq integer       : {1000 * t_ptq:8.2f} ms/image (backend {prepared.backend.name})")
-    print(f"ratio ptq / onnxruntime float: {t_ptq / t_ort:.2f}x")
+    print(f"onnxruntime {ort.__version__} float, CPUExecutionProvider, no spinning:")
+    print(f"  default threads : {1000 * t_ort:8.2f} ms/image")
+    print(f"  one thread      : {1000 * t_ort1:8.2f} ms/image")
+    print(f"ptq integer       : {1000 * t_ptq:8.2f} ms/image (backend {prepared.backend.name}, one thread "
+          f"apart from BLAS)")
+    print(f"ratio ptq / onnxruntime float: {t_ptq / t_ort:.2f}x (default threads), {t_ptq / t_ort1:.2f}x (one thread)")
     if prepared.float_nodes:
         print(f"note: {len(prepared.float_nodes)} node(s) ran in float fallback: "
               + ", ".join(f"{f.name} ({f.op_type})" for f in prepared.float_nodes))

@@ -1,14 +1,15 @@
 """The integer dot product under Conv, ConvTranspose, Gemm and MatMul, and the exact-BLAS helper behind it.
 
-`exact_matmul(a, b)` returns the int64 product of two integer arrays. It runs on floating-point BLAS when a
-bound proves the result exact, and on numpy's (slow, but always exact) int64 matmul otherwise:
+`exact_matmul(a, b)` returns the exact integer product of two integer arrays. It runs on floating-point BLAS
+when a bound proves the result exact, and on numpy's (slow, but always exact) int64 matmul otherwise:
 
     every product a[i,k] * b[k,j] and every partial sum of K of them is an integer of magnitude at most
     B = K * max|a| * max|b|;  a binary floating-point type with a p-bit significand represents every
     integer of magnitude <= 2^p exactly, so when B < 2^p no rounding happens, whatever order (or FMA) the
     BLAS kernel sums in.
 
-float32 (p = 24) is used when B < 2^24, float64 (p = 53) when B < 2^53, int64 otherwise. The bound uses the
+float32 (p = 24) is used when B < 2^24, float64 (p = 53) when B < 2^53, int64 otherwise. The result is int32
+when B < 2^31 (half the bytes for the requant that follows), int64 otherwise. The bound uses the
 true extrema of the operands unless the caller passes smaller-or-equal known bounds (`a_absmax`,
 `b_absmax`), which saves a pass over a large im2col matrix.
 
@@ -28,6 +29,7 @@ import numpy as np
 
 FLOAT32_EXACT = 1 << 24  # integers of magnitude <= 2^24 are exact in float32
 FLOAT64_EXACT = 1 << 53
+INT32_MAX = (1 << 31) - 1
 
 
 def absmax(x: np.ndarray) -> int:
@@ -74,7 +76,8 @@ def exact_matmul(
     a_absmax: Optional[int] = None,
     b_absmax: Optional[int] = None,
 ) -> np.ndarray:
-    """int64 `a @ b` (numpy matmul broadcasting) of integer arrays, exact, on BLAS whenever the bound allows.
+    """`a @ b` (numpy matmul broadcasting) of integer arrays, exact, on BLAS whenever the bound allows; int32
+    when the bound proves |a @ b| < 2^31, else int64.
 
     `a_absmax`/`b_absmax`, when given, must be upper bounds of max|a| and max|b| (they are not checked).
     """
@@ -98,7 +101,7 @@ def exact_matmul(
         return np.matmul(a.astype(np.int64, copy=False), b.astype(np.int64, copy=False))
     ftype = np.float32 if method == "float32" else np.float64
     out = np.matmul(a.astype(ftype, copy=False), b.astype(ftype, copy=False))
-    return out.astype(np.int64)
+    return out.astype(np.int32 if k * amax * bmax <= INT32_MAX else np.int64)
 
 
 class NumpyBackend:

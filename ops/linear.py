@@ -35,7 +35,6 @@ from ptq.requant import (
     MAX_SHIFT,
     quantize_multiplier,
     requantize,
-    requantize_inplace,
     saturate_int32,
     shift_round,
 )
@@ -89,17 +88,16 @@ def code_deviation(qp: QParams) -> tuple[int, int]:
 
 def finish_accumulator(acc: np.ndarray, offset, plan: AccumulatorPlan, stage: "OutputStage", node,
                        runtime) -> np.ndarray:
-    """Output codes of the accumulator `acc + offset` (`acc` is a scratch int64 array, overwritten):
-    saturated to `plan.bits` with overflows recorded, unless the plan proves no overflow can occur."""
-    if acc.dtype != np.int64:
-        acc = acc.astype(np.int64)
+    """Output codes of the accumulator `acc + offset` (`acc` of any integer dtype): saturated to `plan.bits`
+    with overflows recorded, unless the plan proves no overflow can occur (the offset then folds into the
+    requant constant)."""
     if plan.safe:
-        return stage.apply(acc, offset=offset, owned=True)
+        return stage.apply(acc, offset=offset)
     if offset is not None:
-        np.add(acc, offset, out=acc)
+        acc = np.add(acc, offset, dtype=np.int64)
     acc, overflow = saturate(acc, plan.bits)
     runtime.record_overflow(node, overflow)
-    return stage.apply(acc, owned=True)
+    return stage.apply(acc)
 
 
 def per_channel(arr: np.ndarray, axis: Optional[int], ndim: int) -> np.ndarray:
@@ -191,20 +189,16 @@ class OutputStage:
     neg_sign: Optional[np.ndarray] = None
     pre_shift: Optional[np.ndarray] = None  # P per channel (None: no pre-rounding anywhere)
 
-    def apply(self, acc: np.ndarray, offset=None, owned: bool = False) -> np.ndarray:
-        """Output codes of the accumulator `acc + offset`. `owned`: `acc` is a scratch int64 array this call
-        may overwrite (the allocation-free requant path)."""
+    def apply(self, acc: np.ndarray, offset=None) -> np.ndarray:
+        """Output codes of the integer accumulator `acc + offset` (`acc` is not modified)."""
         if self.pre_shift is not None:
-            acc = acc if offset is None else acc + offset
+            acc = np.add(acc, 0 if offset is None else offset, dtype=np.int64)
             acc = shift_round(acc, 1, per_channel(self.pre_shift, self.axis, acc.ndim))
-            offset, owned = None, True
+            offset = None
         if self.neg_m is None:
             axis = self.axis if self.m.size > 1 else None
-            if owned and acc.dtype == np.int64 and acc.flags.writeable:
-                return requantize_inplace(acc, self.m, self.n, self.zp, self.lo, self.hi, axis=axis,
-                                          dtype=self.dtype, offset=offset)
-            acc = acc if offset is None else acc + offset
-            return requantize(acc, self.m, self.n, self.zp, self.lo, self.hi, axis=axis, dtype=self.dtype)
+            return requantize(acc, self.m, self.n, self.zp, self.lo, self.hi, axis=axis, dtype=self.dtype,
+                              offset=offset)
         if offset is not None:
             acc = acc + offset
         nd = acc.ndim

@@ -50,21 +50,49 @@ def shift_round(acc: np.ndarray, m, n) -> np.ndarray:
     return (acc * m + ((np.int64(1) << n) >> 1)) >> n
 
 
-def requantize(acc, m, n, zp_out, qmin: int, qmax: int, axis: Optional[int] = None, dtype=None) -> np.ndarray:
-    """Scale an integer accumulator by M / 2^N, add the output zero point and saturate to [qmin, qmax].
+def _along(values, axis: Optional[int], ndim: int) -> tuple[np.ndarray, ...]:
+    """int64 per-channel arrays laid along `axis` of a rank-`ndim` tensor (scalars stay scalars)."""
+    out = []
+    for v in values:
+        v = np.asarray(v, dtype=np.int64)
+        if v.size == 1:
+            v = v.reshape(())
+        elif axis is not None:
+            shape = [1] * ndim
+            shape[axis % ndim] = -1
+            v = v.reshape(shape)
+        out.append(v)
+    return tuple(out)
 
-    Per-channel `m`, `n`, `zp_out` (length C) are laid along `axis` of `acc`.
+
+def requantize(acc, m, n, zp_out, qmin: int, qmax: int, axis: Optional[int] = None, dtype=None,
+               offset=None) -> np.ndarray:
+    """Scale the integer accumulator `acc + offset` by M / 2^N, add the output zero point, saturate:
+
+        y = clamp((acc * M + (offset * M + 2^(N-1) + zp_out * 2^N)) >> N, qmin, qmax)
+
+    the same integers as clamp((((acc + offset) * M + 2^(N-1)) >> N) + zp_out, qmin, qmax), since
+    zp_out * 2^N is a multiple of 2^N and passes through the shift. Per-channel `m`, `n`, `zp_out` (length C)
+    are laid along `axis` of `acc`; `offset` (a bias / zero-point fold) broadcasts against `acc`.
+
+    int64 arithmetic: |acc| * M + |offset| * M + 2^(N-1) + |zp_out| * 2^N must fit (callers bound it). `acc`,
+    of any integer dtype, is not modified: one multiply converts it while it scales, an add and a shift follow
+    in place, and the clamp writes straight into the output dtype (full-size temporaries dominate the time
+    on large activations).
     """
     acc = np.asarray(acc)
-    m, n, zp_out = (np.asarray(v, dtype=np.int64) for v in (m, n, zp_out))
-    if axis is not None:
-        shape = [1] * acc.ndim
-        shape[axis % acc.ndim] = -1
-        m, n, zp_out = (v.reshape(shape) if v.size > 1 else v.reshape(()) for v in (m, n, zp_out))
-    else:
-        m, n, zp_out = (v.reshape(()) if v.size == 1 else v for v in (m, n, zp_out))
-    y = np.clip(shift_round(acc, m, n) + zp_out, qmin, qmax)
-    return y.astype(dtype) if dtype is not None else y
+    m, n, zp_out = _along((m, n, zp_out), axis, acc.ndim)
+    const = ((np.int64(1) << n) >> 1) + zp_out * (np.int64(1) << n)
+    if offset is not None:
+        const = const + np.asarray(offset, dtype=np.int64) * m
+    shape = np.broadcast_shapes(acc.shape, m.shape, n.shape, const.shape)
+    y = np.empty(shape, dtype=np.int64)
+    np.multiply(acc, m, out=y)
+    np.add(y, const, out=y)
+    np.right_shift(y, n, out=y)
+    out = np.empty(shape, dtype=np.int64 if dtype is None else dtype)
+    np.clip(y, qmin, qmax, out=out, casting="unsafe")
+    return out
 
 
 def saturate_int32(acc: np.ndarray) -> tuple[np.ndarray, int]:
@@ -74,33 +102,3 @@ def saturate_int32(acc: np.ndarray) -> tuple[np.ndarray, int]:
     if overflow:
         acc = np.clip(acc, INT32_MIN, INT32_MAX)
     return acc, overflow
-
-
-def requantize_inplace(acc: np.ndarray, m, n, zp_out, qmin: int, qmax: int, axis: Optional[int] = None,
-                       dtype=None, offset=None) -> np.ndarray:
-    """`requantize(acc + offset, ...)` computed in the int64 array `acc` itself (overwritten), with no
-    full-size temporaries (they dominate the time on large activations):
-
-        acc = clamp((acc * M + (offset * M + 2^(N-1) + zp_out * 2^N)) >> N, qmin, qmax)
-
-    The same integers as `requantize`: zp_out * 2^N is a multiple of 2^N, so it passes through the shift.
-    `offset` (a bias / zero-point fold, broadcastable to `acc`): |acc| * M + |offset| * M + 2^(N-1) +
-    |zp_out| * 2^N must stay within int64; callers check this with a static bound.
-    """
-    if not isinstance(acc, np.ndarray) or acc.dtype != np.int64 or not acc.flags.writeable:
-        raise ValueError("requantize_inplace needs a writable int64 array")
-    m, n, zp_out = (np.asarray(v, dtype=np.int64) for v in (m, n, zp_out))
-    if axis is not None:
-        shape = [1] * acc.ndim
-        shape[axis % acc.ndim] = -1
-        m, n, zp_out = (v.reshape(shape) if v.size > 1 else v.reshape(()) for v in (m, n, zp_out))
-    else:
-        m, n, zp_out = (v.reshape(()) if v.size == 1 else v for v in (m, n, zp_out))
-    const = ((np.int64(1) << n) >> 1) + zp_out * (np.int64(1) << n)
-    if offset is not None:
-        const = const + np.asarray(offset, dtype=np.int64) * m
-    np.multiply(acc, m, out=acc)
-    np.add(acc, const, out=acc)
-    np.right_shift(acc, n, out=acc)
-    np.clip(acc, qmin, qmax, out=acc)
-    return acc.astype(dtype) if dtype is not None else acc
