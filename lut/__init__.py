@@ -1,7 +1,8 @@
 """Lookup tables: scalar functions as integer tables (whitepaper 3.3.2.2 and chapter 4).
 
 - `build_table(fn, in_qparams, out_qparams, *, symmetry=None, center=0.0, entries=None) -> LookupTable`
-  full, half (mirrored) and interpolated tables; `LookupTable.lookup(int_array)`, `.report()`.
+  full, half (mirrored) and interpolated tables (fitted nodes); `LookupTable.lookup(int_array)`, `.report()`
+  (max and mean error over every input code; for interpolated tables also the error floor no nodes beat).
 - `FUNCTIONS` / `LutFunction` / `power(alpha)`: the named functions with their symmetry and centre.
 - `tune_input_range(fn, rmin, rmax, *, out_bits=8)`: cut flat tails off a calibrated input range.
 - `build_softmax(in_qparams, out_bits=8, axis=-1) -> SoftmaxKernel`: integer softmax (`.forward(int_array)`);

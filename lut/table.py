@@ -16,9 +16,15 @@ multiply/add, clip). Three layouts:
 - interpolated table (wide inputs, `entries = 2^k + 1`): see `lut.interp`; the index is split into high
   bits (node) and low bits (fraction). Nodes are int32 with `INTERP_FRAC_BITS` fractional bits (more than
   the output dtype holds, which keeps the node rounding far below one output LSB). A half interpolated
-  table mirrors when S is within `MIRROR_SUM_TOLERANCE` of an integer.
+  table mirrors when S is within `MIRROR_SUM_TOLERANCE` of an integer. The nodes are fitted, not sampled:
+  least squares on the real-valued output codes, then the minimax LP on the reference codes of every input
+  code (mirrored and clamped as the lookup does) bounds the max error; when least squares misses that
+  bound, the nodes nearest it that meet the bound are fitted too, and the build keeps whichever of the
+  candidates has the smallest (max, mean) error after rounding the nodes.
 
-Every build measures `max_error_lsb` over all input codes against the formula above (0 for direct tables).
+Every build measures `max_error_lsb` over all input codes against the formula above (0 for direct tables),
+and for interpolated tables `error_floor_lsb`: the LP's lower bound, below which no choice of storable
+nodes of this layout gets (`lut.interp`); the fitted table usually reaches it.
 """
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ from typing import Optional
 import numpy as np
 
 from lut.functions import Symmetry, get_function
-from lut.interp import fit_nodes, interpolate
+from lut.interp import Rows, closest_nodes, fit_nodes, interpolate, minimax_nodes
 from ptq.qparams import QParams
 
 MAX_FULL_TABLE_BITS = 10
@@ -36,6 +42,12 @@ DEFAULT_WIDE_ENTRIES = 257
 INTERP_FRAC_BITS = 8
 # Mirror sum allowed off an integer in an interpolated half table (its error is measured and reported anyway).
 MIRROR_SUM_TOLERANCE = 1.0 / 64
+# Rounding a node to 1 / 2^INTERP_FRAC_BITS moves an interpolated value by at most half that; a fit kept this
+# far inside the band |v - r| < k + 1/2 still rounds to within k LSB.
+_BAND_MARGIN = 0.5 ** (INTERP_FRAC_BITS + 1) + 1e-9
+_FLOOR_SLACK = 1e-6  # LSB: the LP's tolerance, taken off its bound so the floor stays a lower bound
+# Node values (output LSB) that int32 nodes with INTERP_FRAC_BITS fractional bits can store.
+_NODE_BOX = (-(2.0**31) / (1 << INTERP_FRAC_BITS), (2.0**31 - 1) / (1 << INTERP_FRAC_BITS))
 
 
 @dataclass(frozen=True)
@@ -47,11 +59,13 @@ class TableReport:
     half: bool
     interpolated: bool
     note: str  # why a requested half table fell back to a full one ("" otherwise)
+    error_floor_lsb: int = 0  # no nodes of this layout reach a smaller max error (interpolated; 0 for direct)
 
     def __str__(self) -> str:
         kind = ("half " if self.half else "") + ("interpolated" if self.interpolated else "direct")
-        text = (f"{kind} table: {self.entries} entries, {self.bytes} bytes, max error {self.max_error_lsb} LSB,"
-                f" mean {self.mean_error_lsb:.4f} LSB")
+        text = (f"{kind} table: {self.entries} entries, {self.bytes} bytes, max error {self.max_error_lsb} LSB"
+                + (f" (floor {self.error_floor_lsb})" if self.interpolated else "")
+                + f", mean {self.mean_error_lsb:.4f} LSB")
         return text + (f" ({self.note})" if self.note else "")
 
 
@@ -70,6 +84,7 @@ class LookupTable:
     note: str = ""
     max_error_lsb: int = 0
     mean_error_lsb: float = 0.0
+    error_floor_lsb: int = 0
 
     @property
     def interpolated(self) -> bool:
@@ -103,6 +118,7 @@ class LookupTable:
             half=self.half,
             interpolated=self.interpolated,
             note=self.note,
+            error_floor_lsb=self.error_floor_lsb,
         )
 
 
@@ -183,14 +199,16 @@ def build_table(fn, in_qparams: QParams, out_qparams: QParams, *, symmetry: Symm
         note = f"mirror sum 2*center/scale + 2*zp = {mirror_real:.6f} is not an integer"
     half = bool(symmetry) and not note
 
+    table_real = real
     if half:
-        half_codes = np.arange(0, -in_qparams.qmin + 1, dtype=np.int64)
-        half_real = _real_codes(fn, in_qparams, out_qparams, half_codes)
-        table = _make_entries(half_real, out_qparams, shift)
+        table_real = _real_codes(fn, in_qparams, out_qparams, np.arange(0, -in_qparams.qmin + 1, dtype=np.int64))
+    layout = LookupTable(in_qparams, out_qparams, np.zeros(0, np.int32), half=half,
+                         mirror=symmetry if half else None, mirror_sum=mirror_sum, shift=shift,
+                         frac_bits=INTERP_FRAC_BITS if shift else 0)
+    if shift:
+        result, floor = _fit_interpolated(layout, table_real, codes, reference)
     else:
-        table = _make_entries(real, out_qparams, shift)
-    result = LookupTable(in_qparams, out_qparams, table, half=half, mirror=symmetry if half else None,
-                         mirror_sum=mirror_sum, shift=shift, frac_bits=INTERP_FRAC_BITS if shift else 0)
+        result, floor = replace(layout, table=_round_clamp(table_real, out_qparams).astype(out_qparams.dtype)), 0
     err = np.abs(result.lookup(codes).astype(np.int64) - reference)
     if half and not shift and err.any():
         note = (f"mirroring y(-x) = {mirror_sum} - y(x) differs from direct quantization at "
@@ -199,17 +217,55 @@ def build_table(fn, in_qparams: QParams, out_qparams: QParams, *, symmetry: Symm
                 f"mirroring y(-x) = y(x) differs from direct quantization at {np.count_nonzero(err)} input codes")
         result = LookupTable(in_qparams, out_qparams, reference.astype(out_qparams.dtype))
         err = np.zeros_like(err)
-    return replace(result, note=note, max_error_lsb=int(err.max()), mean_error_lsb=float(err.mean()))
+    return replace(result, note=note, max_error_lsb=int(err.max()), mean_error_lsb=float(err.mean()),
+                   error_floor_lsb=floor)
 
 
-def _make_entries(real: np.ndarray, out_q: QParams, shift: int) -> np.ndarray:
-    """Direct: the rounded, clamped codes in the output dtype. Interpolated: fitted int32 nodes."""
-    if not shift:
-        return _round_clamp(real, out_q).astype(out_q.dtype)
+def _lookup_rows(layout: LookupTable, codes: np.ndarray, reference: np.ndarray, level: int) -> Rows:
+    """What the lookup must produce for every input code, as constraints on the interpolated value v at the
+    code's table index: v ~ r, or v ~ S - r for negative codes of an odd half table (y = S - v there). A side
+    is left open where the clamp keeps any overshoot on it within `level` LSB of r (r + level >= qmax for the
+    side the lookup saturates to qmax, r - level <= qmin for qmin)."""
+    oq = layout.out_qparams
+    flip = (codes < 0) if layout.mirror == "odd" else np.zeros(codes.shape, bool)
+    near_max, near_min = reference + level >= oq.qmax, reference - level <= oq.qmin
+    return Rows(index=np.abs(codes) if layout.half else codes - layout.in_qparams.qmin,
+                target=np.where(flip, layout.mirror_sum - reference, reference).astype(np.float64),
+                upper_open=np.where(flip, near_min, near_max), lower_open=np.where(flip, near_max, near_min))
+
+
+def _fit_interpolated(layout: LookupTable, real: np.ndarray, codes: np.ndarray,
+                      reference: np.ndarray) -> tuple[LookupTable, int]:
+    """(table, floor): interpolated nodes for `real` (unrounded output codes at table index 0..len-1; module
+    doc) and a lower bound on the max error of any storable nodes of this layout."""
+    oq, shift = layout.out_qparams, layout.shift
     nodes = -(-(real.size - 1) >> shift) + 1  # ceil((size - 1) / 2^s) + 1
     # The lookup clamps to [qmin, qmax] anyway; fitting the unclamped curve (bounded to one output range
     # beyond each end, for poles and infinities) keeps the saturation kink out of the interpolated segments.
-    span = out_q.qmax - out_q.qmin
-    target = np.clip(real + int(out_q.zero_point[0]), out_q.qmin - span, out_q.qmax + span)
-    fitted = fit_nodes(target, shift, nodes)
-    return np.rint(fitted * (1 << INTERP_FRAC_BITS)).astype(np.int32)
+    span = oq.qmax - oq.qmin
+    least_squares = fit_nodes(np.clip(real + int(oq.zero_point[0]), oq.qmin - span, oq.qmax + span), shift, nodes)
+    candidate = _rounded(layout, least_squares, codes, reference)
+    worst = candidate[1][0]
+    if worst == 0:
+        return candidate[0], 0
+    # Rows opened for a max error of worst - 1 relax the rows of every better table, so the LP's t bounds them
+    # all: none has a max error below ceil(t - 1/2). The LP may stop once that proves least squares optimal.
+    rows = _lookup_rows(layout, codes, reference, worst - 1)
+    minimax, t = minimax_nodes(rows, shift, least_squares, _NODE_BOX, enough=worst - 0.5 + 2 * _FLOOR_SLACK)
+    floor = min(worst, max(0, int(np.ceil(t - 0.5 - _FLOOR_SLACK))))
+    if floor < worst:
+        if floor < worst - 1:  # (at floor = worst - 1 the LP above already ran to the end on these rows)
+            rows = _lookup_rows(layout, codes, reference, floor)
+            minimax, _ = minimax_nodes(rows, shift, least_squares, _NODE_BOX)
+        near = closest_nodes(rows, shift, least_squares, minimax, floor + 0.5 - _BAND_MARGIN, _NODE_BOX)
+        candidate = min(candidate, *(_rounded(layout, v, codes, reference) for v in (near, minimax)),
+                        key=lambda c: c[1])
+    return candidate[0], floor
+
+
+def _rounded(layout: LookupTable, values: np.ndarray, codes: np.ndarray,
+             reference: np.ndarray) -> tuple[LookupTable, tuple[int, float]]:
+    """The table with `values` rounded to int32 nodes, and its (max, mean) error over `codes`."""
+    table = replace(layout, table=np.rint(values * (1 << INTERP_FRAC_BITS)).astype(np.int32))
+    err = np.abs(table.lookup(codes).astype(np.int64) - reference)
+    return table, (int(err.max()), float(err.mean()))

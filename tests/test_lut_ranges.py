@@ -35,6 +35,13 @@ def test_sixteen_bit_outputs_cut_further_out():
     assert hi16 == pytest.approx(math.log(2 * 65535 - 1), abs=GRID) and hi16 > hi8
 
 
+def test_sixteen_bit_exp_flat_tail_starts_near_minus_twelve():
+    # LSB 1/65535 over [0, 1]; cut where e^x - e^-20 = 1/131070, so a 16-bit [-8, 0] range has no flat tail.
+    lo, hi = tune_input_range("exp", -20, 0, out_bits=16)
+    assert hi == 0 and lo == pytest.approx(math.log(1 / 131070 + math.exp(-20)), abs=20 / 8192)
+    assert tune_input_range("exp", -8, 0, out_bits=16) == (-8, 0)
+
+
 @pytest.mark.parametrize("name,rmin,rmax", [("elu", -20, 5), ("selu", -20, 5), ("softplus", -30, 5),
                                             ("bnll", -30, 5), ("sigmoid", -20, 20), ("hardswish", -10, 10)])
 def test_clamping_to_the_tuned_range_costs_at_most_half_an_lsb(name, rmin, rmax):

@@ -5,6 +5,8 @@ import math
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
+from scipy.optimize import linprog
 
 from lut import FUNCTIONS, build_table, power
 from lut.interp import interpolate
@@ -203,9 +205,44 @@ def test_sixteen_bit_interpolated_table_within_two_lsb(name, in_q, out_q):
     err = np.abs(got.astype(np.int64) - reference_codes(name, in_q, out_q, codes))
     assert err.max() <= 2
     rep = table.report()
-    assert rep.interpolated and rep.max_error_lsb == err.max()
+    assert rep.interpolated and rep.max_error_lsb == err.max() and rep.error_floor_lsb == err.max()
     assert rep.entries == (129 if rep.half else 257)
     assert rep.half == (name in ("sigmoid", "tanh"))  # exp has no symmetry
+
+
+def lp_floor(name, in_q: QParams, out_q: QParams, entries: int, level: int) -> int:
+    """Least max error any table of `entries` real-valued nodes could reach if it reached at most `level`.
+
+    The lookup rounds v = (1 - w) e[i] + w e[i+1] (half up) and clamps: its code is within k of the reference
+    r only if |v - r| <= k + 1/2, a side dropped where the clamp alone keeps it within k (r + k >= qmax
+    drops v's upper side). For k <= level, dropping the sides for `level` relaxes those constraints, so with
+    t = min over nodes of max |v - r| (an LP) no table has a max error below ceil(t - 1/2)."""
+    r = reference_codes(name, in_q, out_q).astype(np.float64)
+    a = np.arange(r.size)
+    shift = in_q.bits - (entries - 1).bit_length() + 1
+    i, w = a >> shift, (a % (1 << shift)) / (1 << shift)
+    weights = sp.csr_matrix((np.r_[1 - w, w], (np.r_[a, a], np.r_[i, np.minimum(i + 1, entries - 1)])),
+                            shape=(r.size, entries))
+    up, down = r + level < out_q.qmax, r - level > out_q.qmin
+    t_col = sp.csr_matrix(-np.ones((r.size, 1)))
+    a_ub = sp.vstack([sp.hstack([weights[up], t_col[up]]), sp.hstack([-weights[down], t_col[down]])])
+    res = linprog(np.r_[np.zeros(entries), 1.0], A_ub=a_ub, b_ub=np.r_[r[up], -r[down]], bounds=(None, None),
+                  method="highs")
+    assert res.status == 0
+    return max(0, math.ceil(res.x[-1] - 0.5 - 1e-6))
+
+
+# exp over [-5, 0] with 129 entries: least squares alone reaches 7 LSB, one more than the optimum.
+# exp over [-8, 0] with 257 entries: 4 LSB is the optimum, 2 LSB is out of reach of any 257-node table.
+@pytest.mark.parametrize("lo,hi,entries,best", [(-5, 0, 129, 6), (-8, 0, 257, 4), (-4, 0.5, 257, 2)])
+def test_interpolated_exp_reaches_the_least_max_error_of_its_layout(lo, hi, entries, best):
+    in_q = compute_qparams(lo, hi, 16, symmetric=False)
+    out_q = compute_qparams(0, math.exp(hi), 16)
+    rep = build_table("exp", in_q, out_q, entries=entries).report()
+    assert rep.max_error_lsb == best
+    assert lp_floor("exp", in_q, out_q, entries, level=best - 1) == best == rep.error_floor_lsb
+    assert f"max error {best} LSB (floor {best})" in str(rep)
+    assert rep.mean_error_lsb < 1.0  # the LP's minimax nodes alone: 4.7 LSB mean over [-5, 0]
 
 
 def test_sixteen_bit_default_is_257_entries_and_half_keeps_the_spacing():
