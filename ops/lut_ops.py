@@ -2,12 +2,13 @@
 
 Offline (float64, ONNX convention): T[x_q] = clamp(round_half_even(f((x_q - zp_x) * s_x) / s_y) + zp_y, qmin, qmax)
 for every input code (inputs of at most 10 bits: a direct table, exact by construction); 16-bit inputs use
-lut's interpolated wide table (257 nodes, integer linear interpolation). At run time y_q = T[x_q], integer
+lut's interpolated wide table (integer linear interpolation): 257 nodes, or 513 / 1025 when fewer leave more
+than `WIDE_TABLE_BUDGET_LSB` of error (exp-like curves over wide ranges). At run time y_q = T[x_q], integer
 indexing only (`lut.LookupTable.lookup`).
 
 LSB bound vs the float op on the dequantized input: 0.5 LSB for direct tables (the table is the correctly
 rounded result; float32 evaluation of f may flip a tie); 0.5 + the table's own `max_error_lsb` (reported by
-lut, typically <= 1) for interpolated ones.
+lut; at most `WIDE_TABLE_BUDGET_LSB` unless 1025 nodes cannot reach it) for interpolated ones.
 """
 from __future__ import annotations
 
@@ -16,14 +17,30 @@ from dataclasses import dataclass
 import numpy as np
 
 from lut.functions import FUNCTIONS, LutFunction
-from lut.table import LookupTable, build_table
+from lut.table import MAX_FULL_TABLE_BITS, LookupTable, build_table
 from ops.linear import require_per_tensor, require_qparams
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
+
+
+WIDE_TABLE_BUDGET_LSB = 2
+WIDE_TABLE_ENTRIES = (257, 513, 1025)
 
 
 @dataclass
 class QuantizedLut(QuantizedNode):
     table: LookupTable
+
+
+def lut_within_budget(fn: LutFunction, x_qp, y_qp) -> LookupTable:
+    """A direct table for inputs of at most 10 bits; for wider ones the smallest interpolated table of
+    `WIDE_TABLE_ENTRIES` whose max error is within `WIDE_TABLE_BUDGET_LSB` (else the largest)."""
+    if x_qp.bits <= MAX_FULL_TABLE_BITS:
+        return build_table(fn, x_qp, y_qp, symmetry=fn.symmetry, center=fn.center)
+    for entries in WIDE_TABLE_ENTRIES:
+        table = build_table(fn, x_qp, y_qp, symmetry=fn.symmetry, center=fn.center, entries=entries)
+        if table.report().max_error_lsb <= WIDE_TABLE_BUDGET_LSB:
+            break
+    return table
 
 
 class _LutOp(OpDef):
@@ -43,8 +60,7 @@ class _LutOp(OpDef):
         require_per_tensor(x_qp, "input", node)
         require_per_tensor(y_qp, "output", node)
         fn = self.function(node)
-        table = build_table(fn, x_qp, y_qp, symmetry=fn.symmetry, center=fn.center)
-        return QuantizedLut(node, list(ctx.in_qparams), [y_qp], table)
+        return QuantizedLut(node, list(ctx.in_qparams), [y_qp], lut_within_budget(fn, x_qp, y_qp))
 
     def forward_int(self, q: QuantizedLut, inputs, runtime: IntRuntime):
         return [q.table.lookup(np.asarray(inputs[0]))]

@@ -213,6 +213,23 @@ def test_lut_op_int_equals_reference_and_float_bound(op_type, attrs, fn, x_bits,
     assert lsb_error(y_qp, y, y_float) <= bound + 1e-3
 
 
+def test_wide_lut_op_grows_its_table_until_the_error_budget_holds():
+    """Sigmoid over a 16-bit input spanning [-24, 24]: 257 nodes leave more than 2 LSB (the chords are 4x
+    longer than over [-6, 6]), so the op takes more nodes, and its max error meets the budget."""
+    from lut.table import build_table
+    from ops.lut_ops import WIDE_TABLE_BUDGET_LSB
+
+    x_qp = compute_qparams(-24.0, 24.0, 16, symmetric=True)
+    y_qp = compute_qparams(0.0, 1.0, 16, symmetric=False)
+    fn = get_op("Sigmoid").function(Node("s", "Sigmoid", ["x"], ["y"]))
+    default = build_table(fn, x_qp, y_qp, symmetry=fn.symmetry, center=fn.center, entries=257).report()
+    assert default.max_error_lsb > WIDE_TABLE_BUDGET_LSB
+    q = get_op("Sigmoid").quantize(context(Node("s", "Sigmoid", ["x"], ["y"]), [x_qp], [y_qp]))
+    report = q.table.report()
+    assert report.max_error_lsb <= WIDE_TABLE_BUDGET_LSB < default.max_error_lsb
+    assert report.entries > default.entries
+
+
 # ------------------------------------------------------------------------------------------- Softmax
 
 def _softmax_ref(x_q, s_x, q_out, axis):
