@@ -4,7 +4,8 @@
 
 Without `--quant` the model is calibrated first (on examples/calib; not timed). Prints the mean time per
 image of `IntegerGraph.run` (outputs-only memory mode, as plain inference runs) and of onnxruntime CPU
-sessions on the float model (default threads, and one thread as ptq's own kernels use), the ratios, the integer time by op type, and cProfile's top functions of the
+sessions on the float model (default threads, and one thread as ptq's kernels use: OPENBLAS_NUM_THREADS=1
+unless set, as the `ptq` command runs), the ratios, the integer time by op type, and cProfile's top functions of the
 integer run by own time (the kernels). Both sides run on the same preprocessed images, after one warm-up
 run, alternating image by image (so a change in machine load hits both alike).
 """
@@ -13,12 +14,15 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the `ptq` command runs (ptq.cli.one_blas_thread)
+
+import numpy as np  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -124,8 +128,8 @@ def main(argv=None) -> int:
     print(f"onnxruntime {ort.__version__} float, CPUExecutionProvider, no spinning:")
     print(f"  default threads : {1000 * t_ort:8.2f} ms/image")
     print(f"  one thread      : {1000 * t_ort1:8.2f} ms/image")
-    print(f"ptq integer       : {1000 * t_ptq:8.2f} ms/image (backend {prepared.backend.name}, one thread "
-          f"apart from BLAS)")
+    print(f"ptq integer       : {1000 * t_ptq:8.2f} ms/image (backend {prepared.backend.name}, one thread, "
+          f"OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']})")
     print(f"ratio ptq / onnxruntime float: {t_ptq / t_ort:.2f}x (default threads), {t_ptq / t_ort1:.2f}x (one thread)")
     if prepared.float_nodes:
         print(f"note: {len(prepared.float_nodes)} node(s) ran in float fallback: "

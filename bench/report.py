@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Wall time of `ptq report` against the float run plus the integer run alone, on the same images.
 
-    python3 bench/report.py [--model M] [--quant Q.json] [--images DIR] [--num-images 20]
+    python3 bench/report.py [--model M] [--quant Q.json] [--images DIR] [--num-images 20] [--repeat 2]
+                            [--blas-threads 1]
 
 Without --quant the model is calibrated first (examples/calib, per-channel int8; not timed). Timed, in one
 process:
@@ -12,10 +13,13 @@ process:
   metrics, once with them on the first images as `ptq report` does by default, once with them on every image.
 overhead = report / (decode + float alone + integer alone) - 1. The runs are interleaved and repeated (--repeat),
 and the best time of each is kept: on a shared machine the minimum is the least disturbed measurement.
+The whole process runs with --blas-threads OpenBLAS threads (default 1, as `ptq report` sets them: the integer
+graph alone is faster so, and the report's worker thread gets the second core); 0 keeps the library default.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -23,16 +27,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-from ptq.commands.report import DEFAULT_ISOLATED_IMAGES  # noqa: E402
-from ptq.executor import prepare  # noqa: E402
-from ptq.float_run import FloatRunner, image_input  # noqa: E402
-from ptq.graph import load_model  # noqa: E402
-from ptq.images import Preprocess  # noqa: E402
-from ptq.quant_table import load_quant_table  # noqa: E402
-from reports.evaluate import ImageSet, build_report, evaluate  # noqa: E402
-from reports.html import write_html  # noqa: E402
-from reports.writers import write_csv, write_json  # noqa: E402
 
 TARGET = 0.30
 
@@ -50,7 +44,26 @@ def main(argv=None) -> int:
     parser.add_argument("--images", default=str(REPO.parent / "shared" / "assets" / "images" / "eval"))
     parser.add_argument("--num-images", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=2, help="interleaved repeats; the best time of each counts")
+    parser.add_argument("--blas-threads", type=int, default=1,
+                        help="OpenBLAS threads for the whole process, as `ptq report` sets them (default 1; 0 = the "
+                        "library's default, one per core)")
     args = parser.parse_args(argv)
+    if args.blas_threads:
+        os.environ["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)  # before numpy is imported
+    return run(args)
+
+
+def run(args) -> int:
+    from ptq.commands.report import DEFAULT_ISOLATED_IMAGES
+    from ptq.executor import prepare
+    from ptq.float_run import FloatRunner, image_input
+    from ptq.graph import load_model
+    from ptq.images import Preprocess
+    from ptq.quant_table import load_quant_table
+    from reports.evaluate import ImageSet, build_report, evaluate
+    from reports.html import write_html
+    from reports.writers import write_csv, write_json
+
 
     work = Path(tempfile.mkdtemp(prefix="ptq-bench-report-"))
     if args.quant:
@@ -106,7 +119,8 @@ def main(argv=None) -> int:
     t_decode, t_float, t_int = best["decode"], best["float"], best["int"]
     base = t_decode + t_float + t_int
     n = len(samples)
-    print(f"{n} images, {Path(args.model).name}, best of {args.repeat}")
+    threads = os.environ.get("OPENBLAS_NUM_THREADS", "default")
+    print(f"{n} images, {Path(args.model).name}, best of {args.repeat}, OpenBLAS threads: {threads}")
     print(f"decode images {t_decode:7.2f} s  ({1000 * t_decode / n:6.1f} ms/img)")
     print(f"float alone   {t_float:7.2f} s  ({1000 * t_float / n:6.1f} ms/img)")
     print(f"integer alone {t_int:7.2f} s  ({1000 * t_int / n:6.1f} ms/img)")

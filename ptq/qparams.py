@@ -103,10 +103,16 @@ class QParams:
         return arr.reshape(shape)
 
     def quantize(self, x: np.ndarray) -> np.ndarray:
-        """Float array -> integer codes (round half to even, saturate) in `self.dtype`."""
-        x = np.asarray(x, dtype=np.float64)
-        q = np.rint(x / self.broadcast(self.scale, x.ndim)) + self.broadcast(self.zero_point, x.ndim)
-        return np.clip(q, self.qmin, self.qmax).astype(self.dtype)
+        """Float array -> integer codes clamp(round_half_even(x / scale) + zp, qmin, qmax) in `self.dtype`, x / scale
+        in float64 (computed in one buffer: large activations make temporaries the main cost)."""
+        x = np.asarray(x)
+        scale = self.broadcast(self.scale, x.ndim)
+        q = np.empty(np.broadcast_shapes(x.shape, scale.shape), dtype=np.float64)
+        np.divide(x, scale, out=q)
+        np.rint(q, out=q)
+        q += self.broadcast(self.zero_point, x.ndim)
+        np.clip(q, self.qmin, self.qmax, out=q)
+        return q.astype(self.dtype)
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
         """Integer codes -> float32 values."""

@@ -39,6 +39,7 @@ class BatchNormFold:
     weight: str  # the new (folded) weight and bias initializers
     bias: str
     original_weight: str
+    removed_tensor: str  # the Conv's former output (no longer exists; the Conv now outputs the BN's tensor)
 
 
 @dataclass
@@ -173,7 +174,7 @@ def fold_batchnorm(graph: Graph, protected: frozenset = frozenset()) -> list[Bat
         conv.outputs[0] = bn.outputs[0]
         _drop_activation(graph, old_out)
         removed.add(bn.name)
-        folds.append(BatchNormFold(conv.name, bn.name, w_name, b_name, original_weight))
+        folds.append(BatchNormFold(conv.name, bn.name, w_name, b_name, original_weight, old_out))
     graph.nodes = [n for n in graph.nodes if n.name not in removed]
     return folds
 

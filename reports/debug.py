@@ -4,7 +4,8 @@ how much of the model output's accuracy comes back.
 A floated layer dequantizes its inputs, runs the float op and quantizes its outputs with their table qparams
 (the executor's float fallback). A layer is named by its tensor (as in the report) or its node; floating a
 Conv or Gemm also floats the BatchNormalization and the Relu/Clip/LeakyRelu the executor fused into it, so the
-whole fused layer runs in float.
+whole fused layer runs in float. A name a rewrite removed (a Conv's raw output before the Clip fused into it, or
+the fused activation / folded BatchNormalization node) resolves to the node that absorbed it, with a note.
 
 `auto_debug` takes the report's top K suspects and tries each alone in float and with its output tensor in
 16 bits (qparams recomputed from the calibrated range), ranks them by the output cosine recovered, and
@@ -65,19 +66,51 @@ class OutputMetrics:
         return text
 
 
-def layer_nodes(prepared: IntegerGraph, layer: str) -> list[str]:
-    """The original node names that make up a layer (tensor or node name of the integer graph): its producing
-    node plus whatever the rewrites folded or fused into it."""
+@dataclass(frozen=True)
+class ResolvedLayer:
+    """A layer name resolved to the node of the integer graph that computes it."""
+
+    node: str
+    note: Optional[str] = None  # set when the name was removed by a rewrite: which node absorbed it
+
+
+def absorbed_names(prepared: IntegerGraph) -> dict[str, str]:
+    """Names the rewrites removed -> the node of the integer graph that absorbed them: a BatchNormalization
+    folded into its Conv and a Relu/Clip/LeakyRelu fused into its Conv/Gemm, each by the removed node's name
+    and by the tensor the host produced before (e.g. a Conv's raw output, now internal to Conv+Clip)."""
+    rewrites = prepared.rewrites
+    hosts = {}
+    for fold in rewrites.batchnorm_folds:
+        hosts[fold.batchnorm] = hosts[fold.removed_tensor] = fold.conv
+    for fusion in rewrites.fusions:
+        hosts[fusion.activation] = hosts[fusion.removed_tensor] = fusion.host
+    return hosts
+
+
+def resolve_layer(prepared: IntegerGraph, layer: str) -> ResolvedLayer:
+    """The node computing `layer`: a node name, the producer of a tensor name, or, for a name a rewrite
+    removed, the node that absorbed it (with a note saying so)."""
+    steps = {step.node.name: step for step in prepared.steps}
     producer = {out: step.node.name for step in prepared.steps for out in step.node.outputs if out}
-    names = {step.node.name for step in prepared.steps}
-    if layer in names:
-        node = layer
-    elif layer in producer:
-        node = producer[layer]
-    elif layer in prepared.graph.inputs:
+    if layer in steps:
+        return ResolvedLayer(layer)
+    if layer in producer:
+        return ResolvedLayer(producer[layer])
+    if layer in prepared.graph.inputs:
         raise ValueError(f"{layer!r} is a graph input: it has no layer to run in float")
-    else:
+    host = absorbed_names(prepared).get(layer)
+    if host is None:
         raise ValueError(f"{layer!r} is neither a tensor nor a node of the integer graph")
+    node = steps[host].node
+    outputs = ", ".join(repr(o) for o in node.outputs if o)
+    return ResolvedLayer(host, f"{layer!r} is not in the integer graph: a rewrite fused it into {node.op_type} node "
+                               f"{host!r} (output {outputs}); that node runs in float")
+
+
+def layer_nodes(prepared: IntegerGraph, layer: str) -> list[str]:
+    """The original node names that make up a layer (tensor or node name of the integer graph, or a name a
+    rewrite fused away): its producing node plus whatever the rewrites folded or fused into it."""
+    node = resolve_layer(prepared, layer).node
     rewrites = prepared.rewrites
     extra = [f.activation for f in rewrites.fusions if f.host == node]
     extra += [f.batchnorm for f in rewrites.batchnorm_folds if f.conv == node]
@@ -109,10 +142,11 @@ class FakeQuantResult:
     before: OutputMetrics
     after: OutputMetrics
     layers: list[LayerRow]
+    notes: list[str] = field(default_factory=list)  # layer names resolved to the node a rewrite fused them into
 
     def to_dict(self) -> dict:
         return {"float_nodes": self.float_nodes, "before": self.before.to_dict(), "after": self.after.to_dict(),
-                "layers": [row.to_dict() for row in self.layers]}
+                "layers": [row.to_dict() for row in self.layers], "notes": self.notes}
 
 
 def fake_quant(graph: Graph, table: QuantTable, images, *, layers: Sequence[str] = (), op_types: Sequence[str] = (),
@@ -125,6 +159,7 @@ def fake_quant(graph: Graph, table: QuantTable, images, *, layers: Sequence[str]
     unknown = [op for op in op_types if op not in known_ops]
     if unknown:
         raise ValueError(f"op types {unknown} do not occur in the model (it has {sorted(known_ops)})")
+    notes = [note for note in (resolve_layer(base, layer).note for layer in layers) if note]
     specs = float_node_names(base, layers) + list(op_types)
     before = evaluate(graph, table, images, isolated=False, prepared=base, progress=progress, desc="integer")
     after = evaluate(graph, table, images, float_nodes=specs, isolated=False, progress=progress, desc="fake-quant")
@@ -134,7 +169,7 @@ def fake_quant(graph: Graph, table: QuantTable, images, *, layers: Sequence[str]
         LayerRow(s.name, s.op_type, before.cumulative[s.name].result().cosine, after_cum[s.name], s.node in floated)
         for s in before.layers if s.name in after_cum
     ]
-    return FakeQuantResult(after.float_nodes, OutputMetrics.of(before), OutputMetrics.of(after), rows)
+    return FakeQuantResult(after.float_nodes, OutputMetrics.of(before), OutputMetrics.of(after), rows, notes)
 
 
 @dataclass

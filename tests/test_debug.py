@@ -155,3 +155,61 @@ def test_fake_quant_rejects_unknown_op_types_and_empty_choices(setup):
         fake_quant(graph, table, images, op_types=["Softmax"])
     with pytest.raises(ValueError, match="choose layers"):
         fake_quant(graph, table, images)
+
+
+def _conv_bn_relu_model():
+    """input (N,3,8,8) -> Conv 'conv' -> 'conv_out' -> BatchNormalization 'bn' -> 'bn_out' -> Relu 'relu' -> 'y'.
+    The rewrites fold bn into conv (removing 'conv_out') and fuse relu into it (removing 'bn_out')."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tiny_models import make_model
+
+    rng = np.random.default_rng(0)
+    consts = {"W": rng.normal(0, 0.3, (4, 3, 3, 3)), "B": rng.normal(0, 0.1, 4), "gamma": rng.uniform(0.5, 2, 4),
+              "beta": rng.normal(0, 0.1, 4), "mean": rng.normal(0, 0.1, 4), "var": rng.uniform(0.5, 2, 4)}
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in consts.items()]
+    nodes = [
+        helper.make_node("Conv", ["input", "W", "B"], ["conv_out"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("BatchNormalization", ["conv_out", "gamma", "beta", "mean", "var"], ["bn_out"], name="bn"),
+        helper.make_node("Relu", ["bn_out"], ["y"], name="relu"),
+    ]
+    inp = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 8, 8])
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 8, 8])
+    return make_model(nodes, [inp], [out], inits)
+
+
+def test_fake_quant_of_a_tensor_fused_away_floats_the_node_that_absorbed_it(tmp_path, capsys):
+    import onnx
+
+    from reports.debug import resolve_layer
+    from tiny_models import write_images
+
+    model_path, images = tmp_path / "cbr.onnx", tmp_path / "images"
+    onnx.save(_conv_bn_relu_model(), model_path)
+    write_images(images, 4, size=(8, 8))
+    raw = ["--mean", "0", "--std", "255", "--crop-ratio", "1"]
+    assert main(["calibrate", str(model_path), "--images", str(images), "--out", str(tmp_path), "-q", *raw]) == 0
+    table_path = tmp_path / "cbr.quant.json"
+    prepared = prepare(load_model(model_path), load_quant_table(table_path))
+    assert [s.node.name for s in prepared.steps] == ["conv"]  # one fused node, outputting 'y'
+
+    for removed in ("conv_out", "bn_out", "bn", "relu"):
+        resolved = resolve_layer(prepared, removed)
+        assert resolved.node == "conv" and "Conv node 'conv' (output 'y')" in resolved.note
+        assert layer_nodes(prepared, removed) == ["conv", "relu", "bn"]
+    assert resolve_layer(prepared, "y").note is None  # names the integer graph has need no note
+
+    args = ["--quant", str(table_path), "--images", str(images), "--out", str(tmp_path / "dbg")]
+    assert main(["debug", str(model_path), *args, "--fake-quant", "conv_out", "--dump", str(tmp_path / "d")]) == 0
+    printed = capsys.readouterr().out
+    note = "note: 'conv_out' is not in the integer graph: a rewrite fused it into Conv node 'conv' (output 'y'); "
+    assert note + "that node runs in float\n" in printed
+    result = json.loads((tmp_path / "dbg" / "debug.json").read_text())
+    assert result["float_nodes"] == ["conv", "bn", "relu"]  # floated nodes are not fused: each runs in float
+    assert result["notes"] == [resolve_layer(prepared, "conv_out").note]
+    assert [row["name"] for row in result["layers"] if row["float"]] == ["y"]
+    index = json.loads((tmp_path / "d" / "index.json").read_text())
+    assert [t["name"] for t in index["tensors"]] == ["conv_out"]  # floated nodes are not fused: the tensor exists
+
+    assert main(["debug", str(model_path), *args, "--fake-quant", "nowhere"]) == 2
+    assert "'nowhere' is neither a tensor nor a node of the integer graph" in capsys.readouterr().err

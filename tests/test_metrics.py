@@ -159,3 +159,15 @@ def test_blocked_dot_matches_float64_on_a_large_float32_tensor():
     b = (a + rng.normal(scale=0.01, size=a.size)).astype(np.float32)
     exact = float(np.dot(a.astype(np.float64), b.astype(np.float64)))
     assert dot64(a, b) == pytest.approx(exact, rel=1e-7)
+
+
+def test_update_overwriting_the_test_array_gives_the_same_sums():
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(3, 700)).astype(np.float32)
+    y = (x + rng.normal(scale=0.05, size=x.shape)).astype(np.float32)
+    kept, overwritten = SimilarityAccumulator(), SimilarityAccumulator()
+    kept.update(x, y.copy())
+    scratch = y.copy()
+    overwritten.update(x, scratch, overwrite_test=True)
+    assert vars(kept) == vars(overwritten)
+    assert np.array_equal(scratch, x - y)  # the difference was written over the test tensor

@@ -80,3 +80,20 @@ def test_integer_range():
     assert integer_range(4, True) == (-8, 7)
     assert integer_range(4, False) == (0, 15)
     assert integer_range(16, True, narrow=True) == (-32767, 32767)
+
+
+@pytest.mark.parametrize("bits, symmetric, per_channel", [(8, False, False), (8, True, True), (16, False, True)])
+def test_quantize_follows_the_onnx_formula_bit_for_bit(bits, symmetric, per_channel):
+    """clamp(round_half_even(x / scale) + zp) with x / scale in float64, per tensor and per channel."""
+    rng = np.random.default_rng(bits)
+    lo, hi = np.array([-1.3, -0.2, -2.0]), np.array([4.1, 0.9, 1.0])
+    qp = compute_qparams(lo, hi, bits, symmetric=symmetric, axis=1) if per_channel else \
+        compute_qparams(-1.3, 4.1, bits, symmetric=symmetric)
+    x = rng.uniform(-3, 6, (2, 3, 5, 7)).astype(np.float32)
+    x[0, :, 0, :3] = (np.arange(3) + 0.5) * qp.scale.max()  # near the half-way points, and beyond the range
+    shape = (1, 3, 1, 1) if per_channel else ()
+    scale, zp = qp.scale.reshape(shape), qp.zero_point.reshape(shape)
+    want = np.clip(np.rint(x.astype(np.float64) / scale) + zp, qp.qmin, qp.qmax)
+    got = qp.quantize(x)
+    assert got.dtype == qp.dtype
+    np.testing.assert_array_equal(got, want)

@@ -211,3 +211,22 @@ def test_dequantize32_equals_qparams_dequantize_on_every_code(bits, symmetric):
     qp = compute_qparams(-1.3, 4.1, bits, symmetric=symmetric)
     codes = np.arange(qp.qmin, qp.qmax + 1).astype(qp.dtype)
     assert np.array_equal(dequantize32(qp, codes), qp.dequantize(codes))
+
+
+def test_worker_keeps_at_most_lag_images_open_and_reraises_their_errors():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from reports.evaluate import _Worker
+
+    done = []
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        worker = _Worker(pool)
+        worker.submit(done.append, 0)
+        worker.settle()
+        worker.submit(lambda: 1 / 0)  # image 1 fails in the worker
+        worker.settle()
+        assert len(worker.open) == worker.LAG == 2  # nothing waited for yet
+        worker.settle()  # a third open image: waits for image 0
+        assert done == [0] and len(worker.open) == 2
+        with pytest.raises(ZeroDivisionError):
+            worker.settle()  # waits for image 1, whose error surfaces in the calling thread

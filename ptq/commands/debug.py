@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--fake-quant", type=_names, metavar="LAYER[,LAYER...]",
-                      help="layers (tensor or node names, as in the report) to run in float")
+                      help="layers (tensor or node names, as in the report) to run in float; a name a rewrite "
+                      "fused away (a Conv's raw output before its Relu/Clip) floats the node that absorbed it")
     mode.add_argument("--fake-quant-ops", type=_names, metavar="OP[,OP...]", help="op types to run in float")
     mode.add_argument("--auto", type=int, metavar="K", help="try the top K suspects of the report in float and int16")
     parser.add_argument("--out", required=True, help="output folder for debug.json (and the report with --auto)")
@@ -45,6 +46,8 @@ def _fake_quant(args, graph, table, images) -> dict:
 
     result = fake_quant(graph, table, images, layers=args.fake_quant or (), op_types=args.fake_quant_ops or (),
                         progress=True)
+    for note in result.notes:
+        print(f"note: {note}")
     print(f"float nodes: {', '.join(result.float_nodes) or 'none'}")
     print(f"before (integer):  output {result.before.line()}")
     print(f"after (fake quant): output {result.after.line()}")
