@@ -12,11 +12,11 @@ non-shape step of the rewritten graph (a Conv fused with its Clip produces the C
 Conv output has no integer counterpart and is not reported). Each image's tensors are folded into
 `SimilarityAccumulator`s and dropped, so memory does not grow with the number of images.
 
-Threads: the integer graph runs in the calling thread; one worker thread runs the float model on the next image,
-folds every tensor into the metrics as soon as the integer graph produced it, and runs the isolated steps
-(onnxruntime and numpy release the GIL, so the worker overlaps the integer run when a core is free). At most
-`_Worker.LAG` + 1 images are in flight. The `ptq` command runs OpenBLAS on one thread (`ptq.cli.one_blas_thread`),
-which leaves that core free.
+Threads: the integer graph runs in the calling thread; one thread runs the float model on the next image, and a
+worker thread folds every tensor into the metrics as soon as the integer graph produced it and runs the isolated
+steps (onnxruntime and numpy release the GIL, so both overlap the integer run when a core is free). At most
+`_Worker.LAG` + 2 images are in flight, each holding its float tensors (at most 53 MB for EfficientNet-Lite0).
+The `ptq` command runs OpenBLAS on one thread (`ptq.cli.one_blas_thread`), which leaves the other core free.
 """
 from __future__ import annotations
 
@@ -275,14 +275,15 @@ def evaluate(
     bounds = {s.name: grid_bounds(ev.qparams[s.name], len(graph.tensors[s.name].shape or ())) for s in specs}
     image = _ImageRun(prepared, ev, specs, steps, bounds, input_name, outputs)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ptq-report") as pool, \
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="ptq-float") as float_pool, \
             tqdm(total=images.expected, unit="img", desc=desc, disable=None if progress else True, leave=False) as bar:
         worker = _Worker(pool)
         samples = iter(images.samples(graph))
-        upcoming = _start_float_run(worker, runner, samples)
+        upcoming = _start_float_run(float_pool, runner, samples)
         while upcoming is not None:
             sample, label, floats = upcoming
             # decode the next image and start its float run now: it overlaps this image's integer run
-            upcoming = _start_float_run(worker, runner, samples)
+            upcoming = _start_float_run(float_pool, runner, samples)
             with_isolated = isolated and (isolated_images is None or ev.images < isolated_images)
             image.run(worker, sample, label, floats.result(), with_isolated=with_isolated)
             worker.settle()
@@ -295,13 +296,13 @@ def evaluate(
 
 
 class _Worker:
-    """One background thread for the float runs, the metric updates and the isolated runs, which overlap the
+    """One background thread for the metric updates and the isolated runs, which overlap the
     integer graph running in the calling thread (onnxruntime and numpy release the GIL). Tasks run in submission
     order, so a metric update finds the `Reference` an earlier task of its image prepared. `settle()` closes an
     image; once more than LAG images are open it waits for the oldest one's tasks and re-raises their errors
     (each open image holds its float tensors)."""
 
-    LAG = 2
+    LAG = 3
 
     def __init__(self, pool: ThreadPoolExecutor):
         self.pool = pool
@@ -322,13 +323,15 @@ class _Worker:
                 future.result()
 
 
-def _start_float_run(worker: _Worker, runner: FloatReference, samples: Iterator):
-    """(sample, label, future float tensors) of the next decodable image, or None when there is none left."""
+def _start_float_run(pool: ThreadPoolExecutor, runner: FloatReference, samples: Iterator):
+    """(sample, label, future float tensors) of the next decodable image, or None when there is none left.
+    The float runs have a thread of their own: queued behind an isolated run, the next image's would stall
+    the integer graph."""
     item = next(samples, None)
     if item is None:
         return None
     _path, sample, label = item
-    return sample, label, worker.submit(runner.run, sample)
+    return sample, label, pool.submit(runner.run, sample)
 
 
 @dataclass

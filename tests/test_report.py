@@ -221,11 +221,12 @@ def test_worker_keeps_at_most_lag_images_open_and_reraises_their_errors():
     done = []
     with ThreadPoolExecutor(max_workers=1) as pool:
         worker = _Worker(pool)
+        worker.LAG = 2
         worker.submit(done.append, 0)
         worker.settle()
         worker.submit(lambda: 1 / 0)  # image 1 fails in the worker
         worker.settle()
-        assert len(worker.open) == worker.LAG == 2  # nothing waited for yet
+        assert len(worker.open) == 2  # nothing waited for yet
         worker.settle()  # a third open image: waits for image 0
         assert done == [0] and len(worker.open) == 2
         with pytest.raises(ZeroDivisionError):
