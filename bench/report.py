@@ -64,7 +64,6 @@ def run(args) -> int:
     from reports.html import write_html
     from reports.writers import write_csv, write_json
 
-
     work = Path(tempfile.mkdtemp(prefix="ptq-bench-report-"))
     if args.quant:
         table = load_quant_table(args.quant)
