@@ -20,12 +20,14 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the `ptq` command runs (ptq.cli.one_blas_thread)
-
-import numpy as np  # noqa: E402
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from ptq.cli import one_blas_thread  # noqa: E402  (imports no numpy)
+
+one_blas_thread()  # as the `ptq` command runs; before numpy is imported
+
+import numpy as np  # noqa: E402
 
 from ptq.pipeline import calibrate, input_spec  # noqa: E402
 from ptq.executor import prepare  # noqa: E402
