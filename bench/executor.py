@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 from ptq.pipeline import calibrate, input_spec  # noqa: E402
 from ptq.executor import prepare  # noqa: E402
 from ptq.float_run import image_input  # noqa: E402
-from ptq.graph import load_model  # noqa: E402
+from ptq.core.graph import load_model  # noqa: E402
 from ptq.images import ImageLog, Preprocess, load_image, select_files  # noqa: E402
 from ptq.quant_table import load_quant_table  # noqa: E402
 

@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lut import FUNCTIONS, build_softmax, build_table, tune_input_range  # noqa: E402
-from ptq.qparams import QParams, compute_qparams  # noqa: E402
+from ptq.core.qparams import QParams, compute_qparams  # noqa: E402
 
 ENTRIES = (129, 257, 513, 1025)
 EXP_WIDTHS = (3, 4, 4.5, 5, 5.5, 6, 8, 12)

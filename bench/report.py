@@ -57,7 +57,7 @@ def run(args) -> int:
     from ptq.commands.report import DEFAULT_ISOLATED_IMAGES
     from ptq.executor import prepare
     from ptq.float_run import FloatRunner, image_input
-    from ptq.graph import load_model
+    from ptq.core.graph import load_model
     from ptq.images import Preprocess
     from ptq.quant_table import load_quant_table
     from reports.evaluate import ImageSet, build_report, evaluate

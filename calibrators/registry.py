@@ -14,7 +14,7 @@ from typing import ClassVar, Iterable, Optional, Union
 
 import numpy as np
 
-from ptq.qparams import MAX_BITS, MIN_BITS
+from ptq.core.qparams import MAX_BITS, MIN_BITS
 
 from calibrators.histogram import DEFAULT_BINS
 from calibrators.statistics import Stat, TensorStatistics

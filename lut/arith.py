@@ -27,8 +27,8 @@ import numpy as np
 
 from lut.functions import FUNCTIONS
 from lut.table import MAX_FULL_TABLE_BITS, LookupTable, build_table
-from ptq.qparams import QParams, compute_qparams
-from ptq.requant import DEFAULT_MBITS, quantize_multiplier, requantize
+from ptq.core.qparams import QParams, compute_qparams
+from ptq.core.requant import DEFAULT_MBITS, quantize_multiplier, requantize
 
 RECIPROCAL_BITS = 16
 LOG_BITS = 16

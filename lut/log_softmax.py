@@ -16,8 +16,8 @@ import numpy as np
 
 from lut.interp import interpolate
 from lut.softmax import EXP_ONE_BITS, MAX_ROW, exp_table, exp_terms
-from ptq.qparams import QParams
-from ptq.requant import MAX_SHIFT, shift_round
+from ptq.core.qparams import QParams
+from ptq.core.requant import MAX_SHIFT, shift_round
 
 LOG2_FRAC_BITS = 16  # Q16 log2 values
 LOG2_INDEX_SHIFT = 8  # 16 mantissa bits -> 256 segments of 2^8

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ptq.qparams import QParams
-from ptq.requant import INT32_MAX
+from ptq.core.qparams import QParams
+from ptq.core.requant import INT32_MAX
 
 EXP_ONE_BITS = 20
 MAX_ROW = 4096

@@ -35,7 +35,7 @@ import numpy as np
 
 from lut.functions import Symmetry, get_function
 from lut.interp import Rows, closest_nodes, fit_nodes, interpolate, minimax_nodes
-from ptq.qparams import QParams
+from ptq.core.qparams import QParams
 
 MAX_FULL_TABLE_BITS = 10
 DEFAULT_WIDE_ENTRIES = 257

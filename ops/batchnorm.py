@@ -34,7 +34,7 @@ from ops.linear import (
     require_qparams,
 )
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
-from ptq.qparams import QParams, compute_qparams
+from ptq.core.qparams import QParams, compute_qparams
 
 
 @dataclass

@@ -16,9 +16,9 @@ import numpy as np
 
 from ops.linear import require_per_tensor, require_qparams
 from ops.registry import QuantizationError, QuantizeContext, QuantizedNode
-from ptq.graph import Node
-from ptq.qparams import QParams
-from ptq.requant import quantize_multiplier, requantize, saturate_int32
+from ptq.core.graph import Node
+from ptq.core.qparams import QParams
+from ptq.core.requant import quantize_multiplier, requantize, saturate_int32
 
 
 def activation_qparams(ctx: QuantizeContext, index: int = 0) -> QParams:

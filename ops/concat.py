@@ -23,8 +23,8 @@ import numpy as np
 from ops.common import centered, normalize_axes
 from ops.linear import require_per_tensor, require_qparams
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
-from ptq.qparams import QParams
-from ptq.requant import quantize_multiplier, requantize
+from ptq.core.qparams import QParams
+from ptq.core.requant import quantize_multiplier, requantize
 
 
 @dataclass

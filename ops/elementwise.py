@@ -28,8 +28,8 @@ import numpy as np
 
 from ops.linear import require_per_tensor, require_qparams
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
-from ptq.qparams import QParams, compute_qparams
-from ptq.requant import quantize_multiplier, requantize, shift_round
+from ptq.core.qparams import QParams, compute_qparams
+from ptq.core.requant import quantize_multiplier, requantize, shift_round
 
 COMMON_SHIFT = 16
 

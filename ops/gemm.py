@@ -41,7 +41,7 @@ from ops.linear import (
     require_qparams,
 )
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
-from ptq.weight_roles import weight_role
+from ptq.core.roles import weight_role
 
 
 @dataclass

@@ -18,7 +18,7 @@ import numpy as np
 
 from ops.common import activation_qparams, int_list, normalize_axes, optional_input
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
-from ptq.graph import Node
+from ptq.core.graph import Node
 
 
 class _Layout(OpDef):

@@ -7,7 +7,7 @@ Whitepaper 4.14 in the ONNX convention, per output channel c:
 
 When r = s_x * s_w[c] / s_y is below min(2^(mbits-32), 2^-17) (e.g. 16-bit x 16-bit operands), N <= 31 would
 leave M only a few bits; the accumulator is then first rounded by P bits, acc' = (acc + 2^(P-1)) >> P, with
-M / 2^N ~= 2^P * r at full width (both steps through `ptq.requant`; the pre-rounding costs < 2^-17 LSB).
+M / 2^N ~= 2^P * r at full width (both steps through `ptq.core.requant`; the pre-rounding costs < 2^-17 LSB).
 
 A fused Clip/Relu only narrows [lo, hi] to the quantized clip bounds (4.14); a fused LeakyRelu uses a second
 multiplier M'/2^N' ~= alpha * s_x * s_w[c] / s_y for negative accumulators (one rounding, instead of the
@@ -28,8 +28,8 @@ from typing import Optional
 import numpy as np
 
 from ops.registry import QuantizationError, QuantizeOptions
-from ptq.qparams import QParams
-from ptq.requant import (
+from ptq.core.qparams import QParams
+from ptq.core.requant import (
     INT32_MAX,
     INT32_MIN,
     MAX_SHIFT,

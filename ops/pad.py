@@ -17,7 +17,7 @@ import numpy as np
 
 from ops.common import activation_qparams, int_list, normalize_axes, optional_input
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
-from ptq.graph import Node
+from ptq.core.graph import Node
 
 _NUMPY_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
 

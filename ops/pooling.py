@@ -29,7 +29,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ops.common import QuantizedMean, activation_qparams, centered, quantize_mean
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
-from ptq.graph import Node
+from ptq.core.graph import Node
 
 
 @dataclass(frozen=True)

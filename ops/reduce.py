@@ -20,7 +20,7 @@ import numpy as np
 
 from ops.common import QuantizedMean, centered, int_list, normalize_axes, quantize_mean
 from ops.registry import IntRuntime, OpDef, QuantizeContext, register
-from ptq.graph import Node
+from ptq.core.graph import Node
 
 
 def reduce_axes(node: Node, inputs, rank: int) -> tuple[int, ...]:

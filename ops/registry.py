@@ -15,9 +15,9 @@ from typing import ClassVar, Optional, Protocol
 
 import numpy as np
 
-from ptq.graph import Node
-from ptq.qparams import QParams
-from ptq.requant import DEFAULT_MBITS
+from ptq.core.graph import Node
+from ptq.core.qparams import QParams
+from ptq.core.requant import DEFAULT_MBITS
 
 
 class DotBackend(Protocol):

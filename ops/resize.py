@@ -39,8 +39,8 @@ import numpy as np
 
 from ops.common import activation_qparams, optional_input, proposed_or
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
-from ptq.graph import Node
-from ptq.requant import quantize_multiplier, requantize
+from ptq.core.graph import Node
+from ptq.core.requant import quantize_multiplier, requantize
 
 MAX_WEIGHT_BITS = 16
 INT64_HEADROOM_BITS = 61

@@ -9,12 +9,12 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "QParams": "ptq.qparams",
-    "compute_qparams": "ptq.qparams",
-    "quantize_multiplier": "ptq.requant",
-    "requantize": "ptq.requant",
-    "load_model": "ptq.graph",
-    "ModelError": "ptq.graph",
+    "QParams": "ptq.core.qparams",
+    "compute_qparams": "ptq.core.qparams",
+    "quantize_multiplier": "ptq.core.requant",
+    "requantize": "ptq.core.requant",
+    "load_model": "ptq.core.graph",
+    "ModelError": "ptq.core.graph",
     "Preprocess": "ptq.images",
     "calibrate": "ptq.pipeline",
     "CalibrationResult": "ptq.pipeline",

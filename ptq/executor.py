@@ -41,12 +41,12 @@ from ops.registry import (
     get_op,
 )
 from ptq.float_fallback import ReferenceRunner, run_float
-from ptq.graph import Graph, Node, load_model
-from ptq.qparams import QParams, compute_qparams
+from ptq.core.graph import Graph, Node, load_model
+from ptq.core.qparams import QParams, compute_qparams
 from ptq.quant_table import QuantTable, load_quant_table
-from ptq.requant import DEFAULT_MBITS
+from ptq.core.requant import DEFAULT_MBITS
 from ptq.rewrites import RewriteLog, apply_rewrites
-from ptq.weight_roles import bias_role, weight_role
+from ptq.core.roles import bias_role, weight_role
 
 
 class ExecutorError(ValueError):

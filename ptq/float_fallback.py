@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from ops.registry import get_op
-from ptq.graph import Node
+from ptq.core.graph import Node
 
 
 class FloatFallbackError(ValueError):

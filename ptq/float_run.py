@@ -17,7 +17,7 @@ import onnx
 from onnx import helper
 
 from calibrators import Stat, TensorStatistics
-from ptq.graph import Graph, ModelError
+from ptq.core.graph import Graph, ModelError
 
 
 def stats_model(graph: Graph, tensors: Sequence[str]) -> onnx.ModelProto:

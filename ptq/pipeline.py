@@ -22,12 +22,12 @@ import onnx
 from calibrators import TensorStatistics, calibrate_array, get_calibrator, required_stats
 from ptq.atomic import atomic_write_bytes
 from ptq.float_run import collect_statistics, image_input
-from ptq.graph import Graph, load_model
+from ptq.core.graph import Graph, load_model
 from ptq.images import ImageLog, InputSpec, Preprocess, iter_batches, iter_images, select_files
 from ptq.qdq_export import export_qdq
-from ptq.qparams import compute_qparams
+from ptq.core.qparams import compute_qparams
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
-from ptq.weight_roles import weight_role
+from ptq.core.roles import weight_role
 from ptq.weight_scale_floor import floor_weight_scales
 
 DEFAULT_CALIBRATOR = "extrema"
@@ -176,7 +176,7 @@ def activation_entries(
 
 
 def weight_entries(graph: Graph, options: CalibrationOptions) -> dict[str, TensorEntry]:
-    """Table entries of the weights (initializers in a weight role, see ptq.weight_roles)."""
+    """Table entries of the weights (initializers in a weight role, see ptq.core.roles)."""
     calibrator = get_calibrator(options.weight_calibrator)
     entries = {}
     for node in graph.nodes:

@@ -25,10 +25,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, version_converter
 
-from ptq.graph import Graph, ModelError
-from ptq.qparams import QParams
+from ptq.core.graph import Graph, ModelError
+from ptq.core.qparams import QParams
 from ptq.quant_table import QuantTable
-from ptq.weight_roles import bias_role, weight_role
+from ptq.core.roles import bias_role, weight_role
 
 MS_DOMAIN = "com.microsoft"
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1

@@ -22,7 +22,7 @@ import numpy as np
 
 from ptq import __version__
 from ptq.atomic import atomic_write_text
-from ptq.qparams import MAX_BITS, MIN_BITS, QParams
+from ptq.core.qparams import MAX_BITS, MIN_BITS, QParams
 
 KINDS = ("activation", "weight")
 

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ptq.float_fallback import ReferenceRunner, run_float
-from ptq.graph import Graph, Node, TensorInfo
+from ptq.core.graph import Graph, Node, TensorInfo
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 FUSABLE_ACTIVATIONS = ("Relu", "Clip", "LeakyRelu")

@@ -27,7 +27,7 @@ import numpy as np
 
 from ptq.executor import IntegerGraph, prepare
 from ptq.float_run import image_input
-from ptq.graph import Graph
+from ptq.core.graph import Graph
 from ptq.quant_table import QuantTable
 from reports.evaluate import INPUT_OP, Evaluation, FloatReference, LayerSpec, build_report, evaluate, layer_specs
 from reports.layers import Report, qparams_summary

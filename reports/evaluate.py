@@ -31,9 +31,9 @@ import numpy as np
 from ptq.pipeline import input_spec
 from ptq.executor import IntegerGraph, NodeKind, Step, prepare
 from ptq.float_run import image_input, stats_model
-from ptq.graph import Graph
+from ptq.core.graph import Graph
 from ptq.images import ImageLog, Preprocess, iter_images, select_files
-from ptq.qparams import QParams
+from ptq.core.qparams import QParams
 from ptq.quant_table import QuantTable
 from reports.labels import LabelResolver
 from reports.layers import LayerReport, OutputReport, Report, cosine_drops, rank_bottlenecks

@@ -6,7 +6,7 @@ from typing import Optional
 
 import numpy as np
 
-from ptq.qparams import QParams
+from ptq.core.qparams import QParams
 from reports.metrics import Similarity
 
 

@@ -9,7 +9,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ptq.qparams import QParams, compute_qparams
+from ptq.core.qparams import QParams, compute_qparams
 from ptq.quant_table import QuantTable, TensorEntry
 
 

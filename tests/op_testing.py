@@ -9,8 +9,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ops.backend import NumpyBackend
 from ops.registry import IntRuntime, QuantizeContext, QuantizeOptions
-from ptq.graph import Node
-from ptq.qparams import QParams, compute_qparams
+from ptq.core.graph import Node
+from ptq.core.qparams import QParams, compute_qparams
 
 
 def ort_single(op_type: str, inputs: dict, attrs: Optional[dict] = None, constants: Optional[dict] = None,

@@ -157,7 +157,7 @@ def test_im2col_pointwise_is_a_view_and_rejects_empty_output():
 def test_requantize_folds_the_offset_exactly_and_leaves_acc_alone(axis, offset_shape, acc_dtype):
     """requantize(acc, offset=o) (o * M folded into the rounding constant) gives the integers of the int64
     formula on acc + o, for int32 and int64 accumulators, and does not modify acc."""
-    from ptq.requant import requantize
+    from ptq.core.requant import requantize
 
     rng = np.random.default_rng(7)
     wide = 1 << (30 if acc_dtype is np.int32 else 40)

@@ -261,7 +261,7 @@ def test_every_calibrator_gives_a_runnable_qdq_efficientnet(model_path, calib_di
     """Statistics collected once (4 photos) for every calibrator; each table exports a QDQ model that runs."""
     from calibrators import required_stats
     from ptq.pipeline import build_table, collect_image_statistics
-    from ptq.graph import load_model
+    from ptq.core.graph import load_model
     from ptq.quant_table import CalibrationOptions
 
     names = ["extrema", "mean", "3std", "99.99percentile", "kld", "mse"]

@@ -17,7 +17,7 @@ from calibrators import (
 )
 from calibrators.histogram import DEFAULT_BINS
 from calibrators.methods.kld import kld_sweep
-from ptq.qparams import compute_qparams
+from ptq.core.qparams import compute_qparams
 
 
 def stats_of(batches, spec, axis=None, num_bins=DEFAULT_BINS) -> TensorStatistics:

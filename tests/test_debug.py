@@ -7,7 +7,7 @@ import pytest
 from ptq.pipeline import calibrate
 from ptq.cli import main
 from ptq.executor import NodeKind, prepare
-from ptq.graph import load_model
+from ptq.core.graph import load_model
 from ptq.images import Preprocess
 from ptq.quant_table import load_quant_table
 from reports.debug import OutputMetrics, auto_debug, fake_quant, layer_nodes

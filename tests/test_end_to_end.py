@@ -30,9 +30,9 @@ from onnx import TensorProto, helper, numpy_helper
 from ptq.pipeline import calibrate, input_spec
 from ptq.cli import main as cli_main
 from ptq.executor import ExecutorOptions, prepare
-from ptq.graph import load_model
+from ptq.core.graph import load_model
 from ptq.images import ImageLog, Preprocess, load_image, select_files
-from ptq.qparams import compute_qparams
+from ptq.core.qparams import compute_qparams
 from ptq.quant_table import QuantTable, TensorEntry
 from reports.labels import label_from_filename
 

@@ -12,8 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ops.registry import get_op
 from ptq.executor import ExecutorError, IntRunResult, NodeKind, prepare, run_int
-from ptq.graph import load_model
-from ptq.qparams import QParams
+from ptq.core.graph import load_model
+from ptq.core.qparams import QParams
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
 
 OPSET = 18

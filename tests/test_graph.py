@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ptq.graph import ModelError, load_model, parse_input_shapes
+from ptq.core.graph import ModelError, load_model, parse_input_shapes
 from tiny_models import conv_relu_gemm, make_model
 
 

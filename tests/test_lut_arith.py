@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from lut import build_divider, build_pow
-from ptq.qparams import QParams, compute_qparams
+from ptq.core.qparams import QParams, compute_qparams
 
 
 def all_pairs(aq: QParams, bq: QParams):

@@ -8,7 +8,7 @@ import pytest
 
 from lut import build_log_softmax, build_softmax, softmax_out_qparams
 from lut.softmax import INT32_ROW_LIMIT, MAX_ROW
-from ptq.qparams import QParams, compute_qparams
+from ptq.core.qparams import QParams, compute_qparams
 
 
 def float_reference(q: np.ndarray, in_q: QParams, levels: int, axis: int = -1) -> np.ndarray:

@@ -10,7 +10,7 @@ from scipy.optimize import linprog
 
 from lut import FUNCTIONS, build_table, power
 from lut.interp import interpolate
-from ptq.qparams import QParams, compute_qparams
+from ptq.core.qparams import QParams, compute_qparams
 
 # Float references written independently of lut.functions (python's math module, ONNX default attributes).
 SELU_A, SELU_G = 1.67326319217681884765625, 1.05070102214813232421875

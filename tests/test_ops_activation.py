@@ -14,8 +14,8 @@ from scipy.special import expit
 from op_testing import context, lsb_error, ort_single, random_codes, random_qparams, ref_requant, runtime
 from ops import get_op
 from ops.registry import QuantizationError
-from ptq.graph import Node
-from ptq.qparams import QParams, compute_qparams
+from ptq.core.graph import Node
+from ptq.core.qparams import QParams, compute_qparams
 
 MBITS = 15
 QPARAM_CASES = [  # x bits, x signed, y bits

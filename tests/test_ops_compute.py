@@ -20,8 +20,8 @@ from op_testing import (
 )
 from ops import get_op
 from ops.registry import IntRuntime, QuantizationError
-from ptq.graph import Node
-from ptq.qparams import QParams, compute_qparams
+from ptq.core.graph import Node
+from ptq.core.qparams import QParams, compute_qparams
 
 MBITS = 15
 

@@ -14,8 +14,8 @@ import pytest
 from op_testing import context, lsb_error, ort_single, random_codes, random_qparams, ref_requant, runtime
 from ops import get_op
 from ops.registry import QuantizationError
-from ptq.graph import Node
-from ptq.requant import quantize_multiplier
+from ptq.core.graph import Node
+from ptq.core.requant import quantize_multiplier
 
 MBITS = 15
 OPSET = 19

@@ -19,8 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 from op_testing import context, lsb_error, random_codes, random_qparams, ref_requant, runtime
 from ops import get_op
 from ops.registry import QuantizationError
-from ptq.graph import Node
-from ptq.requant import quantize_multiplier
+from ptq.core.graph import Node
+from ptq.core.requant import quantize_multiplier
 
 MBITS = 15
 OPSET = 19

@@ -6,9 +6,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ptq.pipeline import build_table, calibrate
 from ptq.float_run import collect_statistics
-from ptq.graph import load_model
+from ptq.core.graph import load_model
 from ptq.qdq_export import MS_DOMAIN, export_qdq
-from ptq.qparams import QParams
+from ptq.core.qparams import QParams
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry
 from calibrators import required_stats
 from tiny_models import conv_relu_gemm, make_model

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from ptq.qparams import QParams, compute_qparams, integer_range
+from ptq.core.qparams import QParams, compute_qparams, integer_range
 
 
 @pytest.mark.parametrize("bits", [4, 8, 16])

@@ -6,7 +6,7 @@ import pytest
 
 import ptq.atomic
 from ptq.atomic import atomic_write_text
-from ptq.qparams import QParams
+from ptq.core.qparams import QParams
 from ptq.quant_table import (
     CalibrationOptions,
     QuantTable,

@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 
-from ptq.qparams import QParams, compute_qparams
+from ptq.core.qparams import QParams, compute_qparams
 from reports.html import render_html
 from reports.layers import LayerReport, OutputReport, Report, cosine_drops, rank_bottlenecks
 from reports.metrics import Similarity
@@ -158,7 +158,7 @@ def _hand_similarity(ref, test):
 
 def test_isolated_vs_cumulative_on_toy_graph():
     from ptq.pipeline import calibrate
-    from ptq.graph import load_model
+    from ptq.core.graph import load_model
     from reports.evaluate import ArraySamples, build_report, evaluate
     from reports.tables import scale_range
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from ptq.requant import multiplier_value, quantize_multiplier, requantize, saturate_int32
+from ptq.core.requant import multiplier_value, quantize_multiplier, requantize, saturate_int32
 
 
 def test_multiplier_relative_error_bound():

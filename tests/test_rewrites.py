@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ptq.float_fallback import ReferenceRunner, node_proto
-from ptq.graph import Graph, load_model
+from ptq.core.graph import Graph, load_model
 from ptq.rewrites import apply_rewrites, copy_graph, fold_batchnorm, fold_static, fuse_activations
 
 OPSET = 18

@@ -6,8 +6,8 @@ from onnx import TensorProto, helper, numpy_helper
 from ptq.pipeline import calibrate
 from ptq.executor import prepare
 from ptq.qdq_export import export_qdq
-from ptq.qparams import compute_qparams
-from ptq.requant import INT32_MAX
+from ptq.core.qparams import compute_qparams
+from ptq.core.requant import INT32_MAX
 from ptq.weight_scale_floor import MIN_REQUANT_FACTOR
 from tiny_models import make_model
 

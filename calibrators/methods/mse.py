@@ -1,6 +1,6 @@
 """`mse`: the threshold t minimizing the expected quantization MSE (clipping + rounding) on the histogram.
 
-The grid is the one `ptq.qparams.compute_qparams(-t, t)` (symmetric, full range) / `(0, t)` builds:
+The grid is the one `ptq.core.qparams.compute_qparams(-t, t)` (symmetric, full range) / `(0, t)` builds:
 
     signed:   scale s = t / ((2^b - 1) / 2),  values clip at -2^(b-1) * s and (2^(b-1) - 1) * s
     unsigned: scale s = t / (2^b - 1),        values clip at 0 and t

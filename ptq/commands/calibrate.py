@@ -62,7 +62,7 @@ def preprocess_from_args(args: argparse.Namespace) -> Preprocess:
 
 def run(args: argparse.Namespace) -> int:
     from ptq.pipeline import calibrate
-    from ptq.graph import parse_input_shapes
+    from ptq.core.graph import parse_input_shapes
 
     logging.basicConfig(format="ptq: warning: %(message)s")
     logger = logging.getLogger("ptq")

@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_inputs(args: argparse.Namespace):
     """(graph, table, images) from the common arguments."""
-    from ptq.graph import load_model
+    from ptq.core.graph import load_model
     from ptq.images import Preprocess
     from ptq.quant_table import load_quant_table
     from reports.evaluate import ImageSet

@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from ptq.pipeline import input_spec
     from ptq.executor import prepare
     from ptq.float_run import image_input
-    from ptq.graph import load_model
+    from ptq.core.graph import load_model
     from ptq.images import load_image
     from ptq.quant_table import load_quant_table
     from reports.labels import label_from_filename

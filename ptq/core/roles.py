@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ptq.graph import Node
+from ptq.core.graph import Node
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,6 @@
+"""The ground floor of ptq: the graph IR over ONNX, quantization parameters, the M/2^N requant helper, the
+weight/bias role types and the bias and clip-bound helpers that calibration, the ops and the QDQ export share.
+
+Everything else in the project stands on this package; it imports nothing of the project outside itself
+(`tests/test_layers.py` walks the imports and fails on any other arrow).
+"""
