@@ -1,17 +1,16 @@
-"""Operator registry; importing this package registers every op module."""
+"""The operator registry. Importing this package imports every module in it, which registers the ops those
+modules define (`@register`), so adding an op is adding one module. Subpackages (kernel collections) are
+imported by the modules that use them, not here.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
 from ops.registry import REGISTRY, OpDef, QuantizedNode, QuantizeContext, get_op, register
-from ops import conv  # noqa: F401  (registers Conv, ConvTranspose)
-from ops import gemm  # noqa: F401  (registers Gemm, MatMul)
-from ops import batchnorm  # noqa: F401  (registers BatchNormalization)
-from ops import elementwise  # noqa: F401  (registers Add, Sub, Mul)
-from ops import activation  # noqa: F401  (registers Relu, Clip, LeakyRelu, PRelu)
-from ops import lut_ops  # noqa: F401  (registers Sigmoid, Tanh, HardSwish, HardSigmoid)
-from ops import softmax  # noqa: F401  (registers Softmax)
-from ops import layout  # noqa: F401  (registers Identity, Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Split, Slice)
-from ops import concat  # noqa: F401  (registers Concat)
-from ops import pad  # noqa: F401  (registers Pad)
-from ops import pooling  # noqa: F401  (registers AveragePool, GlobalAveragePool, MaxPool, GlobalMaxPool)
-from ops import reduce  # noqa: F401  (registers ReduceMean)
-from ops import resize  # noqa: F401  (registers Resize)
+
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.ispkg:
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["REGISTRY", "OpDef", "QuantizedNode", "QuantizeContext", "get_op", "register"]

@@ -21,8 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ops.linear import OutputStage, output_stage, require_per_tensor, require_qparams
+from ops.base import require_per_tensor, require_qparams
+from ops.linear import OutputStage, output_stage
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
+from ptq.core.clip import clip_bounds
+
+LEAKY_RELU_DEFAULT_ALPHA = 0.01
 
 
 @dataclass
@@ -31,27 +35,21 @@ class QuantizedActivation(QuantizedNode):
 
 
 def _in_out(ctx: QuantizeContext):
-    node = ctx.node
-    x_qp = require_qparams(ctx.in_qparams[0], "input", node)
-    require_per_tensor(x_qp, "input", node)
+    x_qp = require_qparams(ctx.in_qparams[0], "input")
+    require_per_tensor(x_qp, "input")
     y_qp = ctx.out_qparams[0] if ctx.out_qparams and ctx.out_qparams[0] is not None else x_qp
-    require_per_tensor(y_qp, "output", node)
+    require_per_tensor(y_qp, "output")
     return x_qp, y_qp
 
 
 def _build(ctx: QuantizeContext, activation=None, params=None, neg_slope=None) -> QuantizedActivation:
     x_qp, y_qp = _in_out(ctx)
-    try:
-        stage = output_stage(x_qp.scale, y_qp, ctx.options.mbits, None, activation, params, neg_slope)
-    except QuantizationError as err:
-        raise QuantizationError(f"{ctx.node.op_type} {ctx.node.name!r}: {err}") from err
+    stage = output_stage(x_qp.scale, y_qp, ctx.options.mbits, None, activation, params, neg_slope)
     return QuantizedActivation(ctx.node, list(ctx.in_qparams), [y_qp], stage)
 
 
 def _run(q: QuantizedActivation, inputs) -> list[np.ndarray]:
     x = np.asarray(inputs[0])
-    if not np.issubdtype(x.dtype, np.integer):
-        raise TypeError(f"{q.node.op_type} {q.node.name!r}: forward_int takes integer codes, got {x.dtype}")
     return [q.stage.apply(x.astype(np.int64) - int(q.in_qparams[0].zero_point[0]))]
 
 
@@ -62,6 +60,13 @@ class Relu(OpDef):
     op_type = "Relu"
     int_types = "int8/uint8/int16 -> uint8/uint16 (4.54) or the input's type"
     section = "4.54"
+    absorbable = True
+
+    def clip_range(self, node, constant):
+        return 0.0, np.inf
+
+    def activation_params(self, node, constant):
+        return []
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)
@@ -74,15 +79,11 @@ class Relu(OpDef):
         return _run(q, inputs)
 
 
-def _clip_bounds(node, inputs_or_constants) -> list[float]:
-    """[min, max] of a Clip: inputs 1, 2 (opset >= 11, omitted = unbounded) or attributes (opset < 11)."""
-    bounds = [node.attr("min", -np.inf), node.attr("max", np.inf)]
-    for i in (1, 2):
-        if len(node.inputs) > i and node.inputs[i]:
-            value = inputs_or_constants(i)
-            if value is None:
-                raise QuantizationError(f"Clip {node.name!r}: bound {node.inputs[i]!r} must be a constant")
-            bounds[i - 1] = float(np.asarray(value).reshape(()))
+def _clip_bounds(node, constant) -> tuple[float, float]:
+    """(min, max) of a Clip whose bounds are constants (`ptq.core.clip`); QuantizationError otherwise."""
+    bounds = clip_bounds(node, constant)
+    if bounds is None:
+        raise QuantizationError(f"the bounds {node.inputs[1:]} must be constant scalars")
     return bounds
 
 
@@ -93,6 +94,18 @@ class Clip(OpDef):
     op_type = "Clip"
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
     section = "4.11"
+    absorbable = True
+
+    def clip_range(self, node, constant):
+        return clip_bounds(node, constant)
+
+    def activation_params(self, node, constant):
+        """[min, max], an omitted bound as the float32 extreme (onnx Clip's default)."""
+        bounds = clip_bounds(node, constant)
+        if bounds is None:
+            return None
+        lowest, highest = float(np.finfo(np.float32).min), float(np.finfo(np.float32).max)
+        return [max(bounds[0], lowest), min(bounds[1], highest)]
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)
@@ -113,14 +126,18 @@ class LeakyRelu(OpDef):
     op_type = "LeakyRelu"
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
     section = "4.39"
+    absorbable = True
+
+    def activation_params(self, node, constant):
+        return [float(node.attr("alpha", LEAKY_RELU_DEFAULT_ALPHA))]
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)
-        alpha = np.float32(node.attr("alpha", 0.01))
+        alpha = np.float32(node.attr("alpha", LEAKY_RELU_DEFAULT_ALPHA))
         return [np.where(x >= 0, x, x * alpha).astype(np.float32)]
 
     def quantize(self, ctx):
-        return _build(ctx, neg_slope=np.array([float(ctx.node.attr("alpha", 0.01))]))
+        return _build(ctx, neg_slope=np.array([float(ctx.node.attr("alpha", LEAKY_RELU_DEFAULT_ALPHA))]))
 
     def forward_int(self, q, inputs, runtime: IntRuntime):
         return _run(q, inputs)
@@ -143,7 +160,7 @@ class PRelu(OpDef):
 
     def quantize(self, ctx):
         if 1 not in ctx.constants:
-            raise QuantizationError(f"PRelu {ctx.node.name!r}: the slope must be a constant")
+            raise QuantizationError("the slope must be a constant")
         return _build(ctx, neg_slope=np.asarray(ctx.constants[1], dtype=np.float64))
 
     def forward_int(self, q, inputs, runtime: IntRuntime):

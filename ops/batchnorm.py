@@ -18,22 +18,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ops.base import require_per_tensor, require_qparams
 from ops.backend import absmax
 from ops.linear import (
     AccumulatorPlan,
     OutputStage,
     accumulator_bits,
-    bias_scale,
     code_deviation,
     finish_accumulator,
     output_stage,
     per_channel,
-    quantize_bias,
-    require_per_tensor,
     plan_accumulator,
-    require_qparams,
 )
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
+from ptq.core.bias import bias_scale, quantize_bias
 from ptq.core.qparams import QParams, compute_qparams
 
 
@@ -72,13 +70,13 @@ class BatchNormalization(OpDef):
     def quantize(self, ctx: QuantizeContext) -> QuantizedBatchNorm:
         node = ctx.node
         if node.attr("training_mode", 0):
-            raise QuantizationError(f"BatchNormalization {node.name!r}: training_mode=1 is not an inference op")
+            raise QuantizationError("training_mode=1 is not an inference op")
         missing = [node.inputs[i] for i in range(1, 5) if i not in ctx.constants]
         if missing:
-            raise QuantizationError(f"BatchNormalization {node.name!r}: inputs {missing} must be constants")
-        x_qp = require_qparams(ctx.in_qparams[0], "input", node)
-        y_qp = require_qparams(ctx.out_qparams[0], "output", node)
-        require_per_tensor(x_qp, "input", node)
+            raise QuantizationError(f"inputs {missing} must be constants")
+        x_qp = require_qparams(ctx.in_qparams[0], "input")
+        y_qp = require_qparams(ctx.out_qparams[0], "output")
+        require_per_tensor(x_qp, "input")
         w_f, b_f = folded_affine(node, *(ctx.constants[i] for i in range(1, 5)))
         bits = ctx.options.bn_weight_bits
         w_qp = compute_qparams(w_f, w_f, bits, symmetric=True, signed=True, narrow=True, axis=0)
@@ -102,7 +100,7 @@ class BatchNormalization(OpDef):
         x = np.asarray(inputs[0])
         if x.ndim < 2 or x.shape[1] != q.weight.size:
             raise ValueError(
-                f"BatchNormalization {q.node.name!r}: input {x.shape} needs {q.weight.size} channels on axis 1")
+                f"input {x.shape} needs {q.weight.size} channels on axis 1")
         xc = x.astype(np.int64) - int(q.in_qparams[0].zero_point[0])
         np.multiply(xc, per_channel(q.weight, 1, x.ndim), out=xc)
         return [finish_accumulator(xc, per_channel(q.bias, 1, x.ndim), q.acc, q.stage, q.node, runtime)]

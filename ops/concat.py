@@ -20,11 +20,10 @@ from typing import Optional
 
 import numpy as np
 
-from ops.common import centered, normalize_axes
-from ops.linear import require_per_tensor, require_qparams
+from ops.base import centered, multiplier, normalize_axes, require_per_tensor, require_qparams
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.qparams import QParams
-from ptq.core.requant import quantize_multiplier, requantize
+from ptq.core.requant import requantize
 
 
 @dataclass
@@ -49,19 +48,19 @@ class Concat(OpDef):
     def quantize(self, ctx: QuantizeContext) -> QuantizedConcat:
         node = ctx.node
         if node.attr("axis") is None:
-            raise QuantizationError(f"Concat {node.name!r}: attribute axis is required")
+            raise QuantizationError("attribute axis is required")
         act = {}
         for i in range(len(node.inputs)):
             if i not in ctx.constants:
-                act[i] = require_qparams(ctx.in_qparams[i], f"input {i}", node)
-                require_per_tensor(act[i], f"input {i}", node)
+                act[i] = require_qparams(ctx.in_qparams[i], f"input {i}")
+                require_per_tensor(act[i], f"input {i}")
         y_qp = ctx.out_qparams[0] if ctx.out_qparams and ctx.out_qparams[0] is not None else None
         if y_qp is None:
             distinct = list(act.values())
             if not distinct or any(qp != distinct[0] for qp in distinct):
-                raise QuantizationError(f"Concat {node.name!r}: no output qparams and the inputs' qparams differ")
+                raise QuantizationError("no output qparams and the inputs' qparams differ")
             y_qp = distinct[0]
-        require_per_tensor(y_qp, "output", node)
+        require_per_tensor(y_qp, "output")
         codes, copy, ms, ns = [], [], [], []
         for i in range(len(node.inputs)):
             qp: Optional[QParams] = act.get(i)
@@ -69,10 +68,7 @@ class Concat(OpDef):
             copy.append(qp is not None and qp == y_qp)
             m, n = np.array([1]), np.array([0])
             if qp is not None and not copy[-1]:
-                try:
-                    m, n = quantize_multiplier(float(qp.scale[0]) / float(y_qp.scale[0]), ctx.options.mbits)
-                except ValueError as err:
-                    raise QuantizationError(f"Concat {node.name!r}: input {i} scale ratio: {err}") from err
+                m, n = multiplier(float(qp.scale[0]) / float(y_qp.scale[0]), ctx.options.mbits, f"input {i} scale ratio")
             ms.append(int(m[0]))
             ns.append(int(n[0]))
         in_qp = [act.get(i) for i in range(len(node.inputs))]
@@ -87,7 +83,7 @@ class Concat(OpDef):
             elif q.copy[i]:
                 parts.append(np.asarray(x).astype(y.dtype, copy=False))
             else:
-                xc = centered(x, q.in_qparams[i], q.node)
+                xc = centered(x, q.in_qparams[i])
                 parts.append(requantize(xc, q.m[i], q.n[i], y.zero_point[0], y.qmin, y.qmax, dtype=y.dtype))
-        axis = normalize_axes([int(q.node.attr("axis"))], parts[0].ndim, q.node)[0]
+        axis = normalize_axes([int(q.node.attr("axis"))], parts[0].ndim)[0]
         return [np.concatenate(parts, axis=axis)]

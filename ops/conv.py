@@ -29,6 +29,7 @@ from typing import Optional
 
 import numpy as np
 
+from ops.base import require_per_tensor, require_qparams
 from ops.backend import absmax, dtype_absmax
 from ops.conv_kernels import conv_geometry, conv_padded, conv_transpose_full, pad_input
 from ops.linear import (
@@ -36,20 +37,17 @@ from ops.linear import (
     OutputStage,
     accumulator_bits,
     apply_float_activation,
-    bias_scale,
     code_deviation,
     finish_accumulator,
     fused_activation,
     output_stage,
     per_channel,
     plan_accumulator,
-    quantize_bias,
     quantize_weight,
-    require_per_tensor,
-    require_qparams,
 )
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
-from ptq.core.roles import weight_role
+from ptq.core.bias import bias_scale, quantize_bias
+from ptq.core.roles import BiasRole, WeightRole
 
 
 @dataclass
@@ -64,30 +62,35 @@ class QuantizedConv(QuantizedNode):
     groups: int
 
 
+def _bias_role(node) -> Optional[BiasRole]:
+    """Input 2, when present: b_q = b_f / (s_x * s_w[c]) (data input 0, weight input 1)."""
+    return BiasRole(2, 0, 1) if len(node.inputs) > 2 and node.inputs[2] else None
+
+
 def _bias_float(ctx: QuantizeContext, channels: int) -> Optional[np.ndarray]:
     node = ctx.node
     if len(node.inputs) > 2 and node.inputs[2]:
         if 2 not in ctx.constants:
-            raise QuantizationError(f"{node.op_type} {node.name!r}: bias {node.inputs[2]!r} must be a constant")
+            raise QuantizationError(f"bias {node.inputs[2]!r} must be a constant")
         b = np.asarray(ctx.constants[2], dtype=np.float64).ravel()
         if b.size != channels:
-            raise QuantizationError(f"{node.op_type} {node.name!r}: bias has {b.size} values, expected {channels}")
+            raise QuantizationError(f"bias has {b.size} values, expected {channels}")
         return b
     return None
 
 
 def _quantize_conv_like(ctx: QuantizeContext, out_channel_axis: int, out_channels_of) -> QuantizedConv:
     node = ctx.node
-    x_qp = require_qparams(ctx.in_qparams[0], "input", node)
-    require_per_tensor(x_qp, "input", node)
-    w_qp = require_qparams(ctx.in_qparams[1], "weight", node)
-    y_qp = require_qparams(ctx.out_qparams[0], "output", node)
+    x_qp = require_qparams(ctx.in_qparams[0], "input")
+    require_per_tensor(x_qp, "input")
+    w_qp = require_qparams(ctx.in_qparams[1], "weight")
+    y_qp = require_qparams(ctx.out_qparams[0], "output")
     if 1 not in ctx.constants:
-        raise QuantizationError(f"{node.op_type} {node.name!r}: weight {node.inputs[1]!r} must be a constant")
+        raise QuantizationError(f"weight {node.inputs[1]!r} must be a constant")
     w_f = np.asarray(ctx.constants[1], dtype=np.float64)
     groups = int(node.attr("group", 1))
     channels = out_channels_of(w_f, groups)
-    codes, centered = quantize_weight(w_f, w_qp, weight_role(node).channel_axis, node)
+    codes, centered = quantize_weight(w_f, w_qp, out_channel_axis, node)
     s_w = w_qp.scale if w_qp.per_channel else np.full(1, w_qp.scale[0])
     if w_qp.per_channel and out_channel_axis != 0:  # ConvTranspose: (C, M/g, ...) scales along axis 1
         s_w = np.tile(s_w, groups)
@@ -131,11 +134,9 @@ def _acc_dtype(terms: int, x_absmax: int, w_absmax: int):
     return np.int32 if terms * x_absmax * w_absmax < (1 << 31) else np.int64
 
 
-def _check_input(node, x: np.ndarray, rank: int) -> None:
+def _check_rank(x: np.ndarray, rank: int) -> None:
     if x.ndim != rank:
-        raise ValueError(f"{node.op_type} {node.name!r}: input has rank {x.ndim}, weight implies rank {rank}")
-    if not np.issubdtype(x.dtype, np.integer):
-        raise TypeError(f"{node.op_type} {node.name!r}: forward_int takes integer codes, got {x.dtype}")
+        raise ValueError(f"input has rank {x.ndim}, weight implies rank {rank}")
 
 
 @register
@@ -146,6 +147,14 @@ class Conv(OpDef):
     op_type = "Conv"
     section = "4.14/4.22/4.35"
     granularity = "per-channel weights"
+    absorbs_activation = True
+    absorbs_batchnorm = True
+
+    def weight_role(self, node):
+        return WeightRole(1, 0)
+
+    def bias_role(self, node):
+        return _bias_role(node)
     int_types = "int8/uint8/int16 x int8/int16 -> int32 (48 for 16-bit) acc"
 
     def forward_float(self, node, inputs):
@@ -163,7 +172,7 @@ class Conv(OpDef):
 
     def forward_int(self, q: QuantizedConv, inputs, runtime: IntRuntime):
         x = np.asarray(inputs[0])
-        _check_input(q.node, x, q.weight.ndim)
+        _check_rank(x, q.weight.ndim)
         zx = int(q.in_qparams[0].zero_point[0])
         geom = conv_geometry(q.node.attrs, x.shape[2:], q.weight.shape[2:])
         xp = pad_input(x, geom, zx)
@@ -207,6 +216,12 @@ class ConvTranspose(OpDef):
     op_type = "ConvTranspose"
     section = "4.15"
     granularity = "per-channel weights"
+
+    def weight_role(self, node):
+        return WeightRole(1, 1)
+
+    def bias_role(self, node):
+        return _bias_role(node)
     int_types = "int8/uint8/int16 x int8/int16 -> int32 (48 for 16-bit) acc"
 
     @staticmethod
@@ -235,7 +250,7 @@ class ConvTranspose(OpDef):
 
     def forward_int(self, q: QuantizedConv, inputs, runtime: IntRuntime):
         x = np.asarray(inputs[0])
-        _check_input(q.node, x, q.weight.ndim)
+        _check_rank(x, q.weight.ndim)
         zx = int(q.in_qparams[0].zero_point[0])
         xc = x.astype(np.int32) - zx
         acc = self._run(q.node, xc, q.weight, runtime.backend.matmul, np.int64, q.groups)

@@ -26,10 +26,10 @@ from typing import Optional
 
 import numpy as np
 
-from ops.linear import require_per_tensor, require_qparams
+from ops.base import multiplier, require_per_tensor, require_qparams
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.qparams import QParams, compute_qparams
-from ptq.core.requant import quantize_multiplier, requantize, shift_round
+from ptq.core.requant import requantize, shift_round
 
 COMMON_SHIFT = 16
 
@@ -45,13 +45,13 @@ class QuantizedElementwise(QuantizedNode):
 def _input_qparams(ctx: QuantizeContext) -> tuple[list[QParams], list[Optional[np.ndarray]]]:
     node = ctx.node
     if len(node.inputs) != 2:
-        raise QuantizationError(f"{node.op_type} {node.name!r}: expected 2 inputs, got {len(node.inputs)}")
+        raise QuantizationError(f"expected 2 inputs, got {len(node.inputs)}")
     qps: list[Optional[QParams]] = [None, None]
     codes: list[Optional[np.ndarray]] = [None, None]
     for i in (0, 1):
         if i not in ctx.constants:
-            qps[i] = require_qparams(ctx.in_qparams[i], f"input {i}", node)
-            require_per_tensor(qps[i], f"input {i}", node)
+            qps[i] = require_qparams(ctx.in_qparams[i], f"input {i}")
+            require_per_tensor(qps[i], f"input {i}")
     for i in (0, 1):
         if i in ctx.constants:
             value = np.asarray(ctx.constants[i], dtype=np.float64)
@@ -60,7 +60,7 @@ def _input_qparams(ctx: QuantizeContext) -> tuple[list[QParams], list[Optional[n
                 other = qps[1 - i]
                 bits = other.bits if other is not None else 8
                 qp = compute_qparams(value.min(initial=0.0), value.max(initial=0.0), bits, symmetric=False)
-            require_per_tensor(qp, f"constant input {i}", node)
+            require_per_tensor(qp, f"constant input {i}")
             qps[i] = qp
             codes[i] = qp.quantize(value)
     return qps, codes
@@ -71,8 +71,6 @@ def _operands(q: QuantizedElementwise, inputs) -> list[np.ndarray]:
     out = []
     for i in (0, 1):
         raw = q.constant_codes[i] if q.constant_codes[i] is not None else np.asarray(inputs[i])
-        if not np.issubdtype(raw.dtype, np.integer):
-            raise TypeError(f"{q.node.op_type} {q.node.name!r}: input {i} must be integer codes, got {raw.dtype}")
         out.append(raw.astype(np.int64) - int(q.in_qparams[i].zero_point[0]))
     return out
 
@@ -87,13 +85,10 @@ class _AddSub(OpDef):
 
     def quantize(self, ctx: QuantizeContext) -> QuantizedElementwise:
         qps, codes = _input_qparams(ctx)
-        y_qp = require_qparams(ctx.out_qparams[0], "output", ctx.node)
-        require_per_tensor(y_qp, "output", ctx.node)
+        y_qp = require_qparams(ctx.out_qparams[0], "output")
+        require_per_tensor(y_qp, "output")
         r = np.array([qps[0].scale[0], qps[1].scale[0]]) / float(y_qp.scale[0])
-        try:
-            m, n = quantize_multiplier(r, ctx.options.mbits)
-        except ValueError as err:
-            raise QuantizationError(f"{ctx.node.op_type} {ctx.node.name!r}: input/output scale ratio: {err}") from err
+        m, n = multiplier(r, ctx.options.mbits, "input/output scale ratio")
         return QuantizedElementwise(ctx.node, qps + list(ctx.in_qparams[2:]), [y_qp], (codes[0], codes[1]),
                                     m, n, COMMON_SHIFT)
 
@@ -138,13 +133,10 @@ class Mul(OpDef):
 
     def quantize(self, ctx: QuantizeContext) -> QuantizedElementwise:
         qps, codes = _input_qparams(ctx)
-        y_qp = require_qparams(ctx.out_qparams[0], "output", ctx.node)
-        require_per_tensor(y_qp, "output", ctx.node)
+        y_qp = require_qparams(ctx.out_qparams[0], "output")
+        require_per_tensor(y_qp, "output")
         r = float(qps[0].scale[0]) * float(qps[1].scale[0]) / float(y_qp.scale[0])
-        try:
-            m, n = quantize_multiplier(r, ctx.options.mbits)
-        except ValueError as err:
-            raise QuantizationError(f"Mul {ctx.node.name!r}: s_a * s_b / s_y: {err}") from err
+        m, n = multiplier(r, ctx.options.mbits, "s_a * s_b / s_y")
         return QuantizedElementwise(ctx.node, qps + list(ctx.in_qparams[2:]), [y_qp], (codes[0], codes[1]), m, n, 0)
 
     def forward_int(self, q: QuantizedElementwise, inputs, runtime: IntRuntime):

@@ -23,25 +23,23 @@ from typing import Optional
 
 import numpy as np
 
+from ops.base import require_per_tensor, require_qparams
 from ops.backend import absmax
 from ops.linear import (
     AccumulatorPlan,
     OutputStage,
     accumulator_bits,
-    bias_scale,
     code_deviation,
     finish_accumulator,
     apply_float_activation,
     fused_activation,
     output_stage,
-    quantize_bias,
     quantize_weight,
-    require_per_tensor,
     plan_accumulator,
-    require_qparams,
 )
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
-from ptq.core.roles import weight_role
+from ptq.core.bias import bias_scale, quantize_bias
+from ptq.core.roles import BiasRole, WeightRole
 
 
 @dataclass
@@ -73,11 +71,10 @@ def _weight_plan(bits: int, x_qp, weight: np.ndarray, wsum: np.ndarray, bias: np
 
 
 def _activation_qparams(ctx: QuantizeContext, index: int, what: str):
-    node = ctx.node
     if index in ctx.constants:
-        raise QuantizationError(f"{node.op_type} {node.name!r}: {what} must be an activation, not a constant")
-    qp = require_qparams(ctx.in_qparams[index], what, node)
-    require_per_tensor(qp, what, node)
+        raise QuantizationError(f"{what} must be an activation, not a constant")
+    qp = require_qparams(ctx.in_qparams[index], what)
+    require_per_tensor(qp, what)
     return qp
 
 
@@ -90,6 +87,15 @@ class Gemm(OpDef):
     section = "4.32"
     granularity = "per-channel weights"
     int_types = "int8/uint8/int16 x int8/int16 -> int32 (48 for 16-bit) acc"
+    absorbs_activation = True
+
+    def weight_role(self, node):
+        """B, per output channel: its axis 0 when transposed (transB=1), else axis 1."""
+        return WeightRole(1, 0 if node.attr("transB", 0) else 1)
+
+    def bias_role(self, node):
+        """C, when present: c_q = beta * c_f / (s_A * s_B[n])."""
+        return BiasRole(2, 0, 1) if len(node.inputs) > 2 and node.inputs[2] else None
 
     def forward_float(self, node, inputs):
         a, b = (np.asarray(v, dtype=np.float32) for v in inputs[:2])
@@ -104,15 +110,15 @@ class Gemm(OpDef):
     def quantize(self, ctx: QuantizeContext) -> QuantizedGemm:
         node = ctx.node
         a_qp = _activation_qparams(ctx, 0, "input A")
-        w_qp = require_qparams(ctx.in_qparams[1], "weight B", node)
-        y_qp = require_qparams(ctx.out_qparams[0], "output", node)
+        w_qp = require_qparams(ctx.in_qparams[1], "weight B")
+        y_qp = require_qparams(ctx.out_qparams[0], "output")
         if 1 not in ctx.constants:
-            raise QuantizationError(f"Gemm {node.name!r}: B must be a constant (use MatMul for two activations)")
+            raise QuantizationError("B must be a constant (use MatMul for two activations)")
         alpha = float(node.attr("alpha", 1.0))
         if alpha == 0:
-            raise QuantizationError(f"Gemm {node.name!r}: alpha = 0 leaves no product to quantize")
+            raise QuantizationError("alpha = 0 leaves no product to quantize")
         w_f = np.asarray(ctx.constants[1], dtype=np.float64)
-        codes, centered = quantize_weight(w_f, w_qp, weight_role(node).channel_axis, node)
+        codes, centered = quantize_weight(w_f, w_qp, self.weight_role(node).channel_axis, node)
         kn = centered.T if node.attr("transB", 0) else centered
         kn = np.ascontiguousarray(kn * np.int32(1 if alpha > 0 else -1))
         s_w = w_qp.scale if w_qp.per_channel else np.full(1, w_qp.scale[0])
@@ -121,7 +127,7 @@ class Gemm(OpDef):
         bias = np.zeros(kn.shape[1], dtype=np.int64)
         if len(node.inputs) > 2 and node.inputs[2]:
             if 2 not in ctx.constants:
-                raise QuantizationError(f"Gemm {node.name!r}: C must be a constant")
+                raise QuantizationError("C must be a constant")
             c = float(node.attr("beta", 1.0)) * np.asarray(ctx.constants[2], dtype=np.float64)
             scale = abs(alpha) * bias_scale(a_qp.scale[0], s_w)
             bias = quantize_bias(c, np.broadcast_to(scale, kn.shape[1]), acc_bits)
@@ -142,7 +148,7 @@ class Gemm(OpDef):
     def forward_int(self, q: QuantizedGemm, inputs, runtime: IntRuntime):
         a = np.asarray(inputs[0])
         if a.ndim != 2:
-            raise ValueError(f"Gemm {q.node.name!r}: A must be 2-D, got shape {a.shape}")
+            raise ValueError(f"A must be 2-D, got shape {a.shape}")
         a = a.T if q.node.attr("transA", 0) else a
         za = int(q.in_qparams[0].zero_point[0])
         acc = runtime.backend.matmul(a, q.weight)
@@ -171,6 +177,10 @@ class MatMul(OpDef):
     granularity = "per-channel constant B; per-tensor activations"
     int_types = "int8/uint8/int16 x int8/uint8/int16 -> int32 (48 for 16-bit) acc"
 
+    def weight_role(self, node):
+        """B, when it is a constant: per output channel along its last axis."""
+        return WeightRole(1, -1)
+
     def forward_float(self, node, inputs):
         a, b = (np.asarray(v, dtype=np.float32) for v in inputs[:2])
         return [np.matmul(a, b).astype(np.float32)]
@@ -178,19 +188,19 @@ class MatMul(OpDef):
     def quantize(self, ctx: QuantizeContext) -> QuantizedMatMul:
         node = ctx.node
         a_qp = _activation_qparams(ctx, 0, "input A")
-        b_qp = require_qparams(ctx.in_qparams[1], "input B", node)
-        y_qp = require_qparams(ctx.out_qparams[0], "output", node)
+        b_qp = require_qparams(ctx.in_qparams[1], "input B")
+        y_qp = require_qparams(ctx.out_qparams[0], "output")
         acc_bits = accumulator_bits((a_qp.bits, b_qp.bits), ctx.options)
         if 1 not in ctx.constants:
-            require_per_tensor(b_qp, "input B (an activation)", node)
+            require_per_tensor(b_qp, "input B (an activation)")
             acc_scale = float(a_qp.scale[0]) * b_qp.scale
             stage = output_stage(acc_scale, y_qp, ctx.options.mbits, None)
             plan = AccumulatorPlan(acc_bits, safe=False)
             return QuantizedMatMul(node, list(ctx.in_qparams), [y_qp], stage=stage, acc=plan)
         w_f = np.asarray(ctx.constants[1], dtype=np.float64)
         if w_f.ndim == 1 and b_qp.per_channel:
-            raise QuantizationError(f"MatMul {node.name!r}: a 1-D B has no output channels; quantize it per tensor")
-        codes, centered = quantize_weight(w_f, b_qp, weight_role(node).channel_axis, node)
+            raise QuantizationError("a 1-D B has no output channels; quantize it per tensor")
+        codes, centered = quantize_weight(w_f, b_qp, self.weight_role(node).channel_axis, node)
         s_w = b_qp.scale if b_qp.per_channel else np.full(1, b_qp.scale[0])
         stage = output_stage(float(a_qp.scale[0]) * s_w, y_qp, ctx.options.mbits, -1)
         col = centered[:, None] if centered.ndim == 1 else centered

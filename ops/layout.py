@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ops.common import activation_qparams, int_list, normalize_axes, optional_input
+from ops.base import activation_qparams, int_list, normalize_axes, optional_input
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 
@@ -26,6 +26,7 @@ class _Layout(OpDef):
 
     int_types = "any -> same as input"
     section = "4.57"
+    keeps_input_qparams = True
 
     def apply(self, node: Node, x: np.ndarray, inputs: list) -> list[np.ndarray]:
         raise NotImplementedError
@@ -40,8 +41,6 @@ class _Layout(OpDef):
 
     def forward_int(self, q: QuantizedNode, inputs, runtime: IntRuntime):
         x = np.asarray(inputs[0])
-        if not np.issubdtype(x.dtype, np.integer):
-            raise TypeError(f"{q.node.op_type} {q.node.name!r}: expected integer codes, got {x.dtype}")
         return self.apply(q.node, x, inputs)
 
 
@@ -64,15 +63,15 @@ class Reshape(_Layout):
     def apply(self, node, x, inputs):
         shape = int_list(node, inputs, 1, "shape")
         if shape is None:
-            raise ValueError(f"Reshape {node.name!r}: no target shape")
+            raise ValueError("no target shape")
         if not node.attr("allowzero", 0):
             if any(d == 0 for d in shape[x.ndim:]):
-                raise ValueError(f"Reshape {node.name!r}: 0 at position >= input rank {x.ndim} in shape {shape}")
+                raise ValueError(f"0 at position >= input rank {x.ndim} in shape {shape}")
             shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
         try:
             return [x.reshape(shape)]
         except ValueError as err:
-            raise ValueError(f"Reshape {node.name!r}: cannot reshape {x.shape} to {shape}") from err
+            raise ValueError(f"cannot reshape {x.shape} to {shape}") from err
 
 
 @register
@@ -84,7 +83,7 @@ class Flatten(_Layout):
     def apply(self, node, x, inputs):
         axis = int(node.attr("axis", 1))
         if not -x.ndim <= axis <= x.ndim:
-            raise ValueError(f"Flatten {node.name!r}: axis {axis} out of range for rank {x.ndim}")
+            raise ValueError(f"axis {axis} out of range for rank {x.ndim}")
         axis = axis + x.ndim if axis < 0 else axis
         outer = int(np.prod(x.shape[:axis], dtype=np.int64))
         inner = int(np.prod(x.shape[axis:], dtype=np.int64))
@@ -101,10 +100,10 @@ class Squeeze(_Layout):
         axes = int_list(node, inputs, 1, "axes")
         if axes is None:
             return [x.reshape([d for d in x.shape if d != 1])]
-        axes = normalize_axes(axes, x.ndim, node)
+        axes = normalize_axes(axes, x.ndim)
         bad = [a for a in axes if x.shape[a] != 1]
         if bad:
-            raise ValueError(f"Squeeze {node.name!r}: axes {bad} of shape {x.shape} are not of size 1")
+            raise ValueError(f"axes {bad} of shape {x.shape} are not of size 1")
         return [np.squeeze(x, axis=tuple(axes))]
 
 
@@ -117,8 +116,8 @@ class Unsqueeze(_Layout):
     def apply(self, node, x, inputs):
         axes = int_list(node, inputs, 1, "axes")
         if not axes:
-            raise ValueError(f"Unsqueeze {node.name!r}: no axes")
-        return [np.expand_dims(x, tuple(normalize_axes(axes, x.ndim + len(axes), node)))]
+            raise ValueError("no axes")
+        return [np.expand_dims(x, tuple(normalize_axes(axes, x.ndim + len(axes))))]
 
 
 @register
@@ -131,8 +130,8 @@ class Transpose(_Layout):
     def apply(self, node, x, inputs):
         perm = node.attr("perm")
         perm = list(range(x.ndim))[::-1] if perm is None else [int(p) for p in perm]
-        if sorted(normalize_axes(perm, x.ndim, node)) != list(range(x.ndim)):
-            raise ValueError(f"Transpose {node.name!r}: perm {perm} is not a permutation of rank {x.ndim}")
+        if sorted(normalize_axes(perm, x.ndim)) != list(range(x.ndim)):
+            raise ValueError(f"perm {perm} is not a permutation of rank {x.ndim}")
         return [np.transpose(x, perm)]
 
 
@@ -145,7 +144,7 @@ class Split(_Layout):
     section = "4.71"
 
     def apply(self, node, x, inputs):
-        axis = normalize_axes([int(node.attr("axis", 0))], x.ndim, node)[0]
+        axis = normalize_axes([int(node.attr("axis", 0))], x.ndim)[0]
         dim = x.shape[axis]
         sizes = int_list(node, inputs, 1, "split")
         if sizes is None:
@@ -153,7 +152,7 @@ class Split(_Layout):
             chunk = -(-dim // parts)
             sizes = [min(chunk, max(dim - i * chunk, 0)) for i in range(parts)]
         if len(sizes) != len(node.outputs) or sum(sizes) != dim or min(sizes) < 0:
-            raise ValueError(f"Split {node.name!r}: sizes {sizes} do not split dim {dim} "
+            raise ValueError(f"sizes {sizes} do not split dim {dim} "
                              f"into {len(node.outputs)} outputs")
         return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
 
@@ -171,17 +170,17 @@ class Slice(_Layout):
         starts = int_list(node, inputs, 1, "starts")
         ends = int_list(node, inputs, 2, "ends")
         if starts is None or ends is None or len(starts) != len(ends):
-            raise ValueError(f"Slice {node.name!r}: starts {starts} and ends {ends} must be given, of equal length")
+            raise ValueError(f"starts {starts} and ends {ends} must be given, of equal length")
         axes = int_list(node, inputs, 3, "axes")
         axes = list(range(len(starts))) if axes is None else axes
         steps = optional_input(inputs, 4)
         steps = [1] * len(starts) if steps is None else [int(s) for s in np.asarray(steps).ravel()]
         if not len(axes) == len(steps) == len(starts):
-            raise ValueError(f"Slice {node.name!r}: starts/ends/axes/steps lengths differ")
+            raise ValueError("starts/ends/axes/steps lengths differ")
         index = [slice(None)] * x.ndim
-        for start, end, axis, step in zip(starts, ends, normalize_axes(axes, x.ndim, node), steps):
+        for start, end, axis, step in zip(starts, ends, normalize_axes(axes, x.ndim), steps):
             if step == 0:
-                raise ValueError(f"Slice {node.name!r}: step 0 on axis {axis}")
+                raise ValueError(f"step 0 on axis {axis}")
             dim = x.shape[axis]
             start, end = (v + dim if v < 0 else v for v in (start, end))
             if step > 0:

@@ -27,11 +27,10 @@ from typing import Optional
 
 import numpy as np
 
-from ops.registry import QuantizationError, QuantizeOptions
+from ops.base import multiplier
+from ops.registry import QuantizationError, QuantizeOptions, absorbable_ops
 from ptq.core.qparams import QParams
 from ptq.core.requant import (
-    INT32_MAX,
-    INT32_MIN,
     MAX_SHIFT,
     quantize_multiplier,
     requantize,
@@ -41,7 +40,6 @@ from ptq.core.requant import (
 
 WIDE_ACCUMULATOR_BITS = 48
 PRE_SHIFT_LIMIT = 2.0 ** -17  # a pre-rounded accumulator's factor stays below 2 * this: error < 2^-17 LSB
-FUSED_ACTIVATIONS = ("Relu", "Clip", "LeakyRelu")
 
 
 def accumulator_bits(operand_bits: tuple[int, ...], options: QuantizeOptions) -> int:
@@ -110,49 +108,21 @@ def per_channel(arr: np.ndarray, axis: Optional[int], ndim: int) -> np.ndarray:
     return arr.reshape(shape)
 
 
-def require_qparams(qp: Optional[QParams], what: str, node) -> QParams:
-    if not isinstance(qp, QParams):
-        raise QuantizationError(f"{node.op_type} {node.name!r}: {what} has no qparams")
-    return qp
-
-
-def require_per_tensor(qp: QParams, what: str, node) -> None:
-    if qp.per_channel:
-        raise QuantizationError(
-            f"{node.op_type} {node.name!r}: {what} must be quantized per tensor, got axis={qp.axis}")
-
-
 def quantize_weight(w_f: np.ndarray, qp: QParams, channel_axis: Optional[int], node) -> tuple[np.ndarray, np.ndarray]:
     """(codes in qp.dtype, centered int32 codes w_q - zp_w) of a float weight."""
     if qp.per_channel:
         if channel_axis is None or qp.axis % w_f.ndim != channel_axis % w_f.ndim:
             raise QuantizationError(
-                f"{node.op_type} {node.name!r}: weight qparams are per-channel along axis {qp.axis}, "
+                f"weight qparams are per-channel along axis {qp.axis}, "
                 f"expected axis {channel_axis} of the weight {w_f.shape}"
             )
         if qp.scale.size != w_f.shape[channel_axis]:
             raise QuantizationError(
-                f"{node.op_type} {node.name!r}: {qp.scale.size} weight scales for {w_f.shape[channel_axis]} channels"
+                f"{qp.scale.size} weight scales for {w_f.shape[channel_axis]} channels"
             )
     codes = qp.quantize(w_f)
     centered = codes.astype(np.int32) - qp.broadcast(qp.zero_point, codes.ndim).astype(np.int32)
     return codes, centered
-
-
-def bias_scale(s_x: float, s_w: np.ndarray) -> np.ndarray:
-    """The bias scale s_x * s_w as the QDQ export writes it: a float32 product (so both quantize the same
-    bias codes), returned as float64."""
-    return (np.float32(s_x) * np.asarray(s_w, dtype=np.float32)).astype(np.float64)
-
-
-def quantize_bias(b_f: np.ndarray, scale: np.ndarray, bits: int = 32) -> np.ndarray:
-    """int64 bias round_half_even(b_f / scale) (float64 division, `scale` broadcast), saturated to a signed
-    `bits`-wide value: int32 normally (what a QDQ export writes), the accumulator width for 16-bit operands,
-    whose s_x * s_w can be so small that a real bias needs more than 32 bits."""
-    q = np.rint(np.asarray(b_f, dtype=np.float64) / scale)
-    if bits == 32:
-        return np.clip(q, INT32_MIN, INT32_MAX).astype(np.int64)
-    return np.clip(q, -(2.0 ** (bits - 1)), 2.0 ** (bits - 1) - 1).astype(np.int64)
 
 
 def _signed_multiplier(r: np.ndarray, mbits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -238,8 +208,8 @@ def output_stage(
     """
     if out_qp.per_channel:
         raise QuantizationError(f"output qparams must be per tensor, got axis={out_qp.axis}")
-    if activation is not None and activation not in FUSED_ACTIVATIONS:
-        raise QuantizationError(f"unsupported fused activation {activation!r}; expected one of {FUSED_ACTIVATIONS}")
+    if activation is not None and activation not in absorbable_ops():
+        raise QuantizationError(f"unsupported fused activation {activation!r}; expected one of {absorbable_ops()}")
     r = np.atleast_1d(np.asarray(acc_scale, dtype=np.float64)) / float(out_qp.scale[0])
     # Below 2^(mbits-1-31), N <= 31 leaves M short of mbits bits. Pre-rounding by P bits costs up to
     # 0.5 * r * 2^P LSB, so it lifts r only to PRE_SHIFT_LIMIT (<= 2^-17): wide multipliers (mbits > 15)
@@ -247,10 +217,7 @@ def output_stage(
     threshold = min(2.0 ** (mbits - 1 - MAX_SHIFT), PRE_SHIFT_LIMIT)
     pre_shift = np.where(r < threshold, np.ceil(np.log2(threshold / r)), 0).astype(np.int64)
     r = r * np.exp2(pre_shift)
-    try:
-        m, n = quantize_multiplier(r, mbits)
-    except ValueError as err:
-        raise QuantizationError(f"requant factor s_acc / s_y: {err}") from err
+    m, n = multiplier(r, mbits, "requant factor s_acc / s_y")
     lo, hi = activation_bounds(out_qp, activation, params)
     stage = OutputStage(m, n, int(out_qp.zero_point[0]), lo, hi, axis, out_qp.dtype,
                         pre_shift=pre_shift if np.any(pre_shift) else None)

@@ -18,7 +18,7 @@ import numpy as np
 
 from lut.functions import FUNCTIONS, LutFunction
 from lut.table import MAX_FULL_TABLE_BITS, LookupTable, build_table
-from ops.linear import require_per_tensor, require_qparams
+from ops.base import require_per_tensor, require_qparams
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 
 
@@ -55,10 +55,10 @@ class _LutOp(OpDef):
 
     def quantize(self, ctx: QuantizeContext) -> QuantizedLut:
         node = ctx.node
-        x_qp = require_qparams(ctx.in_qparams[0], "input", node)
-        y_qp = require_qparams(ctx.out_qparams[0], "output", node)
-        require_per_tensor(x_qp, "input", node)
-        require_per_tensor(y_qp, "output", node)
+        x_qp = require_qparams(ctx.in_qparams[0], "input")
+        y_qp = require_qparams(ctx.out_qparams[0], "output")
+        require_per_tensor(x_qp, "input")
+        require_per_tensor(y_qp, "output")
         fn = self.function(node)
         return QuantizedLut(node, list(ctx.in_qparams), [y_qp], lut_within_budget(fn, x_qp, y_qp))
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ops.common import activation_qparams, int_list, normalize_axes, optional_input
+from ops.base import activation_qparams, int_list, normalize_axes, optional_input
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 
@@ -26,7 +26,7 @@ def _mode(node: Node) -> str:
     mode = node.attr("mode", "constant")
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
     if mode not in _NUMPY_MODES:
-        raise QuantizationError(f"Pad {node.name!r}: unsupported mode {mode!r}")
+        raise QuantizationError(f"unsupported mode {mode!r}")
     return mode
 
 
@@ -35,7 +35,7 @@ def _float_constant(node: Node, inputs) -> float:
     if value is not None:
         arr = np.asarray(value)
         if arr.size != 1:
-            raise ValueError(f"Pad {node.name!r}: constant_value must be a scalar, got shape {arr.shape}")
+            raise ValueError(f"constant_value must be a scalar, got shape {arr.shape}")
         return float(arr.ravel()[0])
     return float(node.attr("value", 0.0))
 
@@ -45,11 +45,11 @@ def pad_array(node: Node, x: np.ndarray, inputs, fill) -> np.ndarray:
     mode = _mode(node)
     pads = int_list(node, inputs, 1, "pads")
     if pads is None:
-        raise ValueError(f"Pad {node.name!r}: no pads")
+        raise ValueError("no pads")
     axes = int_list(node, inputs, 3, "axes")
-    axes = list(range(x.ndim)) if axes is None else normalize_axes(axes, x.ndim, node)
+    axes = list(range(x.ndim)) if axes is None else normalize_axes(axes, x.ndim)
     if len(pads) != 2 * len(axes):
-        raise ValueError(f"Pad {node.name!r}: {len(pads)} pads for {len(axes)} axes")
+        raise ValueError(f"{len(pads)} pads for {len(axes)} axes")
     crop = [slice(None)] * x.ndim
     width = [(0, 0)] * x.ndim
     for i, axis in enumerate(axes):
@@ -60,7 +60,7 @@ def pad_array(node: Node, x: np.ndarray, inputs, fill) -> np.ndarray:
     if mode == "constant":
         return np.pad(x, width, mode="constant", constant_values=fill)
     if any(w != (0, 0) and x.shape[a] == 0 for a, w in enumerate(width)):
-        raise ValueError(f"Pad {node.name!r}: mode {mode!r} cannot pad an empty axis")
+        raise ValueError(f"mode {mode!r} cannot pad an empty axis")
     return np.pad(x, width, mode=_NUMPY_MODES[mode])
 
 
@@ -75,6 +75,7 @@ class Pad(OpDef):
 
     op_type = "Pad"
     section = "4.50"
+    keeps_input_qparams = True
     int_types = "any -> same as input"
 
     def forward_float(self, node, inputs):
@@ -86,13 +87,11 @@ class Pad(OpDef):
         _mode(ctx.node)
         node = ctx.node
         if len(node.inputs) > 2 and node.inputs[2] and 2 not in ctx.constants:
-            raise QuantizationError(f"Pad {node.name!r}: constant_value must be a constant input")
+            raise QuantizationError("constant_value must be a constant input")
         raw = [ctx.constants.get(i) for i in range(len(ctx.node.inputs))]
         fill = int(x_qp.quantize(np.array([_float_constant(ctx.node, raw)]))[0])
         return QuantizedPad(ctx.node, list(ctx.in_qparams), [x_qp], fill)
 
     def forward_int(self, q: QuantizedPad, inputs, runtime: IntRuntime):
         x = np.asarray(inputs[0])
-        if not np.issubdtype(x.dtype, np.integer):
-            raise TypeError(f"Pad {q.node.name!r}: expected integer codes, got {x.dtype}")
         return [pad_array(q.node, x, inputs, q.fill_code)]

@@ -27,7 +27,8 @@ from functools import partial
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ops.common import QuantizedMean, activation_qparams, centered, quantize_mean
+from ops.base import activation_qparams, centered
+from ops.mean_requant import QuantizedMean, quantize_mean
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 
@@ -58,11 +59,11 @@ def pool_geometry(node: Node, spatial: tuple[int, ...]) -> PoolGeometry:
     """ONNX output size and padding of a pooling node (auto_pad, pads, strides, dilations, ceil_mode)."""
     kernel = node.attr("kernel_shape")
     if kernel is None:
-        raise ValueError(f"{node.op_type} {node.name!r}: kernel_shape is required")
+        raise ValueError("kernel_shape is required")
     kernel = tuple(int(k) for k in kernel)
     nd = len(kernel)
     if nd != len(spatial):
-        raise ValueError(f"{node.op_type} {node.name!r}: kernel {kernel} for {len(spatial)} spatial axes")
+        raise ValueError(f"kernel {kernel} for {len(spatial)} spatial axes")
     strides = tuple(int(s) for s in node.attr("strides", [1] * nd))
     dilations = tuple(int(d) for d in node.attr("dilations", [1] * nd))
     extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
@@ -81,13 +82,13 @@ def pool_geometry(node: Node, spatial: tuple[int, ...]) -> PoolGeometry:
         for n, b, e, ext, s in zip(spatial, begin, end, extent, strides):
             span = n + b + e - ext
             if span < 0:
-                raise ValueError(f"{node.op_type} {node.name!r}: window {ext} larger than padded input {n + b + e}")
+                raise ValueError(f"window {ext} larger than padded input {n + b + e}")
             o = (-(-span // s) if ceil_mode else span // s) + 1
             if ceil_mode and (o - 1) * s >= n + b:  # the last window must start inside the input or its begin pad
                 o -= 1
             out.append(o)
     else:
-        raise ValueError(f"{node.op_type} {node.name!r}: unknown auto_pad {auto_pad!r}")
+        raise ValueError(f"unknown auto_pad {auto_pad!r}")
     return PoolGeometry(kernel, strides, dilations, tuple(begin), tuple(end), tuple(out))
 
 
@@ -116,24 +117,19 @@ def window_counts(g: PoolGeometry, spatial: tuple[int, ...], include_pad: bool) 
     return counts
 
 
-def _spatial_input(node: Node, x: np.ndarray) -> None:
+def _spatial_input(x) -> np.ndarray:
+    """`x` as an array; ValueError unless it is (N, C, spatial...)."""
+    x = np.asarray(x)
     if x.ndim < 3:
-        raise ValueError(f"{node.op_type} {node.name!r}: expected an (N, C, spatial...) input, got shape {x.shape}")
+        raise ValueError(f"expected an (N, C, spatial...) input, got shape {x.shape}")
+    return x
 
 
 def _quantize_max(ctx: QuantizeContext) -> QuantizedNode:
     node = ctx.node
     if len(node.outputs) > 1 and node.outputs[1]:
-        raise QuantizationError(f"{node.op_type} {node.name!r}: the Indices output is not supported")
+        raise QuantizationError("the Indices output is not supported")
     return QuantizedNode(node, list(ctx.in_qparams), [activation_qparams(ctx)] + [None] * (len(node.outputs) - 1))
-
-
-def _integer(node: Node, x) -> np.ndarray:
-    x = np.asarray(x)
-    if not np.issubdtype(x.dtype, np.integer):
-        raise TypeError(f"{node.op_type} {node.name!r}: expected integer codes, got {x.dtype}")
-    _spatial_input(node, x)
-    return x
 
 
 @register
@@ -147,7 +143,7 @@ class AveragePool(OpDef):
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)
-        _spatial_input(node, x)
+        _spatial_input(x)
         g = pool_geometry(node, x.shape[2:])
         nd = len(g.kernel)
         total = windows(x.astype(np.float64), g, 0.0).sum(axis=tuple(range(-nd, 0)))
@@ -159,10 +155,10 @@ class AveragePool(OpDef):
 
     def forward_int(self, q: QuantizedMean, inputs, runtime: IntRuntime):
         node = q.node
-        x = _integer(node, inputs[0])
+        x = _spatial_input(inputs[0])
         g = pool_geometry(node, x.shape[2:])
         nd = len(g.kernel)
-        acc = windows(centered(x, q.in_qparams[0], node), g, 0).sum(axis=tuple(range(-nd, 0)))
+        acc = windows(centered(x, q.in_qparams[0]), g, 0).sum(axis=tuple(range(-nd, 0)))
         counts = window_counts(g, x.shape[2:], bool(node.attr("count_include_pad", 0)))
         return [q.mean.apply(acc, counts, partial(runtime.record_overflow, node))]
 
@@ -177,15 +173,15 @@ class GlobalAveragePool(OpDef):
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)
-        _spatial_input(node, x)
+        _spatial_input(x)
         return [x.astype(np.float64).mean(axis=tuple(range(2, x.ndim)), keepdims=True).astype(np.float32)]
 
     def quantize(self, ctx: QuantizeContext) -> QuantizedMean:
         return quantize_mean(ctx)
 
     def forward_int(self, q: QuantizedMean, inputs, runtime: IntRuntime):
-        x = _integer(q.node, inputs[0])
-        acc = centered(x, q.in_qparams[0], q.node).sum(axis=tuple(range(2, x.ndim)), keepdims=True)
+        x = _spatial_input(inputs[0])
+        acc = centered(x, q.in_qparams[0]).sum(axis=tuple(range(2, x.ndim)), keepdims=True)
         count = int(np.prod(x.shape[2:], dtype=np.int64))
         return [q.mean.apply(acc, count, partial(runtime.record_overflow, q.node))]
 
@@ -197,10 +193,11 @@ class MaxPool(OpDef):
     op_type = "MaxPool"
     section = "4.43"
     int_types = "any -> same as input"
+    keeps_input_qparams = True
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)
-        _spatial_input(node, x)
+        _spatial_input(x)
         g = pool_geometry(node, x.shape[2:])
         return [windows(x, g, -np.inf).max(axis=tuple(range(-len(g.kernel), 0)))]
 
@@ -208,7 +205,7 @@ class MaxPool(OpDef):
         return _quantize_max(ctx)
 
     def forward_int(self, q: QuantizedNode, inputs, runtime: IntRuntime):
-        x = _integer(q.node, inputs[0])
+        x = _spatial_input(inputs[0])
         g = pool_geometry(q.node, x.shape[2:])
         return [windows(x, g, np.iinfo(x.dtype).min).max(axis=tuple(range(-len(g.kernel), 0)))]
 
@@ -220,15 +217,16 @@ class GlobalMaxPool(OpDef):
     op_type = "GlobalMaxPool"
     section = "4.43"
     int_types = "any -> same as input"
+    keeps_input_qparams = True
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)
-        _spatial_input(node, x)
+        _spatial_input(x)
         return [x.max(axis=tuple(range(2, x.ndim)), keepdims=True)]
 
     def quantize(self, ctx: QuantizeContext) -> QuantizedNode:
         return _quantize_max(ctx)
 
     def forward_int(self, q: QuantizedNode, inputs, runtime: IntRuntime):
-        x = _integer(q.node, inputs[0])
+        x = _spatial_input(inputs[0])
         return [x.max(axis=tuple(range(2, x.ndim)), keepdims=True)]

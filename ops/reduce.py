@@ -18,7 +18,8 @@ from functools import partial
 
 import numpy as np
 
-from ops.common import QuantizedMean, centered, int_list, normalize_axes, quantize_mean
+from ops.base import centered, int_list, normalize_axes
+from ops.mean_requant import QuantizedMean, quantize_mean
 from ops.registry import IntRuntime, OpDef, QuantizeContext, register
 from ptq.core.graph import Node
 
@@ -28,7 +29,7 @@ def reduce_axes(node: Node, inputs, rank: int) -> tuple[int, ...]:
     axes = int_list(node, inputs, 1, "axes")
     if not axes:
         return () if node.attr("noop_with_empty_axes", 0) else tuple(range(rank))
-    return tuple(normalize_axes(axes, rank, node))
+    return tuple(normalize_axes(axes, rank))
 
 
 @register
@@ -50,7 +51,7 @@ class ReduceMean(OpDef):
 
     def forward_int(self, q: QuantizedMean, inputs, runtime: IntRuntime):
         node = q.node
-        xc = centered(inputs[0], q.in_qparams[0], node)
+        xc = centered(inputs[0], q.in_qparams[0])
         axes = reduce_axes(node, inputs, xc.ndim)
         acc = xc.sum(axis=axes, keepdims=bool(node.attr("keepdims", 1))) if axes else xc
         count = int(np.prod([xc.shape[a] for a in axes], dtype=np.int64))

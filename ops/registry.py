@@ -11,13 +11,17 @@ fields). `check_quantized` then verifies that every output has complete qparams.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional, Protocol
+from typing import Callable, ClassVar, Optional, Protocol
 
 import numpy as np
 
 from ptq.core.graph import Node
 from ptq.core.qparams import QParams
 from ptq.core.requant import DEFAULT_MBITS
+from ptq.core.roles import BiasRole, WeightRole
+
+# `constant(i)`: the value of input i of a node when it is a constant, else None (see OpDef.clip_range)
+ConstantLookup = Callable[[int], Optional[np.ndarray]]
 
 
 class DotBackend(Protocol):
@@ -68,11 +72,44 @@ class QuantizedNode:
 
 
 class OpDef:
+    """One operator: its float forward, its quantize rule, its integer forward, and the facts the rest of
+    the code asks about it (so that nothing outside `ops/` switches on op types).
+
+    Facts, as class attributes or methods a subclass overrides:
+    - `section`, `int_types`, `granularity`: the whitepaper chapter 4 rule, for `ptq ops` and the docs;
+    - `weight_role(node)` / `bias_role(node)`: which constant inputs are weights (per-channel along an axis)
+      and int32 biases; calibration, the executor and the QDQ export all read them here;
+    - `absorbs_activation`: the op's output stage can take a following activation's clamp (Conv, Gemm);
+    - `absorbable`: the op can be absorbed that way, with `activation_params(node, constant)` giving the
+      FusedConv parameters ([min, max] for Clip, [alpha] for LeakyRelu);
+    - `absorbs_batchnorm`: a following BatchNormalization folds into the op's weight and bias (Conv);
+    - `clip_range(node, constant)`: the interval the op clamps its input to, when its output is its input
+      clamped (Relu, Clip); calibration folds its input's range to it;
+    - `keeps_input_qparams`: the output takes input 0's qparams by rule (data movement, max pooling).
+    """
+
     op_type: ClassVar[str]
     domain: ClassVar[str] = ""
     section: ClassVar[str] = ""  # the whitepaper chapter 4 section of the quantization rule
     int_types: ClassVar[str] = "int8/uint8/int16"
     granularity: ClassVar[str] = "per-tensor"
+    absorbs_activation: ClassVar[bool] = False
+    absorbable: ClassVar[bool] = False
+    absorbs_batchnorm: ClassVar[bool] = False
+    keeps_input_qparams: ClassVar[bool] = False
+
+    def weight_role(self, node: Node) -> Optional[WeightRole]:
+        return None
+
+    def bias_role(self, node: Node) -> Optional[BiasRole]:
+        return None
+
+    def clip_range(self, node: Node, constant: ConstantLookup) -> Optional[tuple[float, float]]:
+        return None
+
+    def activation_params(self, node: Node, constant: ConstantLookup) -> Optional[list[float]]:
+        """The FusedConv `activation_params` of an absorbable op; None when they are not constant."""
+        return None
 
     def forward_float(self, node: Node, inputs: list[np.ndarray]) -> list[np.ndarray]:
         raise NotImplementedError
@@ -99,6 +136,33 @@ def get_op(op_type: str, domain: str = "") -> Optional[OpDef]:
     return REGISTRY.get((domain, op_type))
 
 
+def absorbable_ops() -> list[str]:
+    """The op types a Conv/Gemm output stage may absorb (`OpDef.absorbable`)."""
+    return sorted(op.op_type for op in REGISTRY.values() if op.absorbable)
+
+
+def op_of(node: Node) -> Optional[OpDef]:
+    """The registered op of a node, None when its type is not registered."""
+    return REGISTRY.get((node.domain, node.op_type))
+
+
+def weight_role(node: Node) -> Optional[WeightRole]:
+    """The weight input of a node (with its output-channel axis), as its op declares it."""
+    op = op_of(node)
+    return op.weight_role(node) if op is not None else None
+
+
+def bias_role(node: Node) -> Optional[BiasRole]:
+    """The int32 bias input of a node, as its op declares it."""
+    op = op_of(node)
+    return op.bias_role(node) if op is not None else None
+
+
+def node_label(node: Node) -> str:
+    """How every error names a node: `OpType 'name'` (the executor prefixes op errors with it, once)."""
+    return f"{node.op_type} {node.name!r}"
+
+
 class QuantizationError(ValueError):
     """A quantize rule left an output without complete qparams, or got inputs it cannot handle."""
 
@@ -106,4 +170,4 @@ class QuantizationError(ValueError):
 def check_quantized(q: QuantizedNode) -> None:
     for name, qp in zip(q.node.outputs, q.out_qparams):
         if name and not isinstance(qp, QParams):
-            raise QuantizationError(f"{q.node.op_type} {q.node.name!r}: output {name!r} has no qparams after quantize")
+            raise QuantizationError(f"output {name!r} has no qparams after quantize")

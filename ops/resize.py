@@ -37,10 +37,10 @@ from typing import Optional
 
 import numpy as np
 
-from ops.common import activation_qparams, optional_input, proposed_or
+from ops.base import activation_qparams, multiplier, optional_input, proposed_or
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
-from ptq.core.requant import quantize_multiplier, requantize
+from ptq.core.requant import requantize
 
 MAX_WEIGHT_BITS = 16
 INT64_HEADROOM_BITS = 61
@@ -84,18 +84,17 @@ class ResizeAttrs:
             policy=_text(node, "keep_aspect_ratio_policy", "stretch"),
             axes=None if node.attr("axes") is None else tuple(int(a) for a in node.attr("axes")),
         )
-        where = f"Resize {node.name!r}"
         if attrs.mode not in ("nearest", "linear"):
-            raise QuantizationError(f"{where}: mode {attrs.mode!r} is not supported (nearest, linear)")
+            raise QuantizationError(f"mode {attrs.mode!r} is not supported (nearest, linear)")
         if attrs.coordinate_mode not in COORDINATE_MODES:
-            raise QuantizationError(f"{where}: coordinate_transformation_mode {attrs.coordinate_mode!r} "
+            raise QuantizationError(f"coordinate_transformation_mode {attrs.coordinate_mode!r} "
                                     "is not supported")
         if attrs.nearest_mode not in NEAREST_MODES:
-            raise QuantizationError(f"{where}: nearest_mode {attrs.nearest_mode!r} is not supported")
+            raise QuantizationError(f"nearest_mode {attrs.nearest_mode!r} is not supported")
         if attrs.policy not in ("stretch", "not_larger", "not_smaller"):
-            raise QuantizationError(f"{where}: keep_aspect_ratio_policy {attrs.policy!r} is not supported")
+            raise QuantizationError(f"keep_aspect_ratio_policy {attrs.policy!r} is not supported")
         if node.attr("antialias", 0):
-            raise QuantizationError(f"{where}: antialias is not supported")
+            raise QuantizationError("antialias is not supported")
         return attrs
 
 
@@ -147,15 +146,15 @@ def _scales_and_sizes(node: Node, attrs: ResizeAttrs, in_shape: tuple[int, ...],
     sizes = list(in_shape)
     if scales_in is not None:
         if scales_in.size != len(axes):
-            raise ValueError(f"Resize {node.name!r}: {scales_in.size} scales for {len(axes)} axes")
+            raise ValueError(f"{scales_in.size} scales for {len(axes)} axes")
         for a, s in zip(axes, scales_in.astype(F32).ravel()):
             scales[a] = s
         if np.any(scales <= 0):
-            raise ValueError(f"Resize {node.name!r}: scales must be positive, got {scales}")
+            raise ValueError(f"scales must be positive, got {scales}")
         sizes = [int(F32(s) * F32(n)) for s, n in zip(scales, in_shape)]
     elif sizes_in is not None:
         if sizes_in.size != len(axes):
-            raise ValueError(f"Resize {node.name!r}: {sizes_in.size} sizes for {len(axes)} axes")
+            raise ValueError(f"{sizes_in.size} sizes for {len(axes)} axes")
         for a, s in zip(axes, sizes_in.astype(np.int64).ravel()):
             sizes[a] = int(s)
         scales = np.array([F32(o) / F32(n) if n else F32(1) for o, n in zip(sizes, in_shape)], dtype=F32)
@@ -167,7 +166,7 @@ def _scales_and_sizes(node: Node, attrs: ResizeAttrs, in_shape: tuple[int, ...],
                 # std::round: half away from zero
                 sizes[a] = int(np.floor(F32(common) * F32(in_shape[a]) + 0.5)) if a in axes else in_shape[a]
     else:
-        raise ValueError(f"Resize {node.name!r}: neither scales nor sizes given")
+        raise ValueError("neither scales nor sizes given")
     return scales, sizes
 
 
@@ -223,7 +222,7 @@ def resize_plan(node: Node, attrs: ResizeAttrs, in_shape: tuple[int, ...], input
     if attrs.coordinate_mode == "tf_crop_and_resize":
         roi = _present(optional_input(inputs, 1))
         if roi is None:
-            raise ValueError(f"Resize {node.name!r}: tf_crop_and_resize needs a roi input")
+            raise ValueError("tf_crop_and_resize needs a roi input")
         roi = roi.astype(F32).ravel()
         if attrs.axes is not None:
             full = np.concatenate([np.zeros(rank, F32), np.ones(rank, F32)])
@@ -231,7 +230,7 @@ def resize_plan(node: Node, attrs: ResizeAttrs, in_shape: tuple[int, ...], input
                 full[a % rank], full[rank + a % rank] = roi[i], roi[len(attrs.axes) + i]
             roi = full
         if roi.size != 2 * rank:
-            raise ValueError(f"Resize {node.name!r}: roi has {roi.size} values for rank {rank}")
+            raise ValueError(f"roi has {roi.size} values for rank {rank}")
     resized = [a for a in range(rank) if scales[a] != F32(1)]
     k = weight_bits(len(resized), data_bits, mbits) if attrs.mode == "linear" else 0
     maps = []
@@ -297,27 +296,22 @@ class Resize(OpDef):
         node = ctx.node
         attrs = ResizeAttrs.of(node)
         if len(node.inputs) < 3:
-            raise QuantizationError(f"Resize {node.name!r}: the opset-10 form (X, scales) is not supported")
+            raise QuantizationError("the opset-10 form (X, scales) is not supported")
         for i in (1, 2, 3):
             if i < len(node.inputs) and node.inputs[i] and i not in ctx.constants:
-                raise QuantizationError(f"Resize {node.name!r}: input {i} (roi/scales/sizes) must be a constant")
+                raise QuantizationError(f"input {i} (roi/scales/sizes) must be a constant")
         x_qp = activation_qparams(ctx)
         if attrs.mode == "nearest":
             y_qp, m, n = x_qp, 1, 0
         else:
             y_qp = proposed_or(ctx, x_qp)
-            try:
-                mm, nn = quantize_multiplier(float(x_qp.scale[0]) / float(y_qp.scale[0]), ctx.options.mbits)
-            except ValueError as err:
-                raise QuantizationError(f"Resize {node.name!r}: s_x / s_y: {err}") from err
+            mm, nn = multiplier(float(x_qp.scale[0]) / float(y_qp.scale[0]), ctx.options.mbits, "s_x / s_y")
             m, n = int(mm[0]), int(nn[0])
         code = int(y_qp.quantize(np.array([attrs.extrapolation_value]))[0])
         return QuantizedResize(node, list(ctx.in_qparams), [y_qp], attrs, m, n, ctx.options.mbits, code)
 
     def forward_int(self, q: QuantizedResize, inputs, runtime: IntRuntime):
         x = np.asarray(inputs[0])
-        if not np.issubdtype(x.dtype, np.integer):
-            raise TypeError(f"Resize {q.node.name!r}: expected integer codes, got {x.dtype}")
         plan = q.plan(x.shape, inputs)
         y_qp = q.out_qparams[0]
         if q.attrs.mode == "nearest":

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from lut.softmax import SoftmaxKernel, build_softmax
-from ops.linear import require_per_tensor, require_qparams
-from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
+from ops.base import require_per_tensor, require_qparams
+from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 
 
 @dataclass
@@ -42,14 +42,11 @@ class Softmax(OpDef):
 
     def quantize(self, ctx: QuantizeContext) -> QuantizedSoftmax:
         node = ctx.node
-        x_qp = require_qparams(ctx.in_qparams[0], "input", node)
-        require_per_tensor(x_qp, "input", node)
+        x_qp = require_qparams(ctx.in_qparams[0], "input")
+        require_per_tensor(x_qp, "input")
         proposal = ctx.out_qparams[0] if ctx.out_qparams else None
         bits = proposal.bits if proposal is not None else 8
-        try:
-            kernel = build_softmax(x_qp, bits, int(node.attr("axis", -1)))
-        except ValueError as err:
-            raise QuantizationError(f"Softmax {node.name!r}: {err}") from err
+        kernel = build_softmax(x_qp, bits, int(node.attr("axis", -1)))
         return QuantizedSoftmax(node, list(ctx.in_qparams), [kernel.out_qparams], kernel)
 
     def forward_int(self, q: QuantizedSoftmax, inputs, runtime: IntRuntime):

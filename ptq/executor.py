@@ -39,6 +39,7 @@ from ops.registry import (
     QuantizeOptions,
     check_quantized,
     get_op,
+    node_label,
 )
 from ptq.float_fallback import ReferenceRunner, run_float
 from ptq.core.graph import Graph, Node, load_model
@@ -46,7 +47,7 @@ from ptq.core.qparams import QParams, compute_qparams
 from ptq.quant_table import QuantTable, load_quant_table
 from ptq.core.requant import DEFAULT_MBITS
 from ptq.rewrites import RewriteLog, apply_rewrites
-from ptq.core.roles import bias_role, weight_role
+from ops.registry import bias_role, weight_role
 
 
 class ExecutorError(ValueError):
@@ -222,7 +223,14 @@ class IntegerGraph:
     def _execute(self, step: Step, args: list, runtime: IntRuntime) -> list[np.ndarray]:
         node = step.node
         if step.kind is NodeKind.INTEGER:
-            results = step.op.forward_int(step.quantized, args, runtime)
+            for index, (name, value, qp) in enumerate(zip(node.inputs, args, step.in_qparams)):
+                if qp is not None and name not in self.graph.initializers and not np.issubdtype(value.dtype, np.integer):
+                    raise ExecutorError(f"{node_label(node)}: input {index} {name!r} must be integer codes, "
+                                        f"got {value.dtype}")
+            try:
+                results = step.op.forward_int(step.quantized, args, runtime)
+            except (ValueError, TypeError) as exc:
+                raise type(exc)(f"{node_label(node)}: {exc}") from exc
             for name, value, qp in zip(node.outputs, results, step.out_qparams):
                 if name and value.dtype != qp.dtype:
                     raise ExecutorError(
@@ -331,11 +339,9 @@ class _Quantizer:
         ctx = QuantizeContext(node, in_qp, proposal, constants, self.quantize_options)
         try:
             q = op.quantize(ctx)
-        except QuantizationError:
-            raise
-        except Exception as exc:  # add the node's identity to whatever the rule raised
-            raise QuantizationError(f"{node.op_type} {node.name!r}: quantize failed: {exc}") from exc
-        check_quantized(q)
+            check_quantized(q)
+        except Exception as exc:  # the one place that names the node in a rule's error, whatever it raised
+            raise QuantizationError(f"{node_label(node)}: {exc}") from exc
         self._record(node, q.out_qparams)
         return Step(node, kind, in_qp, list(q.out_qparams), op=op, quantized=q)
 

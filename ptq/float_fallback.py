@@ -13,7 +13,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from ops.registry import get_op
+from ops.registry import get_op, node_label
 from ptq.core.graph import Node
 
 
@@ -75,4 +75,6 @@ def run_float(node: Node, inputs: list[Optional[np.ndarray]], runner: ReferenceR
             return list(op.forward_float(node, inputs))
         except NotImplementedError:
             pass  # an op may leave its float forward to the reference implementation
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"{node_label(node)}: {exc}") from exc
     return runner.run(node, inputs)

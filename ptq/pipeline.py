@@ -22,12 +22,12 @@ import onnx
 from calibrators import TensorStatistics, calibrate_array, get_calibrator, required_stats
 from ptq.atomic import atomic_write_bytes
 from ptq.float_run import collect_statistics, image_input
-from ptq.core.graph import Graph, load_model
+from ptq.core.graph import Graph, Node, load_model
 from ptq.images import ImageLog, InputSpec, Preprocess, iter_batches, iter_images, select_files
 from ptq.qdq_export import export_qdq
 from ptq.core.qparams import compute_qparams
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
-from ptq.core.roles import weight_role
+from ops.registry import op_of, weight_role
 from ptq.weight_scale_floor import floor_weight_scales
 
 DEFAULT_CALIBRATOR = "extrema"
@@ -121,7 +121,8 @@ def collect_image_statistics(
 
 
 def clip_bounds(graph: Graph) -> dict[str, tuple[float, float]]:
-    """Tensors whose every consumer is Relu or Clip with constant bounds -> the union of those bounds."""
+    """Tensors whose every consumer clamps them to a constant interval (an op with a `clip_range`: Relu,
+    Clip with constant bounds) -> the union of those intervals."""
     consumers = graph.consumers()
     outputs = set(graph.outputs)
     bounds = {}
@@ -135,23 +136,9 @@ def clip_bounds(graph: Graph) -> dict[str, tuple[float, float]]:
     return bounds
 
 
-def _clip_span(graph: Graph, node) -> Optional[tuple[float, float]]:
-    if node.op_type == "Relu":
-        return 0.0, np.inf
-    if node.op_type != "Clip":
-        return None
-    if graph.opset < 11:
-        return float(node.attr("min", -np.inf)), float(node.attr("max", np.inf))
-    span = []
-    for k, default in ((1, -np.inf), (2, np.inf)):
-        name = node.inputs[k] if len(node.inputs) > k else ""
-        if not name:
-            span.append(default)
-        elif name in graph.initializers:
-            span.append(float(graph.initializers[name]))
-        else:
-            return None
-    return span[0], span[1]
+def _clip_span(graph: Graph, node: Node) -> Optional[tuple[float, float]]:
+    op = op_of(node)
+    return op.clip_range(node, graph.constant_lookup(node)) if op is not None else None
 
 
 def activation_entries(

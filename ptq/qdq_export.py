@@ -28,26 +28,15 @@ from onnx import helper, numpy_helper, version_converter
 from ptq.core.graph import Graph, ModelError
 from ptq.core.qparams import QParams
 from ptq.quant_table import QuantTable
-from ptq.core.roles import bias_role, weight_role
+from ops.registry import bias_role, weight_role
+from ptq.core.bias import bias_scale, quantize_bias
 
 MS_DOMAIN = "com.microsoft"
-INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 def _container_range(qp: QParams) -> tuple[int, int]:
     info = np.iinfo(qp.dtype)
     return int(info.min), int(info.max)
-
-
-def bias_scale(input_qp: QParams, weight_qp: QParams) -> np.ndarray:
-    """float32 `s_in * s_w` (one value per weight channel)."""
-    return (input_qp.scale.astype(np.float32) * weight_qp.scale.astype(np.float32)).astype(np.float32)
-
-
-def quantize_bias(bias: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """int32 `clamp(round_half_even(b / scale))` (float64 division)."""
-    q = np.rint(np.asarray(bias, dtype=np.float64) / scale.astype(np.float64))
-    return np.clip(q, INT32_MIN, INT32_MAX).astype(np.int32)
 
 
 class _Builder:
@@ -162,11 +151,11 @@ def _quantize_bias(node, weight_qp: QParams, table: QuantTable, b: _Builder, ini
     if bias_name not in initializers or bias_name in replaced or input_qp is None or len(consumers[bias_name]) != 1:
         return []  # shared or computed biases stay float
     bias = initializers[bias_name]
-    scale = bias_scale(input_qp, weight_qp)
+    scale = bias_scale(input_qp.scale, weight_qp.scale).astype(np.float32)
     if bias.ndim != 1 or scale.size not in (1, bias.size):
         return []
     axis = None if scale.size == 1 else 0
-    quantized = b.constant(f"{bias_name}_quantized", quantize_bias(bias, scale))
+    quantized = b.constant(f"{bias_name}_quantized", quantize_bias(bias, scale).astype(np.int32))
     scale_name = b.constant(f"{bias_name}_scale", scale.reshape(() if axis is None else (scale.size,)))
     zp_name = b.constant(f"{bias_name}_zero_point", np.zeros(() if axis is None else (scale.size,), np.int32))
     replaced.add(bias_name)

@@ -3,14 +3,17 @@
 1. `fold_static`: shape subgraphs (Shape of a statically shaped tensor, and everything computed only from
    constants and such shapes: Gather, Concat, Cast, Unsqueeze, Slice, ConstantOfShape, ...) and weight-only
    subgraphs (a Transpose or DequantizeLinear on a weight) are evaluated once; their outputs become constants.
-2. `fold_batchnorm`: a BatchNormalization whose input is a Conv output with no other consumer is folded into
-   the Conv (seed 003), per output channel c:
+2. `fold_batchnorm`: a BatchNormalization whose input is the output of an op that absorbs it
+   (`OpDef.absorbs_batchnorm`: Conv) with no other consumer is folded into that node (seed 003), per output
+   channel c:
        k_c = gamma_c / sqrt(var_c + eps),  W'_c = W_c * k_c,  b'_c = (b_c - mean_c) * k_c + beta_c
    The Conv then produces the BatchNormalization's output tensor.
-3. `fuse_activations`: a Relu, Clip (constant bounds) or LeakyRelu whose input is a Conv/Gemm output with no
-   other consumer is fused into that node with onnxruntime's FusedConv attributes `activation` and
-   `activation_params` ([min, max] for Clip, [alpha] for LeakyRelu); the Conv/Gemm then produces the
-   activation's output tensor, so its quantize rule uses that tensor's qparams.
+3. `fuse_activations`: an absorbable activation (`OpDef.absorbable`: Relu, Clip with constant bounds,
+   LeakyRelu) whose input is the output of an op that absorbs activations (`OpDef.absorbs_activation`:
+   Conv, Gemm) with no other consumer is fused into that node with onnxruntime's FusedConv attributes
+   `activation` and `activation_params` (`OpDef.activation_params`: [min, max] for Clip, [alpha] for
+   LeakyRelu); the host then produces the activation's output tensor, so its quantize rule uses that
+   tensor's qparams.
 
 Nodes listed in `protected` (by node name) are never folded into or fused with another node: the user wants
 to run them on their own (e.g. in float).
@@ -23,13 +26,11 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ops.registry import op_of
 from ptq.float_fallback import ReferenceRunner, run_float
 from ptq.core.graph import Graph, Node, TensorInfo
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
-FUSABLE_ACTIVATIONS = ("Relu", "Clip", "LeakyRelu")
-FUSION_HOSTS = ("Conv", "Gemm")
-LEAKY_RELU_DEFAULT_ALPHA = 0.01
 
 
 @dataclass
@@ -145,7 +146,8 @@ def fold_batchnorm(graph: Graph, protected: frozenset = frozenset()) -> list[Bat
         if bn.op_type != "BatchNormalization" or bn.domain or bn.name in protected:
             continue
         conv = producer.get(bn.inputs[0])
-        if conv is None or conv.op_type != "Conv" or conv.domain or conv.name in protected:
+        conv_op = op_of(conv) if conv is not None else None
+        if conv_op is None or not conv_op.absorbs_batchnorm or conv.name in protected:
             continue
         if bn.attr("training_mode", 0) or len([o for o in bn.outputs if o]) != 1:
             continue
@@ -184,29 +186,10 @@ def _drop_activation(graph: Graph, tensor: str) -> None:
         graph.activations.remove(tensor)
 
 
-def _activation_params(graph: Graph, act: Node) -> Optional[list[float]]:
-    """FusedConv `activation_params` of a Relu/Clip/LeakyRelu node; None when they are not constant."""
-    if act.op_type == "Relu":
-        return []
-    if act.op_type == "LeakyRelu":
-        return [float(act.attr("alpha", LEAKY_RELU_DEFAULT_ALPHA))]
-    bounds = []
-    lowest, highest = float(np.finfo(np.float32).min), float(np.finfo(np.float32).max)
-    for index, default in ((1, lowest), (2, highest)):  # onnx Clip's defaults for an omitted bound
-        name = act.inputs[index] if len(act.inputs) > index else ""
-        if not name:
-            bounds.append(default)
-        elif name in graph.initializers and graph.initializers[name].size == 1:
-            bounds.append(float(graph.initializers[name].reshape(())))
-        else:
-            return None
-    return bounds
-
-
 def fuse_activations(
     graph: Graph, can_host: Callable[[Node], bool] = lambda node: True, protected: frozenset = frozenset()
 ) -> list[ActivationFusion]:
-    """Fuse Relu/Clip/LeakyRelu into the producing Conv/Gemm (see the module docstring).
+    """Fuse absorbable activations into the producing host (see the module docstring).
 
     `can_host(node)` lets the caller refuse a host (the executor refuses hosts that will not run as integer
     ops, since onnx's own Conv/Gemm know nothing of fused activations).
@@ -214,14 +197,16 @@ def fuse_activations(
     fusions, removed = [], set()
     producer, consumers = graph.producer(), graph.consumers()
     for act in graph.nodes:
-        if act.op_type not in FUSABLE_ACTIVATIONS or act.domain or act.name in protected:
+        act_op = op_of(act)
+        if act_op is None or not act_op.absorbable or act.name in protected:
             continue
         host = producer.get(act.inputs[0])
-        if host is None or host.op_type not in FUSION_HOSTS or host.domain or host.name in protected:
+        host_op = op_of(host) if host is not None else None
+        if host_op is None or not host_op.absorbs_activation or host.name in protected:
             continue
         if "activation" in host.attrs or not _single_consumer(graph, consumers, act.inputs[0]) or not can_host(host):
             continue
-        params = _activation_params(graph, act)
+        params = act_op.activation_params(act, graph.constant_lookup(act))
         if params is None:
             continue
         host.attrs["activation"] = act.op_type

@@ -28,7 +28,7 @@ from ptq.core.graph import Graph, Node
 from ptq.core.qparams import QParams, compute_qparams
 from ptq.quant_table import CalibrationOptions, TensorEntry
 from ptq.core.requant import INT32_MAX
-from ptq.core.roles import bias_role, weight_role
+from ops.registry import bias_role, weight_role
 
 DEAD_CHANNEL_LSB = 1.0 / 64
 MIN_REQUANT_FACTOR = 2.0 ** -16  # twice the smallest factor a 15-bit M with N <= 31 holds at full precision

@@ -292,3 +292,19 @@ def test_unknown_custom_op_fails_at_prepare_naming_the_node():
     )
     with pytest.raises(FloatFallbackError, match="Frobnicate node 'frob' \\(domain 'my.ops'\\) has no registered op"):
         prepare(load_model(model), _table({"x": QX, "y": QC}))
+
+
+def test_shared_checks_name_the_node_once():
+    """The executor checks integer codes in and prefixes op errors with the node, once, for every op."""
+    relu = helper.make_node("Relu", ["x"], ["y"], name="relu")
+    graph = prepare(load_model(_model([relu], [("x", [2, 5])], [("y", [2, 5])])), _table({"x": QX, "y": QX}))
+    (step,) = [s for s in graph.steps if s.kind is NodeKind.INTEGER]
+    with pytest.raises(ExecutorError, match=r"^Relu 'relu': input 0 'x' must be integer codes, got float32$"):
+        graph.run_step(step, [np.zeros((2, 5), np.float32)])
+    resize = helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up", mode="cubic")
+    model = _model([resize], [("x", [1, 1, 2, 2])], [("y", [1, 1, 4, 4])],
+                   {"scales": np.array([1, 1, 2, 2], np.float32)})
+    with pytest.raises(ValueError) as err:
+        prepare(load_model(model), _table({"x": QX, "y": QX}))
+    assert str(err.value).startswith("Resize 'up': mode 'cubic' is not supported")
+    assert str(err.value).count("'up'") == 1

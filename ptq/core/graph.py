@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import onnx
@@ -72,6 +72,13 @@ class Graph:
                 if name:
                     users.setdefault(name, []).append(node)
         return users
+
+    def constant_lookup(self, node: Node) -> Callable[[int], Optional[np.ndarray]]:
+        """`constant(i)`: the initializer value of input i of `node`, None when it is omitted or not constant."""
+        def constant(i: int) -> Optional[np.ndarray]:
+            name = node.inputs[i] if i < len(node.inputs) else ""
+            return self.initializers.get(name) if name else None
+        return constant
 
 
 def _dtype_of(elem_type: int) -> Optional[np.dtype]:

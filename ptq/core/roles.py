@@ -1,14 +1,14 @@
-"""Which constant inputs of an op are weights (quantized per channel along an axis) or biases (int32).
+"""The roles a constant input can play in an op: a weight (quantized per channel along an axis) or a bias
+(int32, scale = scale(data input) * scale(weight)).
 
-Calibration uses this to quantize weights and biases for the QDQ export; op quantize rules use the same
-table, so both agree on every weight's QParams.
+Which input of which op plays which role is the op's own fact (`OpDef.weight_role` / `OpDef.bias_role` in
+`ops.registry`); this module only defines the types, so that calibration, the quantize rules and the QDQ
+export all read the same answer from the registry.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
-
-from ptq.core.graph import Node
 
 
 @dataclass(frozen=True)
@@ -24,22 +24,3 @@ class BiasRole:
     input_index: int
     data_index: int
     weight_index: int
-
-
-def weight_role(node: Node) -> Optional[WeightRole]:
-    """The weight input of a Conv/ConvTranspose/Gemm/MatMul node, with its output-channel axis."""
-    if node.op_type == "Conv":
-        return WeightRole(1, 0)
-    if node.op_type == "ConvTranspose":
-        return WeightRole(1, 1)
-    if node.op_type == "Gemm":
-        return WeightRole(1, 0 if node.attr("transB", 0) else 1)
-    if node.op_type == "MatMul":
-        return WeightRole(1, -1)
-    return None
-
-
-def bias_role(node: Node) -> Optional[BiasRole]:
-    if node.op_type in ("Conv", "ConvTranspose", "Gemm") and len(node.inputs) > 2 and node.inputs[2]:
-        return BiasRole(2, 0, 1)
-    return None
