@@ -29,6 +29,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ptq.pipeline import calibrate, input_spec
 from ptq.cli import main as cli_main
+from ops.registry import bias_role
 from ptq.executor import ExecutorOptions, prepare
 from ptq.core.graph import load_model
 from ptq.images import ImageLog, Preprocess, load_image, select_files
@@ -355,3 +356,20 @@ def test_cli_run_skips_undecodable_images(se_net, tmp_path, capsys):
     # img_0.png and img_1.png carry labels 0 and 1 in their names
     hits = sum(int(row.split(": ")[1].split(":")[0]) == int(row[4]) for row in rows)
     assert f"top-1 accuracy {hits}/2 on the images labelled" in out
+
+
+def test_integer_graph_and_qdq_export_quantize_every_bias_identically(effnet):
+    """One `ptq.core.bias.quantize_bias` serves both: each Conv/Gemm bias of the QDQ model holds exactly the
+    int32 codes the integer graph adds to its accumulators."""
+    qdq = onnx.load(str(effnet.result.qdq_path))
+    stored = {i.name: numpy_helper.to_array(i) for i in qdq.graph.initializer if i.name.endswith("_quantized")}
+    compared = 0
+    for step in effnet.prepared.steps:
+        role = bias_role(step.node)
+        if step.quantized is None or role is None:
+            continue
+        codes = stored[f"{step.node.inputs[role.input_index]}_quantized"]
+        assert codes.dtype == np.int32
+        np.testing.assert_array_equal(step.quantized.bias.ravel(), codes.astype(np.int64), err_msg=step.node.name)
+        compared += 1
+    assert compared == sum(1 for n in effnet.prepared.graph.nodes if bias_role(n) is not None) > 40
