@@ -51,6 +51,7 @@ class QuantizeOptions:
     mbits: int = DEFAULT_MBITS  # multiplier width of (M, N) pairs
     accumulator_bits: int = 32
     bn_weight_bits: int = 16  # standalone BatchNormalization weights (whitepaper 4.5 advises 16)
+    reciprocal_div: bool = False  # Div by a run-time divisor through a reciprocal table (4.23's LUT variant)
 
 
 @dataclass

@@ -1,0 +1,121 @@
+"""Div with numpy broadcasting (whitepaper 4.23), in the ONNX convention (a_c = a_q - zp_a, b_c = b_q - zp_b).
+
+A constant divisor b (x / 6 in a decomposed hard-swish, x / sqrt(2) in GELU) is folded, per element of b,
+into the requant multiplier: nothing of b is quantized, so the only errors are the multiplier's and the final
+rounding's:
+
+    y_q = clamp(((a_c * sign(b) * M_b + 2^(N_b-1)) >> N_b) + zp_y, qmin, qmax),   M_b / 2^N_b ~= s_a / (|b| s_y)
+    LSB bound vs the float op on the dequantized a: 0.5 + |y_q - zp_y| * 2^-(mbits-1)
+
+A divisor computed at run time takes the whitepaper's integer division, rounded by the remainder:
+
+    q   = round_half_away(a_c * M / b_c)            (integer quotient, then one step up when 2 * rem >= |b_c|)
+    y_q = clamp(((q + 2^(N-1)) >> N) + zp_y, qmin, qmax),                       M / 2^N ~= s_a / (s_b s_y)
+    LSB bound: 0.5 + 0.5 * 2^-N + |y_q - zp_y| * 2^-(mbits-1)
+
+or, with `QuantizeOptions.reciprocal_div`, the LUT variant of 4.23 (`lut.arith.build_divider`: a 16-bit
+reciprocal table on b, at most 10-bit b). b_c = 0 saturates with the sign of a (0 when a_c = 0), as the table
+does. A constant numerator is quantized per tensor on its own range with 16 bits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from lut.arith import Divider, build_divider
+from ops.base import multiplier, require_per_tensor, require_qparams
+from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
+from ptq.core.qparams import compute_qparams
+from ptq.core.requant import requantize
+
+CONSTANT_NUMERATOR_BITS = 16
+ZERO_DIVISOR_QUOTIENT = 1 << 60  # what x / 0 gives before the requant: saturates any output, fits int64
+
+
+@dataclass
+class QuantizedDiv(QuantizedNode):
+    numerator_codes: Optional[np.ndarray]  # a constant numerator's codes (None: an activation)
+    sign: Optional[np.ndarray]  # constant divisor: sign(b), int64 in b's shape
+    m: np.ndarray  # constant divisor: per element of b; run-time divisor: one value
+    n: np.ndarray
+    divider: Optional[Divider]  # the reciprocal-table variant
+
+
+def divide_rounded(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """round_half_away(num / den) of int64 arrays (den != 0), by integer division and its remainder."""
+    q, rem = np.divmod(np.abs(num), np.abs(den))
+    q = q + (2 * rem >= np.abs(den))
+    return np.where((num < 0) != (den < 0), -q, q)
+
+
+@register
+class Div(OpDef):
+    """ONNX Div (broadcasting). Integer formulas and LSB bounds: module docstring."""
+
+    op_type = "Div"
+    section = "4.23"
+    int_types = "int8/uint8/int16 / constant or int8/uint8/int16 -> int8/uint8/int16"
+
+    def forward_float(self, node, inputs):
+        a, b = (np.asarray(v, dtype=np.float32) for v in inputs[:2])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return [(a / b).astype(np.float32)]
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedDiv:
+        y_qp = require_qparams(ctx.out_qparams[0], "output")
+        require_per_tensor(y_qp, "output")
+        if 1 in ctx.constants:
+            return self._constant_divisor(ctx, y_qp)
+        b_qp = require_qparams(ctx.in_qparams[1], "input 1 (the divisor)")
+        require_per_tensor(b_qp, "input 1 (the divisor)")
+        codes = None
+        if 0 in ctx.constants:
+            value = np.asarray(ctx.constants[0], dtype=np.float64)
+            a_qp = compute_qparams(value.min(initial=0.0), value.max(initial=0.0), CONSTANT_NUMERATOR_BITS,
+                                   symmetric=False)
+            codes = a_qp.quantize(value)
+        else:
+            a_qp = require_qparams(ctx.in_qparams[0], "input 0")
+        require_per_tensor(a_qp, "input 0")
+        in_qp = [a_qp, b_qp]
+        if ctx.options.reciprocal_div:
+            divider = build_divider(a_qp, b_qp, y_qp, mbits=ctx.options.mbits)
+            return QuantizedDiv(ctx.node, in_qp, [y_qp], codes, None, np.zeros(1, np.int64), np.zeros(1, np.int64),
+                                divider)
+        r = float(a_qp.scale[0]) / (float(b_qp.scale[0]) * float(y_qp.scale[0]))
+        m, n = multiplier(r, ctx.options.mbits, "s_a / (s_b * s_y)")
+        return QuantizedDiv(ctx.node, in_qp, [y_qp], codes, None, m, n, None)
+
+    @staticmethod
+    def _constant_divisor(ctx: QuantizeContext, y_qp) -> QuantizedDiv:
+        if 0 in ctx.constants:
+            raise QuantizationError("both inputs are constants (the graph should have folded this node)")
+        a_qp = require_qparams(ctx.in_qparams[0], "input 0")
+        require_per_tensor(a_qp, "input 0")
+        b = np.asarray(ctx.constants[1], dtype=np.float64)
+        if not np.all(np.isfinite(b)) or np.any(b == 0):
+            raise QuantizationError("the constant divisor holds 0, inf or NaN; the float model divides by it too")
+        r = float(a_qp.scale[0]) / (np.abs(b) * float(y_qp.scale[0]))
+        m, n = multiplier(r.ravel(), ctx.options.mbits, "s_a / (|b| * s_y)")
+        sign = np.sign(b).astype(np.int64)
+        return QuantizedDiv(ctx.node, [a_qp, None], [y_qp], None, sign, m.reshape(b.shape), n.reshape(b.shape), None)
+
+    def forward_int(self, q: QuantizedDiv, inputs, runtime: IntRuntime):
+        y_qp = q.out_qparams[0]
+        a_q = q.numerator_codes if q.numerator_codes is not None else np.asarray(inputs[0])
+        if q.sign is not None:
+            a_c = a_q.astype(np.int64) - int(q.in_qparams[0].zero_point[0])
+            return [requantize(a_c * q.sign, q.m, q.n, y_qp.zero_point[0], y_qp.qmin, y_qp.qmax, dtype=y_qp.dtype)]
+        if q.divider is not None:
+            return [q.divider.forward(a_q, np.asarray(inputs[1]))]
+        a_c = a_q.astype(np.int64) - int(q.in_qparams[0].zero_point[0])
+        b_c = np.asarray(inputs[1]).astype(np.int64) - int(q.in_qparams[1].zero_point[0])
+        a_c, b_c = np.broadcast_arrays(a_c, b_c)
+        num = a_c * int(q.m[0])
+        zero = b_c == 0
+        quotient = divide_rounded(num, np.where(zero, 1, b_c))
+        # b = 0: the largest quotient of the right sign saturates the output (0 / 0 gives 0)
+        quotient = np.where(zero, np.sign(num) * ZERO_DIVISOR_QUOTIENT, quotient)
+        return [requantize(quotient, 1, q.n, y_qp.zero_point[0], y_qp.qmin, y_qp.qmax, dtype=y_qp.dtype)]

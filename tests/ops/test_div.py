@@ -1,0 +1,124 @@
+"""Div (ops/div.py): constant divisor folded into the multiplier, run-time divisor by integer division rounded
+by the remainder, and the reciprocal-table variant; each against a Python-integer reference of its formula
+(exact) and against onnxruntime's float Div (within the stated LSB bound)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from op_testing import context, lsb_error, ort_single, random_codes, random_qparams, ref_requant, runtime
+from ops.registry import QuantizationError, get_op
+from ptq.core.graph import Node
+
+MBITS = 15
+
+
+def _round_half_away(num: int, den: int) -> int:
+    """Python-integer reference of round(num / den), halves away from zero."""
+    q, r = divmod(abs(num), abs(den))
+    q += 2 * r >= abs(den)
+    return q if (num < 0) == (den < 0) else -q
+
+
+@pytest.mark.parametrize("b_shape", [(), (1, 3, 1, 1), (2, 3, 4, 5)])
+@pytest.mark.parametrize("bits", [8, 16])
+def test_constant_divisor_is_folded_into_the_multiplier(b_shape, bits):
+    rng = np.random.default_rng(len(b_shape) + bits)
+    a_qp = random_qparams(rng, -3.0, 5.0, bits)
+    a_q = random_codes(rng, a_qp, (2, 3, 4, 5))
+    if b_shape:
+        b = (rng.choice([-1, 1], size=b_shape) * rng.uniform(0.3, 8.0, size=b_shape)).astype(np.float32)
+    else:
+        b = np.array(6.0, np.float32)  # the divisor of a decomposed hard-swish
+    y_float = ort_single("Div", {"a": a_qp.dequantize(a_q)}, constants={"b": b})[0]
+    y_qp = random_qparams(rng, float(y_float.min()), float(y_float.max()), bits, symmetric=False)
+    node = Node("div", "Div", ["a", "b"], ["y"])
+    q = get_op("Div").quantize(context(node, [a_qp, None], [y_qp], {1: b}))
+    y = get_op("Div").forward_int(q, [a_q, b], runtime())[0]
+
+    r = a_qp.scale[0] / (np.abs(b.astype(np.float64)) * y_qp.scale[0])
+    assert np.all(np.abs(q.m / np.exp2(q.n) - r) <= r * 2.0 ** -(MBITS - 1))
+    a_c = (a_q.astype(np.int64) - int(a_qp.zero_point[0])) * np.sign(b).astype(np.int64)
+    want = ref_requant(a_c, q.m, q.n, int(y_qp.zero_point[0]), y_qp.qmin, y_qp.qmax)
+    np.testing.assert_array_equal(y, want)
+    assert y.dtype == y_qp.dtype
+    bound = 0.5 + (2 ** bits) * 2.0 ** -(MBITS - 1)
+    assert lsb_error(y_qp, y, y_float) <= bound + 1e-6
+
+
+@pytest.mark.parametrize("reciprocal", [False, True])
+@pytest.mark.parametrize("signed_b", [False, True])
+def test_runtime_divisor_int_equals_reference_and_float_bound(reciprocal, signed_b):
+    rng = np.random.default_rng(3 + 2 * reciprocal + signed_b)
+    a_qp = random_qparams(rng, -4.0, 4.0, 8)
+    b_qp = random_qparams(rng, -2.0 if signed_b else 0.25, 2.0, 8, symmetric=reciprocal or None)
+    a_q = random_codes(rng, a_qp, (3, 4, 6))
+    b_q = random_codes(rng, b_qp, (4, 6))
+    b_q[np.abs(b_qp.dequantize(b_q)) < 0.25] = b_qp.quantize(np.array([0.5]))[0]  # keep |y| in a sane range
+    y_float = ort_single("Div", {"a": a_qp.dequantize(a_q), "b": b_qp.dequantize(b_q)})[0]
+    y_qp = random_qparams(rng, float(y_float.min()), float(y_float.max()), 8, symmetric=False)
+    node = Node("div", "Div", ["a", "b"], ["y"])
+    q = get_op("Div").quantize(context(node, [a_qp, b_qp], [y_qp], reciprocal_div=reciprocal))
+    y = get_op("Div").forward_int(q, [a_q, b_q], runtime())[0]
+    assert y.dtype == y_qp.dtype
+    if reciprocal:
+        # the table variant: reference is the Divider's own formula written out in Python integers
+        r_q = q.divider.reciprocal.lookup(b_q).astype(np.int64)
+        acc = (a_q.astype(np.int64) - int(a_qp.zero_point[0])) * r_q
+        want = ref_requant(acc, q.divider.multiplier, q.divider.shift, int(y_qp.zero_point[0]), y_qp.qmin, y_qp.qmax)
+        bound = 1.5  # reciprocal code rounding plus the final rounding (lut.arith)
+    else:
+        a_c = (a_q.astype(np.int64) - int(a_qp.zero_point[0]))
+        b_c = np.broadcast_to(b_q.astype(np.int64) - int(b_qp.zero_point[0]), a_c.shape)
+        m, n = int(q.m[0]), int(q.n[0])
+        quotient = np.array([_round_half_away(int(x) * m, int(d)) for x, d in zip(a_c.ravel(), b_c.ravel())])
+        want = ref_requant(quotient.reshape(a_c.shape), 1, n, int(y_qp.zero_point[0]), y_qp.qmin, y_qp.qmax)
+        bound = 0.5 + 0.5 * 2.0 ** -n + 2 ** 8 * 2.0 ** -(MBITS - 1)
+    np.testing.assert_array_equal(y, want)
+    assert lsb_error(y_qp, y, y_float) <= bound + 1e-6
+
+
+def test_zero_divisor_saturates_with_the_sign_of_a():
+    qp = random_qparams(np.random.default_rng(0), -2.0, 2.0, 8, symmetric=True)
+    node = Node("div", "Div", ["a", "b"], ["y"])
+    q = get_op("Div").quantize(context(node, [qp, qp], [qp]))
+    a_q = np.array([-50, 0, 50], np.int8)
+    y = get_op("Div").forward_int(q, [a_q, np.zeros(3, np.int8)], runtime())[0]
+    np.testing.assert_array_equal(y, [qp.qmin, 0, qp.qmax])
+
+
+def test_a_zero_constant_divisor_is_refused():
+    qp = random_qparams(np.random.default_rng(0), -2.0, 2.0, 8)
+    node = Node("div", "Div", ["a", "b"], ["y"])
+    with pytest.raises(QuantizationError, match="divisor holds 0"):
+        get_op("Div").quantize(context(node, [qp, None], [qp], {1: np.array([1.0, 0.0], np.float32)}))
+
+
+def test_a_graph_with_div_runs_in_integers_end_to_end():
+    """The one new file is all it takes: calibration, the integer graph and the QDQ export handle Div."""
+    from onnx import TensorProto, helper, numpy_helper
+    import onnxruntime as ort
+
+    from ptq.executor import NodeKind, prepare
+    from ptq.pipeline import calibrate
+    from tiny_models import make_model
+
+    rng = np.random.default_rng(5)
+    w = rng.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Div", ["c", "six"], ["d"], name="div"),
+             helper.make_node("Div", ["d", "c"], ["y"], name="ratio")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6]),
+                        helper.make_tensor_value_info("d", TensorProto.FLOAT, [1, 4, 6, 6])],
+                       [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.float32(6), "six")])
+    x = rng.normal(0, 1, (16, 1, 3, 6, 6)).astype(np.float32)
+    result = calibrate(model, x[:, 0], write_qdq=False)
+    graph = prepare(result.graph, result.table)
+    assert [s.node.op_type for s in graph.steps if s.kind is NodeKind.INTEGER] == ["Conv", "Div", "Div"]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for sample in x[:4]:
+        want = sess.run(["d"], {"x": sample})[0]
+        got = graph.run({"x": sample}).outputs["d"]
+        cosine = float(np.sum(got * want) / (np.linalg.norm(got) * np.linalg.norm(want)))
+        assert cosine > 0.999
