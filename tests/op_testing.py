@@ -1,7 +1,8 @@
 """Helpers for the op tests: single-node onnxruntime runs, random qparams, an independent requant reference."""
 from __future__ import annotations
 
-from typing import Optional
+import enum
+from typing import Callable, Optional
 
 import numpy as np
 import onnxruntime as ort
@@ -11,6 +12,25 @@ from ops.backend import NumpyBackend
 from ops.registry import IntRuntime, QuantizeContext, QuantizeOptions
 from ptq.core.graph import Node
 from ptq.core.qparams import QParams, compute_qparams
+
+
+class Check(enum.Enum):
+    """What an op test compares (tests/ops/test_coverage.py wants at least one per registered op)."""
+
+    ONNXRUNTIME = "float forward or integer run vs onnxruntime's float op"
+    INT_REFERENCE = "integer forward vs an independent int64 reference of its formula"
+
+
+COVERAGE: dict[str, set[Check]] = {}  # op type -> the checks some test declares for it
+
+
+def covers(*op_types: str, check: Check) -> Callable:
+    """Declare that the decorated test performs `check` for each of `op_types` (apply it truthfully)."""
+    def declare(test: Callable) -> Callable:
+        for op_type in op_types:
+            COVERAGE.setdefault(op_type, set()).add(check)
+        return test
+    return declare
 
 
 def ort_single(op_type: str, inputs: dict, attrs: Optional[dict] = None, constants: Optional[dict] = None,

@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from op_testing import context, lsb_error, ort_single, random_codes, random_qparams, ref_requant, runtime
+from op_testing import (
+    Check, context, covers, lsb_error, ort_single, random_codes, random_qparams, ref_requant, runtime,
+)
 from ops.registry import QuantizationError, get_op
 from ptq.core.graph import Node
 
@@ -20,6 +22,8 @@ def _round_half_away(num: int, den: int) -> int:
     return q if (num < 0) == (den < 0) else -q
 
 
+@covers("Div", check=Check.ONNXRUNTIME)
+@covers("Div", check=Check.INT_REFERENCE)
 @pytest.mark.parametrize("b_shape", [(), (1, 3, 1, 1), (2, 3, 4, 5)])
 @pytest.mark.parametrize("bits", [8, 16])
 def test_constant_divisor_is_folded_into_the_multiplier(b_shape, bits):
