@@ -68,9 +68,12 @@ class ReferenceRunner:
 
 
 def run_float(node: Node, inputs: list[Optional[np.ndarray]], runner: ReferenceRunner) -> list[np.ndarray]:
-    """The float outputs of `node`: its registered `forward_float`, else onnx.reference."""
+    """The outputs of `node`: its registered `forward_float` when its data input (the first) is a float
+    tensor, else onnx.reference. Index and shape tensors (Shape -> Gather -> Concat -> Reshape, int64 axes,
+    bool masks) are thus computed exactly in their own dtype; a registered float forward computes in float32."""
     op = get_op(node.op_type, node.domain)
-    if op is not None:
+    data = next((np.asarray(x) for x in inputs if x is not None), None)
+    if op is not None and (data is None or np.issubdtype(data.dtype, np.floating)):
         try:
             return list(op.forward_float(node, inputs))
         except NotImplementedError:
