@@ -66,13 +66,14 @@ class ExecutorOptions:
     accumulator_bits: int = 32
     fold_batchnorm: bool = True
     fuse_activations: bool = True
+    strict: bool = False  # every node in integers: a float fallback is an error instead of a notice
 
 
 @dataclass(frozen=True)
 class FloatNode:
     name: str
     op_type: str
-    reason: str  # "not registered" | "marked float"
+    reason: str  # "not registered", "marked float" or "cannot quantize: <why>"
 
 
 @dataclass
@@ -265,6 +266,7 @@ class _Quantizer:
         self.folded = rewrites.folded_weights
         self.qparams: dict[str, QParams] = {}
         self.quantize_options = QuantizeOptions(mbits=options.mbits, accumulator_bits=options.accumulator_bits)
+        self.strict = options.strict
 
     def _table_qparams(self, name: str) -> Optional[QParams]:
         return self.table.qparams(name)
@@ -318,32 +320,44 @@ class _Quantizer:
         return NodeKind.INTEGER, ""
 
     def step(self, node: Node) -> Step:
+        """How `node` runs: its op's integer forward, or float with the reason (not registered, marked by the
+        user, or a quantize rule that cannot handle this node), or as a shape computation."""
         op = get_op(node.op_type, node.domain)
         kind, reason = self._kind(node, op)
-        if kind is not NodeKind.INTEGER:
-            # float and shape nodes take constants as they are; only run-time tensors get dequantized
-            in_qp = [self.qparams.get(name) if name not in self.graph.initializers else None for name in node.inputs]
-        else:
+        if kind is NodeKind.INTEGER:
             in_qp = self._input_qparams(node)
+            try:
+                return self._integer_step(node, op, in_qp)
+            except QuantizationError as exc:
+                if self.strict:
+                    raise QuantizationError(f"{node_label(node)}: {exc}") from exc
+                kind, reason = NodeKind.FLOAT, f"cannot quantize: {exc}"
+        # float and shape nodes take constants as they are; only run-time tensors get dequantized
+        in_qp = [self.qparams.get(name) if name not in self.graph.initializers else None for name in node.inputs]
         if kind is NodeKind.SHAPE:
             return Step(node, kind, in_qp, [None] * len(node.outputs))
-        if kind is NodeKind.FLOAT:
-            out_qp = [
-                self._require(o, f"output of float node {node.name!r}: tensor") if o and o not in self.graph.shape_tensors else None
-                for o in node.outputs
-            ]
-            self._record(node, out_qp)
-            return Step(node, kind, in_qp, out_qp, reason=reason)
+        if self.strict and reason != "marked float":
+            raise ExecutorError(f"{node_label(node)} would run in float ({reason}); strict mode wants every "
+                                "node in integers")
+        out_qp = [
+            self._require(o, f"output of float node {node.name!r}: tensor") if o and o not in self.graph.shape_tensors else None
+            for o in node.outputs
+        ]
+        self._record(node, out_qp)
+        return Step(node, kind, in_qp, out_qp, reason=reason)
+
+    def _integer_step(self, node: Node, op: OpDef, in_qp: list[Optional[QParams]]) -> Step:
+        """Run the op's quantize rule; QuantizationError (unprefixed) when the rule cannot handle the node."""
         proposal = [self._table_qparams(o) if o else None for o in node.outputs]
         constants = {i: self.graph.initializers[n] for i, n in enumerate(node.inputs) if n in self.graph.initializers}
         ctx = QuantizeContext(node, in_qp, proposal, constants, self.quantize_options)
         try:
             q = op.quantize(ctx)
             check_quantized(q)
-        except Exception as exc:  # the one place that names the node in a rule's error, whatever it raised
-            raise QuantizationError(f"{node_label(node)}: {exc}") from exc
+        except Exception as exc:  # whatever the rule raised: the node falls back to float, or strict fails
+            raise QuantizationError(str(exc)) from exc
         self._record(node, q.out_qparams)
-        return Step(node, kind, in_qp, list(q.out_qparams), op=op, quantized=q)
+        return Step(node, NodeKind.INTEGER, in_qp, list(q.out_qparams), op=op, quantized=q)
 
     def _record(self, node: Node, out_qparams: list[Optional[QParams]]) -> None:
         for name, qp in zip(node.outputs, out_qparams):

@@ -13,7 +13,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from ops.registry import get_op, node_label
+from ops.registry import QuantizationError, get_op, node_label
 from ptq.core.graph import Node
 
 
@@ -76,8 +76,8 @@ def run_float(node: Node, inputs: list[Optional[np.ndarray]], runner: ReferenceR
     if op is not None and (data is None or np.issubdtype(data.dtype, np.floating)):
         try:
             return list(op.forward_float(node, inputs))
-        except NotImplementedError:
-            pass  # an op may leave its float forward to the reference implementation
+        except (NotImplementedError, QuantizationError):
+            pass  # an op may leave its float forward (or a configuration it does not support) to onnx.reference
         except (ValueError, TypeError) as exc:
             raise type(exc)(f"{node_label(node)}: {exc}") from exc
     return runner.run(node, inputs)

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ops.registry import get_op
-from ptq.executor import ExecutorError, IntRunResult, NodeKind, prepare, run_int
+from ptq.executor import ExecutorError, ExecutorOptions, IntRunResult, NodeKind, prepare, run_int
 from ptq.core.graph import load_model
 from ptq.core.qparams import QParams
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
@@ -305,6 +305,25 @@ def test_shared_checks_name_the_node_once():
     model = _model([resize], [("x", [1, 1, 2, 2])], [("y", [1, 1, 4, 4])],
                    {"scales": np.array([1, 1, 2, 2], np.float32)})
     with pytest.raises(ValueError) as err:
-        prepare(load_model(model), _table({"x": QX, "y": QX}))
+        prepare(load_model(model), _table({"x": QX, "y": QX}), options=ExecutorOptions(strict=True))
     assert str(err.value).startswith("Resize 'up': mode 'cubic' is not supported")
     assert str(err.value).count("'up'") == 1
+
+
+def test_a_node_its_rule_cannot_quantize_runs_in_float_with_the_reason():
+    """An unsupported Resize mode falls back to float with the reason (strict mode makes it an error, above)."""
+    resize = helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up", mode="cubic")
+    model = _model([resize], [("x", [1, 1, 2, 2])], [("y", [1, 1, 4, 4])],
+                   {"scales": np.array([1, 1, 2, 2], np.float32)})
+    graph = prepare(load_model(model), _table({"x": QX, "y": QX}))
+    (node,) = graph.float_nodes
+    assert (node.name, node.reason) == ("up", "cannot quantize: mode 'cubic' is not supported (nearest, linear)")
+    x = np.linspace(-2, 2, 4, dtype=np.float32).reshape(1, 1, 2, 2)
+    y = graph.run({"x": x}).outputs["y"]
+    assert y.shape == (1, 1, 4, 4) and np.all(np.isfinite(y))
+
+
+def test_strict_mode_refuses_an_unregistered_op(cos_sin):
+    graph, table = cos_sin
+    with pytest.raises(ExecutorError, match=r"^Cos 'cos' would run in float \(not registered\); strict"):
+        prepare(graph, table, options=ExecutorOptions(strict=True))

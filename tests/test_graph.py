@@ -89,16 +89,27 @@ def test_shape_subgraph_stays_in_shape_tensors():
     assert not g.shape_tensors & set(g.activations)
 
 
-def test_garbage_bytes_missing_file_and_opset_9_are_clear_errors(tmp_path):
+def test_garbage_bytes_missing_file_and_opset_6_are_clear_errors(tmp_path):
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"\x00\x01 this is not a protobuf \xff" * 10)
     with pytest.raises(ModelError, match="not a readable ONNX model"):
         load_model(junk)
     with pytest.raises(ModelError, match="not found"):
         load_model(tmp_path / "missing.onnx")
-    old = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [1, 2])], [vi("y", [1, 2])], opset=9)
-    with pytest.raises(ModelError, match="opset 9; ptq supports opsets 11 to 21"):
+    old = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [1, 2])], [vi("y", [1, 2])], opset=6)
+    with pytest.raises(ModelError, match="opset 6; ptq supports opsets 7 to 21"):
         load_model(old)
+
+
+def test_opsets_7_to_10_are_converted_to_11_and_nodes_know_their_opset():
+    nodes = [helper.make_node("Clip", ["x"], ["c"], min=0.0, max=6.0),  # bounds as attributes before opset 11
+             helper.make_node("Upsample", ["c", "scales"], ["u"], mode="nearest"),  # opset 9; Resize from 10
+             helper.make_node("Softmax", ["u"], ["y"])]
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    model = make_model(nodes, [vi("x", [1, 2, 3, 3])], [vi("y", [1, 2, 6, 6])], [scales], opset=9)
+    g = load_model(model)
+    assert g.opset == 11 and [n.op_type for n in g.nodes] == ["Clip", "Resize", "Softmax"]
+    assert all(n.opset == 11 for n in g.nodes)
 
 
 def test_invalid_graph_is_a_model_error():

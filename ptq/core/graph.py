@@ -15,9 +15,10 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper, shape_inference
+from onnx import helper, numpy_helper, shape_inference, version_converter
 
-MIN_OPSET, MAX_OPSET = 11, 21
+MIN_OPSET, MAX_OPSET = 7, 21
+CONVERTED_BELOW = 11  # models of opsets 7-10 are converted to opset 11 by onnx's version converter
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64))
 
 
@@ -44,6 +45,7 @@ class Node:
     outputs: list[str]
     attrs: dict[str, Any] = field(default_factory=dict)
     domain: str = ""
+    opset: int = MAX_OPSET  # the opset version of the node's domain (ops whose semantics changed read it)
 
     def attr(self, name: str, default=None):
         return self.attrs.get(name, default)
@@ -169,6 +171,18 @@ def _opset_of(model: onnx.ModelProto) -> int:
     return opset
 
 
+def _upgrade_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """Opsets 7-10 go to opset 11 through onnx's version converter (exact for the ops it adapts; it may
+    rename the tensors around the nodes it rewrites, e.g. Upsample -> Resize)."""
+    if opset >= CONVERTED_BELOW:
+        return model
+    try:
+        return version_converter.convert_version(model, CONVERTED_BELOW)
+    except Exception as exc:  # the converter raises RuntimeError or its own C++ errors
+        raise ModelError(f"model uses opset {opset}; onnx's version converter cannot bring it to opset "
+                         f"{CONVERTED_BELOW}: {exc}") from exc
+
+
 def read_model(source: Union[str, Path, onnx.ModelProto]) -> onnx.ModelProto:
     """Load (a copy of) an ONNX model, with errors that say what is wrong."""
     if isinstance(source, onnx.ModelProto):
@@ -193,6 +207,9 @@ def load_model(
     opset = _opset_of(model)
     if not model.graph.node:
         raise ModelError("model graph has no nodes")
+    model = _upgrade_opset(model, opset)
+    opset = max(opset, CONVERTED_BELOW)
+    domain_opsets = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
     _fold_constant_nodes(model)
     if input_shapes:
         _set_input_shapes(model, input_shapes)
@@ -224,14 +241,16 @@ def load_model(
             )
 
     proto_nodes = _toposort(list(model.graph.node), set(initializers) | set(inputs))
+    names = _unique_node_names(proto_nodes)
     nodes = [
         Node(
-            name=n.name or f"{n.op_type}_{k}",
+            name=names[k],
             op_type=n.op_type,
             inputs=list(n.input),
             outputs=list(n.output),
             attrs={a.name: _attr_value(a) for a in n.attribute},
             domain=n.domain if n.domain != "ai.onnx" else "",
+            opset=domain_opsets.get(n.domain if n.domain != "ai.onnx" else "", 1),
         )
         for k, n in enumerate(proto_nodes)
     ]
@@ -275,6 +294,21 @@ def load_model(
         constants=constants,
         shape_tensors=shape_tensors,
     )
+
+
+def _unique_node_names(nodes: list[onnx.NodeProto]) -> list[str]:
+    """Node names as the IR uses them (reports, --float-nodes, errors): the model's own, with an empty name
+    becoming `OpType_k` (k = topological position) and a repeated one getting `_2`, `_3`, ... appended."""
+    names, seen = [], set()
+    for k, node in enumerate(nodes):
+        base = node.name or f"{node.op_type}_{k}"
+        name, copy = base, 1
+        while name in seen:
+            copy += 1
+            name = f"{base}_{copy}"
+        seen.add(name)
+        names.append(name)
+    return names
 
 
 def parse_input_shapes(specs: Optional[list[str]]) -> dict[str, tuple]:

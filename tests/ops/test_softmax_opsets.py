@@ -1,0 +1,89 @@
+"""The Softmax family under both ONNX semantics (issue: opset < 13 coerces the input to 2-D at `axis`, default
+1; opset >= 13 reduces one axis, default -1): float forward and integer run against onnxruntime at opsets 11,
+12 and 13, axis 1 and -1 (and the default), 2-D to 4-D inputs; the integer kernel against a Python-integer
+reference of the softmax formula on the coerced rows."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from op_testing import Check, context, covers, ort_single, random_codes, random_qparams, runtime
+from ops.registry import get_op
+from ptq.core.graph import Node
+
+SHAPES = [(3, 7), (2, 3, 5), (2, 3, 4, 5)]
+AXES = [None, 1, -1]
+
+
+def _node(op_type: str, opset: int, axis) -> Node:
+    return Node("n", op_type, ["x"], ["y"], {} if axis is None else {"axis": axis}, opset=opset)
+
+
+def _softmax_reference(x_q: np.ndarray, kernel, opset: int, axis) -> np.ndarray:
+    """round(e_i * Q / S) per row in Python integers, rows as the opset's semantics define them."""
+    if opset >= 13:
+        rows = np.moveaxis(x_q, -1 if axis is None else axis, -1)
+        back = lambda y: np.moveaxis(y, -1, -1 if axis is None else axis)  # noqa: E731
+    else:
+        a = (1 if axis is None else axis) % x_q.ndim
+        rows = x_q.reshape(int(np.prod(x_q.shape[:a])), -1)
+        back = lambda y: y.reshape(x_q.shape)  # noqa: E731
+    table = [int(v) for v in kernel.exp_table]
+    q = kernel.out_qparams.qmax
+    out = np.empty(rows.shape, dtype=np.int64)
+    for index in np.ndindex(rows.shape[:-1]):
+        row = [int(v) for v in rows[index]]
+        e = [table[max(row) - v] if max(row) - v < len(table) else 0 for v in row]
+        total = sum(e)
+        out[index] = [(ei * q) // total + (2 * ((ei * q) % total) >= total) for ei in e]
+    return back(out)
+
+
+@covers("Softmax", "LogSoftmax", "Hardmax", check=Check.ONNXRUNTIME)
+@pytest.mark.parametrize("op_type", ["Softmax", "LogSoftmax", "Hardmax"])
+@pytest.mark.parametrize("opset", [11, 12, 13])
+@pytest.mark.parametrize("axis", AXES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_float_forward_matches_onnxruntime_at_each_opset(op_type, opset, axis, shape):
+    x = np.random.default_rng(len(shape) * 7 + opset).normal(0, 2, shape).astype(np.float32)
+    want = ort_single(op_type, {"x": x}, {} if axis is None else {"axis": axis}, opset=opset)[0]
+    got = get_op(op_type).forward_float(_node(op_type, opset, axis), [x])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@covers("Softmax", check=Check.INT_REFERENCE)
+@covers("Softmax", check=Check.ONNXRUNTIME)
+@pytest.mark.parametrize("opset", [11, 12, 13])
+@pytest.mark.parametrize("axis", AXES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_integer_softmax_follows_the_opset(opset, axis, shape):
+    rng = np.random.default_rng(len(shape) + opset)
+    x_qp = random_qparams(rng, -4.0, 4.0, 8)
+    x_q = random_codes(rng, x_qp, shape)
+    node = _node("Softmax", opset, axis)
+    q = get_op("Softmax").quantize(context(node, [x_qp], [None]))
+    y = get_op("Softmax").forward_int(q, [x_q], runtime())[0]
+    np.testing.assert_array_equal(y, _softmax_reference(x_q, q.kernel, opset, axis))
+    want = ort_single("Softmax", {"x": x_qp.dequantize(x_q)}, {} if axis is None else {"axis": axis}, opset=opset)[0]
+    assert np.max(np.abs(q.out_qparams[0].dequantize(y) - want)) <= 1.0 / 255 + 1e-6  # at most 1 LSB
+
+
+@covers("LogSoftmax", "Hardmax", check=Check.ONNXRUNTIME)
+@pytest.mark.parametrize("opset", [11, 13])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_integer_log_softmax_and_hardmax_follow_the_opset(opset, shape):
+    rng = np.random.default_rng(3 * len(shape) + opset)
+    x_qp = random_qparams(rng, -4.0, 4.0, 8)
+    x_q = random_codes(rng, x_qp, shape)
+    x = x_qp.dequantize(x_q)
+    log_want = ort_single("LogSoftmax", {"x": x}, {}, opset=opset)[0]
+    y_qp = random_qparams(rng, float(log_want.min()), 0.0, 8, symmetric=False)
+    q = get_op("LogSoftmax").quantize(context(_node("LogSoftmax", opset, None), [x_qp], [y_qp]))
+    y = get_op("LogSoftmax").forward_int(q, [x_q], runtime())[0]
+    lo = y_qp.real_range()[0][0]
+    assert np.max(np.abs(y_qp.dequantize(y) - np.clip(log_want, lo, 0))) <= 1.0 * y_qp.scale[0] + 1e-6
+
+    hard_qp = random_qparams(rng, 0.0, 1.0, 8, symmetric=False)
+    q = get_op("Hardmax").quantize(context(_node("Hardmax", opset, None), [x_qp], [hard_qp]))
+    y = get_op("Hardmax").forward_int(q, [x_q], runtime())[0]
+    np.testing.assert_array_equal(hard_qp.dequantize(y), ort_single("Hardmax", {"x": x}, {}, opset=opset)[0])
