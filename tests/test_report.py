@@ -156,6 +156,19 @@ def _hand_similarity(ref, test):
     return cos, np.mean(err**2), 10 * np.log10(np.sum(ref**2) / np.sum(err**2)), np.abs(err).max()
 
 
+def test_float_reference_returns_every_listed_tensor_of_one_sample_on_one_thread():
+    from ptq.core.graph import load_model
+    from reports.float_reference import float_reference
+
+    x = np.random.default_rng(2).normal(size=(1, 8)).astype(np.float32)
+    runner = float_reference(load_model(_toy_model()), ["t2", "x", "t1", "t2"])
+    floats = runner.run_dict(x)
+    assert sorted(floats) == ["t1", "t2", "x"]
+    for name, value in floats.items():  # identity Gemms: every tensor is the input, exactly
+        assert np.array_equal(value, x), name
+    assert runner.session.get_session_options().intra_op_num_threads == 1
+
+
 def test_isolated_vs_cumulative_on_toy_graph():
     from ptq.pipeline import calibrate
     from ptq.core.graph import load_model
