@@ -60,7 +60,9 @@ def run(args) -> int:
     from ptq.core.graph import load_model
     from ptq.images import Preprocess
     from ptq.quant_table import load_quant_table
-    from reports.evaluate import ImageSet, build_report, evaluate
+    from reports.build import build_report
+    from reports.evaluate import evaluate
+    from reports.image_source import ImageSet
     from reports.html import write_html
     from reports.writers import write_csv, write_json
 

@@ -46,7 +46,7 @@ class IntRuntime:
             self.overflows[node.name] = self.overflows.get(node.name, 0) + count
 
 
-@dataclass
+@dataclass(frozen=True)
 class QuantizeOptions:
     mbits: int = DEFAULT_MBITS  # multiplier width of (M, N) pairs
     accumulator_bits: int = 32

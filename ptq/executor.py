@@ -41,11 +41,10 @@ from ops.registry import (
     get_op,
     node_label,
 )
-from ptq.float_fallback import ReferenceRunner, run_float
+from ptq.float_fallback import NodeFloatEvaluator
 from ptq.core.graph import Graph, Node, load_model
 from ptq.core.qparams import QParams, compute_qparams
 from ptq.quant_table import QuantTable, load_quant_table
-from ptq.core.requant import DEFAULT_MBITS
 from ptq.rewrites import RewriteLog, apply_rewrites
 from ops.registry import bias_role, weight_role
 
@@ -62,8 +61,10 @@ class NodeKind(enum.Enum):
 
 @dataclass(frozen=True)
 class ExecutorOptions:
-    mbits: int = DEFAULT_MBITS  # multiplier width of every (M, N) pair
-    accumulator_bits: int = 32
+    """How `prepare` builds the integer graph: the rewrites it applies, and the options every op's quantize
+    rule receives as they are (multiplier width, accumulator width, standalone BatchNormalization weight bits)."""
+
+    quantize: QuantizeOptions = field(default_factory=QuantizeOptions)
     fold_batchnorm: bool = True
     fuse_activations: bool = True
     strict: bool = False  # every node in integers: a float fallback is an error instead of a notice
@@ -148,7 +149,7 @@ class IntegerGraph:
     qparams: dict[str, QParams]  # final qparams by tensor name (activations and weights)
     rewrites: RewriteLog
     backend: DotBackend
-    runner: ReferenceRunner
+    node_float: NodeFloatEvaluator  # float fallback and shape nodes
     last_use: dict[str, int] = field(default_factory=dict)  # tensor -> index of the last step reading it
 
     @property
@@ -240,7 +241,7 @@ class IntegerGraph:
                     )
             return results
         floats = [qp.dequantize(a) if qp is not None and a is not None else a for a, qp in zip(args, step.in_qparams)]
-        results = run_float(node, floats, self.runner)
+        results = self.node_float.run(node, floats)
         if step.kind is NodeKind.SHAPE:
             return results
         quantized = []
@@ -265,7 +266,7 @@ class _Quantizer:
         self.graph, self.table, self.marked = graph, table, marked
         self.folded = rewrites.folded_weights
         self.qparams: dict[str, QParams] = {}
-        self.quantize_options = QuantizeOptions(mbits=options.mbits, accumulator_bits=options.accumulator_bits)
+        self.quantize_options = options.quantize
         self.strict = options.strict
 
     def _table_qparams(self, name: str) -> Optional[QParams]:
@@ -388,10 +389,10 @@ def prepare(
 
         backend = DEFAULT_BACKEND
     marked = _resolve_float_nodes(graph, float_nodes)
-    runner = ReferenceRunner(graph.opset)
+    node_float = NodeFloatEvaluator(graph.opset)
     rewritten, log = apply_rewrites(
         graph,
-        runner,
+        node_float,
         fold_bn=options.fold_batchnorm,
         fuse=options.fuse_activations,
         can_host=lambda node: get_op(node.op_type, node.domain) is not None,
@@ -402,9 +403,9 @@ def prepare(
     steps = [quantizer.step(node) for node in rewritten.nodes]
     for step in steps:
         if step.kind is not NodeKind.INTEGER and get_op(step.node.op_type, step.node.domain) is None:
-            runner.evaluator(step.node)  # fail now, not in the middle of a run, if nothing can run it
+            node_float.reference_evaluator(step.node)  # fail now, not in the middle of a run, if nothing can run it
     last_use = {name: index for index, step in enumerate(steps) for name in step.node.inputs if name}
-    return IntegerGraph(rewritten, steps, quantizer.qparams, log, backend, runner, last_use)
+    return IntegerGraph(rewritten, steps, quantizer.qparams, log, backend, node_float, last_use)
 
 
 def _as_graph(model: Union[str, Path, onnx.ModelProto, Graph], inputs: Mapping[str, np.ndarray]) -> Graph:

@@ -33,15 +33,17 @@ def node_proto(node: Node) -> onnx.NodeProto:
     return helper.make_node(node.op_type, node.inputs, node.outputs, name=node.name, domain=node.domain, **attrs)
 
 
-class ReferenceRunner:
-    """Evaluates single nodes with onnx.reference, building one evaluator per node and reusing it."""
+class NodeFloatEvaluator:
+    """Evaluates single nodes in float: a node's registered `forward_float`, else onnx.reference over the node
+    alone (one `ReferenceEvaluator` built per node and reused). Not the whole-model float run: that is
+    `ptq.float_run.FloatRunner`."""
 
     def __init__(self, opset: int):
         self.opset = opset
         self._evaluators: dict[str, ReferenceEvaluator] = {}
 
-    def evaluator(self, node: Node) -> ReferenceEvaluator:
-        """The (cached) evaluator of `node`; raises FloatFallbackError when onnx.reference cannot run it."""
+    def reference_evaluator(self, node: Node) -> ReferenceEvaluator:
+        """The (cached) onnx.reference evaluator of `node`; raises FloatFallbackError when it cannot run it."""
         ev = self._evaluators.get(node.name)
         if ev is None:
             opsets = {"": self.opset}
@@ -57,8 +59,9 @@ class ReferenceRunner:
             self._evaluators[node.name] = ev
         return ev
 
-    def run(self, node: Node, inputs: list[Optional[np.ndarray]]) -> list[np.ndarray]:
-        ev = self.evaluator(node)
+    def run_reference(self, node: Node, inputs: list[Optional[np.ndarray]]) -> list[np.ndarray]:
+        """The float outputs of `node` by onnx.reference (the registered op is not consulted)."""
+        ev = self.reference_evaluator(node)
         feeds = {name: value for name, value in zip(node.inputs, inputs) if name}
         try:
             outs = ev.run(None, feeds)
@@ -66,18 +69,18 @@ class ReferenceRunner:
             raise FloatFallbackError(f"onnx.reference failed on {node.op_type} node {node.name!r}: {exc}") from exc
         return [np.asarray(o) for o in outs]
 
-
-def run_float(node: Node, inputs: list[Optional[np.ndarray]], runner: ReferenceRunner) -> list[np.ndarray]:
-    """The outputs of `node`: its registered `forward_float` when its data input (the first) is a float
-    tensor, else onnx.reference. Index and shape tensors (Shape -> Gather -> Concat -> Reshape, int64 axes,
-    bool masks) are thus computed exactly in their own dtype; a registered float forward computes in float32."""
-    op = get_op(node.op_type, node.domain)
-    data = next((np.asarray(x) for x in inputs if x is not None), None)
-    if op is not None and (data is None or np.issubdtype(data.dtype, np.floating)):
-        try:
-            return list(op.forward_float(node, inputs))
-        except (NotImplementedError, QuantizationError):
-            pass  # an op may leave its float forward (or a configuration it does not support) to onnx.reference
-        except (ValueError, TypeError) as exc:
-            raise type(exc)(f"{node_label(node)}: {exc}") from exc
-    return runner.run(node, inputs)
+    def run(self, node: Node, inputs: list[Optional[np.ndarray]]) -> list[np.ndarray]:
+        """The outputs of `node`: its registered `forward_float` when its data input (the first) is a float
+        tensor, else onnx.reference. Index and shape tensors (Shape -> Gather -> Concat -> Reshape, int64 axes,
+        bool masks) are thus computed exactly in their own dtype; a registered float forward computes in
+        float32."""
+        op = get_op(node.op_type, node.domain)
+        data = next((np.asarray(x) for x in inputs if x is not None), None)
+        if op is not None and (data is None or np.issubdtype(data.dtype, np.floating)):
+            try:
+                return list(op.forward_float(node, inputs))
+            except (NotImplementedError, QuantizationError):
+                pass  # an op may leave its float forward (or a configuration it does not support) to onnx.reference
+            except (ValueError, TypeError) as exc:
+                raise type(exc)(f"{node_label(node)}: {exc}") from exc
+        return self.run_reference(node, inputs)

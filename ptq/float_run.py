@@ -1,4 +1,6 @@
-"""The float run that feeds calibration: onnxruntime on a copy of the model whose activations are outputs.
+"""The whole-model float run: `FloatRunner`, onnxruntime on a copy of the model whose listed activations are
+outputs, returning named float tensors. Calibration folds them into statistics (`collect_statistics`); the
+reports compare the integer graph against them (`reports.evaluate`, `reports.dump`).
 
 Each batch's activations are folded into per-tensor `TensorStatistics` and dropped, so memory stays at one
 batch of activations however many images are used (onnxruntime's own calibration keeps all of them).
@@ -54,15 +56,20 @@ class FloatRunner:
     session: object
 
     @classmethod
-    def create(cls, graph: Graph, tensors: Sequence[str], providers: Optional[list[str]] = None) -> "FloatRunner":
+    def create(cls, graph: Graph, tensors: Sequence[str], providers: Optional[list[str]] = None,
+               intra_op_threads: Optional[int] = None) -> "FloatRunner":
+        """`intra_op_threads`: onnxruntime's intra-op pool size (None: its default, one thread per core)."""
         import onnxruntime as ort  # imported lazily: it is slow to import
 
         name = image_input(graph)
         batch_dim = graph.tensors[name].shape[0]
         if batch_dim not in (None, 0, 1):
             raise ModelError(f"input {name!r} has a fixed batch of {batch_dim}; ptq needs batch 1 or a dynamic batch")
+        tensors = list(dict.fromkeys(tensors))
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        if intra_op_threads is not None:
+            options.intra_op_num_threads = intra_op_threads
         try:
             session = ort.InferenceSession(
                 stats_model(graph, tensors).SerializeToString(),
@@ -71,7 +78,7 @@ class FloatRunner:
             )
         except _ort_errors() as exc:
             raise ModelError(f"onnxruntime cannot load the model: {exc}") from exc
-        return cls(graph, list(tensors), name, batch_dim or None, session)
+        return cls(graph, tensors, name, batch_dim or None, session)
 
     def _session_run(self, names: list[str], batch: np.ndarray) -> list[np.ndarray]:
         try:
@@ -97,6 +104,10 @@ class FloatRunner:
                 yield name, _concat(pieces)
         else:
             yield from zip(wanted, self._session_run(wanted, batch))
+
+    def run_dict(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+        """Every listed tensor by name for one batch, held together (the reports keep one image's tensors)."""
+        return dict(self.run(batch))
 
 
 def _ort_errors() -> tuple:

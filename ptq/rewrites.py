@@ -27,7 +27,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ops.registry import op_of
-from ptq.float_fallback import ReferenceRunner, run_float
+from ptq.float_fallback import NodeFloatEvaluator
 from ptq.core.graph import Graph, Node, TensorInfo
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -97,7 +97,7 @@ def _make_constant(graph: Graph, name: str, value: np.ndarray) -> None:
         graph.activations.remove(name)
 
 
-def fold_static(graph: Graph, runner: ReferenceRunner) -> list[str]:
+def fold_static(graph: Graph, node_float: NodeFloatEvaluator) -> list[str]:
     """Evaluate every node whose inputs are constants or static shapes; returns the folded node names.
 
     Protection does not apply here: a constant subgraph evaluated in float is exactly what it computes.
@@ -113,9 +113,9 @@ def fold_static(graph: Graph, runner: ReferenceRunner) -> list[str]:
             shape = _static_shape(graph, node.inputs[0])
             if shape is not None:
                 dtype = graph.tensors[node.inputs[0]].dtype or np.float32
-                values = runner.run(node, [np.broadcast_to(np.zeros((), dtype=dtype), shape)])  # no allocation
+                values = node_float.run_reference(node, [np.broadcast_to(np.zeros((), dtype=dtype), shape)])  # no allocation
         elif foldable and all(i in graph.initializers for i in present):
-            values = run_float(node, [graph.initializers[i] if i else None for i in node.inputs], runner)
+            values = node_float.run(node, [graph.initializers[i] if i else None for i in node.inputs])
         if values is None:
             kept.append(node)
             continue
@@ -223,7 +223,7 @@ def fuse_activations(
 
 def apply_rewrites(
     graph: Graph,
-    runner: ReferenceRunner,
+    node_float: NodeFloatEvaluator,
     *,
     fold_bn: bool = True,
     fuse: bool = True,
@@ -233,7 +233,7 @@ def apply_rewrites(
     """All rewrites, in order, on a copy of `graph`: (static folding, BN folding, activation fusion)."""
     graph = copy_graph(graph)
     log = RewriteLog()
-    log.folded_nodes = fold_static(graph, runner)
+    log.folded_nodes = fold_static(graph, node_float)
     if fold_bn:
         log.batchnorm_folds = fold_batchnorm(graph, protected)
     if fuse:

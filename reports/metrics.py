@@ -68,7 +68,7 @@ def dot64(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @dataclass(frozen=True)
-class Reference:
+class ReferenceTensor:
     """A float reference tensor flattened once, with its squared norm (float32 stays float32: every sum is
     accumulated in float64 by `dot64`)."""
 
@@ -77,7 +77,7 @@ class Reference:
     shape: tuple
 
     @classmethod
-    def of(cls, reference: np.ndarray) -> "Reference":
+    def of(cls, reference: np.ndarray) -> "ReferenceTensor":
         x = np.asarray(reference)
         if x.dtype not in (np.float32, np.float64):
             x = x.astype(np.float64)
@@ -102,12 +102,12 @@ class SimilarityAccumulator:
     squared_error: float = 0.0
     max_abs_err: float = 0.0
 
-    def update(self, reference: "np.ndarray | Reference", test: np.ndarray, overwrite_test: bool = False) -> None:
+    def update(self, reference: "np.ndarray | ReferenceTensor", test: np.ndarray, overwrite_test: bool = False) -> None:
         """Fold in one sample: the whole arrays, flattened, are one image's tensor. `reference` may be a
-        `Reference` (the float tensor prepared once when it is compared with several test tensors).
+        `ReferenceTensor` (the float tensor prepared once when it is compared with several test tensors).
         `overwrite_test=True` lets x - y be written over `test` (saves allocating and faulting in a temporary
         the size of the tensor)."""
-        ref = reference if isinstance(reference, Reference) else Reference.of(reference)
+        ref = reference if isinstance(reference, ReferenceTensor) else ReferenceTensor.of(reference)
         y = np.asarray(test)
         if y.shape != ref.shape:
             raise ValueError(f"similarity: reference shape {ref.shape} differs from test shape {y.shape}")

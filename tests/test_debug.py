@@ -10,8 +10,13 @@ from ptq.executor import NodeKind, prepare
 from ptq.core.graph import load_model
 from ptq.images import Preprocess
 from ptq.quant_table import load_quant_table
-from reports.debug import OutputMetrics, auto_debug, fake_quant, layer_nodes
-from reports.evaluate import ImageSet, build_report, evaluate
+from reports.auto_debug import auto_debug
+from reports.build import build_report
+from reports.evaluate import evaluate
+from reports.fake_quant import fake_quant
+from reports.image_source import ImageSet
+from reports.layer_nodes import layer_nodes
+from reports.output_metrics import OutputMetrics
 from reports.tables import scale_range, with_bits
 
 IMAGES = 2  # enough to rank and to measure recovery; keeps the heavy tests short
@@ -114,14 +119,14 @@ def test_cli_report_and_debug(setup, model_path, eval_dir, tmp_path, capsys):
 
 
 def _row(layer, float_cos, int16_cos):
-    from reports.debug import AutoRow, Trial
+    from reports.auto_debug import AutoRow, Trial
 
     metrics = lambda c: None if c is None else OutputMetrics(c, 0.0, 0.0, None, None)  # noqa: E731
     return AutoRow(layer, "Conv", "", Trial("float", metrics(float_cos)), Trial("int16", metrics(int16_cos)))
 
 
 def test_suggestion_rules():
-    from reports.debug import suggest
+    from reports.auto_debug import suggest
 
     baseline = OutputMetrics(0.90, 0.0, 0.0, None, None)  # lost 0.10: gains under 0.005 do not count
     rows = [
@@ -181,7 +186,7 @@ def _conv_bn_relu_model():
 def test_fake_quant_of_a_tensor_fused_away_floats_the_node_that_absorbed_it(tmp_path, capsys):
     import onnx
 
-    from reports.debug import resolve_layer
+    from reports.layer_nodes import resolve_layer
     from tiny_models import write_images
 
     model_path, images = tmp_path / "cbr.onnx", tmp_path / "images"

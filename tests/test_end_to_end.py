@@ -29,7 +29,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ptq.pipeline import calibrate, input_spec
 from ptq.cli import main as cli_main
-from ops.registry import bias_role
+from ops.registry import QuantizeOptions, bias_role
 from ptq.executor import ExecutorOptions, prepare
 from ptq.core.graph import load_model
 from ptq.images import ImageLog, Preprocess, load_image, select_files
@@ -70,7 +70,7 @@ class EfficientNetRun:
         runs = [prepared.run({"input": x}, keep_all=False) for x in samples]
         self.overflows = [r.overflows for r in runs]
         self.int_logits = np.concatenate([r.outputs["logits"] for r in runs])
-        wide = prepare(graph, self.result.table, options=ExecutorOptions(mbits=31))
+        wide = prepare(graph, self.result.table, options=ExecutorOptions(quantize=QuantizeOptions(mbits=31)))
         self.int31_logits = np.concatenate([wide.run({"input": x}, keep_all=False).outputs["logits"] for x in samples])
         self.float_logits = np.concatenate([float_sess.run(None, {"input": x})[0] for x in samples])
         self.qdq_logits = np.concatenate([qdq_sess.run(None, {"input": x})[0] for x in samples])

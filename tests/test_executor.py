@@ -327,3 +327,23 @@ def test_strict_mode_refuses_an_unregistered_op(cos_sin):
     graph, table = cos_sin
     with pytest.raises(ExecutorError, match=r"^Cos 'cos' would run in float \(not registered\); strict"):
         prepare(graph, table, options=ExecutorOptions(strict=True))
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+def test_bn_weight_bits_set_through_the_public_options_reach_a_standalone_batchnorm(bits):
+    import ptq
+
+    gamma = np.array([0.5, -2.0, 4.0], np.float32)
+    var = np.array([1.0, 3.0, 0.25], np.float32)
+    init = {"gamma": gamma, "beta": np.zeros(3, np.float32), "mean": np.zeros(3, np.float32), "var": var}
+    node = helper.make_node("BatchNormalization", ["x", "gamma", "beta", "mean", "var"], ["y"], name="bn", epsilon=0.0)
+    graph = load_model(_model([node], [("x", [1, 3, 2, 2])], [("y", [1, 3, 2, 2])], init))
+    table = _table({"x": QC, "y": QC})
+    options = ptq.ExecutorOptions(quantize=ptq.QuantizeOptions(bn_weight_bits=bits))
+    quantized = ptq.prepare(graph, table, options=options).steps[0].quantized
+    assert quantized.weight_qparams.bits == bits
+    # each channel's weight gamma / sqrt(var) alone on a symmetric narrow grid: the code +-(2^(bits-1) - 1)
+    sign = np.sign(gamma.astype(np.float64) / np.sqrt(var.astype(np.float64)))
+    np.testing.assert_array_equal(quantized.weight, sign * (2 ** (bits - 1) - 1))
+    default = ptq.prepare(graph, table).steps[0].quantized
+    assert default.weight_qparams.bits == ptq.QuantizeOptions().bn_weight_bits == 16

@@ -156,10 +156,25 @@ def _hand_similarity(ref, test):
     return cos, np.mean(err**2), 10 * np.log10(np.sum(ref**2) / np.sum(err**2)), np.abs(err).max()
 
 
+def test_float_reference_returns_every_listed_tensor_of_one_sample_on_one_thread():
+    from ptq.core.graph import load_model
+    from reports.float_reference import float_reference
+
+    x = np.random.default_rng(2).normal(size=(1, 8)).astype(np.float32)
+    runner = float_reference(load_model(_toy_model()), ["t2", "x", "t1", "t2"])
+    floats = runner.run_dict(x)
+    assert sorted(floats) == ["t1", "t2", "x"]
+    for name, value in floats.items():  # identity Gemms: every tensor is the input, exactly
+        assert np.array_equal(value, x), name
+    assert runner.session.get_session_options().intra_op_num_threads == 1
+
+
 def test_isolated_vs_cumulative_on_toy_graph():
     from ptq.pipeline import calibrate
     from ptq.core.graph import load_model
-    from reports.evaluate import ArraySamples, build_report, evaluate
+    from reports.build import build_report
+    from reports.evaluate import evaluate
+    from reports.image_source import ArraySamples
     from reports.tables import scale_range
 
     model = _toy_model()
@@ -206,7 +221,7 @@ def test_isolated_vs_cumulative_on_toy_graph():
 
 @pytest.mark.parametrize("bits, symmetric", [(8, False), (8, True), (16, False), (16, True)])
 def test_dequantize32_equals_qparams_dequantize_on_every_code(bits, symmetric):
-    from reports.evaluate import dequantize32
+    from reports.grid import dequantize32
 
     qp = compute_qparams(-1.3, 4.1, bits, symmetric=symmetric)
     codes = np.arange(qp.qmin, qp.qmax + 1).astype(qp.dtype)
@@ -216,11 +231,11 @@ def test_dequantize32_equals_qparams_dequantize_on_every_code(bits, symmetric):
 def test_worker_keeps_at_most_lag_images_open_and_reraises_their_errors():
     from concurrent.futures import ThreadPoolExecutor
 
-    from reports.evaluate import _Worker
+    from reports.worker import MetricWorker
 
     done = []
     with ThreadPoolExecutor(max_workers=1) as pool:
-        worker = _Worker(pool)
+        worker = MetricWorker(pool)
         worker.LAG = 2
         worker.submit(done.append, 0)
         worker.settle()

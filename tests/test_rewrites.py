@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ptq.float_fallback import ReferenceRunner, node_proto
+from ptq.float_fallback import NodeFloatEvaluator, node_proto
 from ptq.core.graph import Graph, load_model
 from ptq.rewrites import apply_rewrites, copy_graph, fold_batchnorm, fold_static, fuse_activations
 
@@ -74,7 +74,7 @@ def test_batchnorm_folded_into_conv_is_numerically_equal(with_bias):
     model = _conv_bn_model(rng, with_bias)
     graph = load_model(model)
     before = [n.op_type for n in graph.nodes]
-    rewritten, log = apply_rewrites(graph, ReferenceRunner(OPSET))
+    rewritten, log = apply_rewrites(graph, NodeFloatEvaluator(OPSET))
     assert [n.op_type for n in rewritten.nodes] == ["Conv"]
     assert rewritten.nodes[0].outputs == ["y"]
     assert [n.op_type for n in graph.nodes] == before, "the caller's graph must not change"
@@ -173,7 +173,7 @@ def test_shape_subgraph_is_folded_to_a_constant():
     ]
     init = {"i0": np.array(0, np.int64), "ax0": np.array([0], np.int64), "minus1": np.array([-1], np.int64)}
     graph = copy_graph(load_model(_model(nodes, [("x", [2, 3, 4])], [("y", [2, 12])], init)))
-    folded = fold_static(graph, ReferenceRunner(OPSET))
+    folded = fold_static(graph, NodeFloatEvaluator(OPSET))
     assert folded == ["shape", "gather", "unsq", "concat"]
     assert [n.op_type for n in graph.nodes] == ["Reshape"]
     np.testing.assert_array_equal(graph.initializers["target"], [2, -1])
@@ -186,7 +186,7 @@ def test_shape_of_a_dynamic_batch_tensor_is_not_folded():
         helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape"),
     ]
     graph = copy_graph(load_model(_model(nodes, [("x", ["n", 3])], [("y", ["n", 3])], {})))
-    assert fold_static(graph, ReferenceRunner(OPSET)) == []
+    assert fold_static(graph, NodeFloatEvaluator(OPSET)) == []
 
 
 def test_weight_only_subgraph_is_constant_folded():
@@ -197,7 +197,7 @@ def test_weight_only_subgraph_is_constant_folded():
         helper.make_node("MatMul", ["x", "wt"], ["y"], name="matmul"),
     ]
     graph = copy_graph(load_model(_model(nodes, [("x", [2, 3])], [("y", [2, 5])], {"w": w})))
-    assert fold_static(graph, ReferenceRunner(OPSET)) == ["transpose"]
+    assert fold_static(graph, NodeFloatEvaluator(OPSET)) == ["transpose"]
     np.testing.assert_array_equal(graph.initializers["wt"], w.T)
     assert [n.op_type for n in graph.nodes] == ["MatMul"]
 
@@ -217,5 +217,5 @@ def test_dequantize_linear_on_a_weight_is_folded():
         [numpy_helper.from_array(wq, "wq"), numpy_helper.from_array(scale, "ws")],
     )
     graph = copy_graph(load_model(helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", OPSET)])))
-    fold_static(graph, ReferenceRunner(OPSET))
+    fold_static(graph, NodeFloatEvaluator(OPSET))
     np.testing.assert_array_equal(graph.initializers["w"], wq.astype(np.float32) * 0.5)

@@ -42,26 +42,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _fake_quant(args, graph, table, images) -> dict:
-    from reports.debug import fake_quant
+    from reports.console import fake_quant_table
+    from reports.fake_quant import fake_quant
 
     result = fake_quant(graph, table, images, layers=args.fake_quant or (), op_types=args.fake_quant_ops or (),
                         progress=True)
-    for note in result.notes:
-        print(f"note: {note}")
-    print(f"float nodes: {', '.join(result.float_nodes) or 'none'}")
-    print(f"before (integer):  output {result.before.line()}")
-    print(f"after (fake quant): output {result.after.line()}")
-    width = max(len(r.name) for r in result.layers)
-    print(f"{'layer':<{width}} {'op':<10} {'cos before':>10} {'cos after':>10}")
-    for row in result.layers:
-        mark = "  (float)" if row.floated else ""
-        print(f"{row.name:<{width}} {row.op_type:<10} {row.cosine_before:10.6f} {row.cosine_after:10.6f}{mark}")
+    print(fake_quant_table(result))
     return {"mode": "fake_quant", **result.to_dict()}
 
 
 def _auto(args, graph, table, images, out_dir: Path) -> dict:
     from ptq.quant_table import save_quant_table
-    from reports.debug import auto_table, auto_debug
+    from reports.auto_debug import auto_debug
+    from reports.console import auto_table
     from reports.writers import summary_text
 
     result = auto_debug(graph, table, images, args.auto, model=str(args.model), quant=str(args.quant),
@@ -81,7 +74,7 @@ def _auto(args, graph, table, images, out_dir: Path) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reports.debug import dump_tensors
+    from reports.dump import dump_tensors
     from reports.writers import finite_or_none
 
     if args.auto is None and not (args.fake_quant or args.fake_quant_ops or args.dump):
@@ -98,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         data.update(_fake_quant(args, graph, table, images))
     if args.dump:
         from ptq.executor import prepare
-        from reports.debug import float_node_names
+        from reports.layer_nodes import float_node_names
 
         chosen = args.fake_quant or []
         float_nodes = float_node_names(prepare(graph, table), chosen) + list(args.fake_quant_ops or [])

@@ -57,7 +57,7 @@ def load_inputs(args: argparse.Namespace):
     from ptq.core.graph import load_model
     from ptq.images import Preprocess
     from ptq.quant_table import load_quant_table
-    from reports.evaluate import ImageSet
+    from reports.image_source import ImageSet
 
     table = load_quant_table(args.quant)
     graph = load_model(args.model, table.options.input_shapes)
@@ -76,7 +76,8 @@ def write_report(report, out_dir: Path) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reports.evaluate import build_report, evaluate
+    from reports.build import build_report
+    from reports.evaluate import evaluate
     from reports.writers import summary_text
 
     if args.top <= 0:

@@ -1,0 +1,25 @@
+"""`Evaluation`: what `reports.evaluate.evaluate` accumulates over the images, per layer and per output."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ptq.core.qparams import QParams
+from reports.layer_specs import LayerSpec
+from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreement
+
+
+@dataclass
+class Evaluation:
+    """Accumulated similarities of one integer graph against the float model over a set of images."""
+
+    layers: list[LayerSpec]
+    qparams: dict[str, QParams]
+    cumulative: dict[str, SimilarityAccumulator]
+    isolated: dict[str, SimilarityAccumulator]
+    outputs: dict[str, SimilarityAccumulator]
+    classification: Optional[TopKAgreement]
+    float_nodes: list[str]
+    clipped: dict[str, ClipAccumulator] = field(default_factory=dict)  # float values beyond each grid
+    overflows: dict[str, int] = field(default_factory=dict)
+    images: int = 0
