@@ -1,6 +1,6 @@
 """Every registered op is tested: some test in tests/ops/ declares (`op_testing.covers`) that it compares the
-op's float forward with onnxruntime or its integer forward with an independent reference, and every
-declaration names an op that is registered.
+op's float forward with onnxruntime or its integer forward with an independent reference, every declaration
+names an op that is registered, and every module of ops/ that registers ops has its tests/ops/test_<module>.py.
 """
 from __future__ import annotations
 
@@ -60,6 +60,13 @@ def coverage_problems(registered: set[OpKey], declared: dict[OpKey, dict[Check, 
     return problems
 
 
+def missing_test_files(registry: dict, folder: Path) -> list[str]:
+    """One line per module registering ops (ops.<module>) without folder/test_<module>.py."""
+    modules = sorted({type(op).__module__ for op in registry.values()})
+    return [f"{m} registers ops but has no {folder.name}/test_{m.rsplit('.', 1)[1]}.py" for m in modules
+            if not (folder / f"test_{m.rsplit('.', 1)[1]}.py").exists()]
+
+
 def test_every_registered_op_has_an_onnxruntime_or_integer_reference_test():
     problems = coverage_problems(set(REGISTRY), declared_coverage(op_test_modules()))
     assert not problems, "\n".join(problems)
@@ -92,6 +99,14 @@ def test_an_untested_op_a_stale_declaration_and_a_declared_helper_are_named():
     ]
     assert coverage_problems({("", "Tested")}, declared_coverage([ModuleType("empty")])) == [
         "Tested: registered, but no test declares ONNXRUNTIME or INT_REFERENCE"]
+
+
+def test_every_op_module_has_its_test_file(tmp_path):
+    assert missing_test_files(REGISTRY, HERE) == []
+    fake = {("", "Fake"): type("FakeOp", (), {"__module__": "ops.fake"})()}
+    assert missing_test_files(fake, tmp_path) == [f"ops.fake registers ops but has no {tmp_path.name}/test_fake.py"]
+    (tmp_path / "test_fake.py").write_text("")
+    assert missing_test_files(fake, tmp_path) == []
 
 
 def test_covers_rejects_a_missing_check_or_op_type():
