@@ -60,3 +60,28 @@ def test_requantize_error_within_half_lsb_plus_multiplier_error():
 def test_saturate_int32_counts_overflow():
     acc, n = saturate_int32(np.array([2 ** 31, -(2 ** 31) - 5, 7]))
     assert n == 2 and list(acc) == [2 ** 31 - 1, -(2 ** 31), 7]
+
+
+@pytest.mark.parametrize("axis, offset_shape", [(None, None), (1, (1, 5, 1, 1)), (1, (2, 5, 3, 4)), (None, (4,))])
+@pytest.mark.parametrize("acc_dtype", [np.int32, np.int64])
+def test_requantize_folds_the_offset_exactly_and_leaves_acc_alone(axis, offset_shape, acc_dtype):
+    """requantize(acc, offset=o) (o * M folded into the rounding constant) gives the integers of the int64
+    formula on acc + o, for int32 and int64 accumulators, and does not modify acc."""
+    rng = np.random.default_rng(7)
+    wide = 1 << (30 if acc_dtype is np.int32 else 40)
+    acc = rng.integers(-wide, wide, size=(2, 5, 3, 4)).astype(acc_dtype)
+    acc[0, 0, 0, :2] = [-wide, wide - 1]
+    size = 5 if axis is not None else 1
+    m = rng.integers(1, 1 << 15, size=size)
+    n = rng.integers(0, 32, size=size)
+    offset = None if offset_shape is None else rng.integers(-(1 << 30), 1 << 30, size=offset_shape)
+    zp = int(rng.integers(-100, 100))
+    total = acc.astype(np.int64) + (0 if offset is None else offset)
+    shape = (1, -1, 1, 1) if axis is not None else (-1,)
+    mm, nn = m.reshape(shape), n.reshape(shape)
+    want = np.clip(((total * mm + ((1 << nn) >> 1)) >> nn) + zp, -32768, 32767)
+    before = acc.copy()
+    got = requantize(acc, m, n, zp, -32768, 32767, axis=axis, dtype=np.int16, offset=offset)
+    assert got.dtype == np.int16
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(acc, before)

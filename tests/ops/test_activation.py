@@ -1,43 +1,37 @@
-"""Relu, Clip, LeakyRelu, PRelu, Sigmoid, Tanh, HardSwish, HardSigmoid, Softmax.
+"""ops/activation.py: Relu, Clip, LeakyRelu, PRelu.
 
-(a) forward_int equals an independent int64 reference of the op's formula (Python-integer requant, tables
-recomputed here from the function in float64, the interpolation and the softmax division redone here);
-(b) the dequantized output is within the op's documented LSB bound of the float op (onnxruntime) on the
-dequantized input.
+(a) forward_int equals an independent int64 reference of the op's formula (Python-integer requant); (b) the
+dequantized output is within the op's documented LSB bound of the float op (onnxruntime) on the dequantized
+input; forward_float matches onnxruntime.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy.special import expit
 
-from op_testing import context, lsb_error, ort_single, random_codes, random_qparams, ref_requant, runtime
+from op_testing import (
+    MBITS,
+    QPARAM_CASES,
+    Check,
+    context,
+    covers,
+    lsb_error,
+    ort_single,
+    random_qparams,
+    ref_requant,
+    runtime,
+    seeded_input,
+)
 from ops import get_op
 from ops.registry import QuantizationError
 from ptq.core.graph import Node
-from ptq.core.qparams import QParams, compute_qparams
-
-MBITS = 15
-QPARAM_CASES = [  # x bits, x signed, y bits
-    (8, True, 8),
-    (8, False, 8),
-    (16, True, 16),
-    (16, True, 8),
-    (8, True, 16),
-]
+from ptq.core.qparams import compute_qparams
 
 
 def _check_multiplier(m, n, r):
     r = np.asarray(r, dtype=np.float64)
     approx = np.asarray(m, dtype=np.float64) / np.exp2(np.asarray(n, dtype=np.float64))
     assert np.all(np.abs(approx - np.abs(r)) <= np.abs(r) * 2.0 ** -(MBITS - 1) + 2.0 ** -32)
-
-
-def _setup(seed, x_bits, x_signed, shape=(2, 3, 5, 4), lo=-4.0, hi=5.0):
-    rng = np.random.default_rng(seed)
-    x_qp = random_qparams(rng, lo, hi, x_bits, signed=x_signed)
-    x_q = random_codes(rng, x_qp, shape)
-    return rng, x_qp, x_q
 
 
 def _linear_bound(x_qp, y_qp, x_q):
@@ -49,9 +43,10 @@ def _linear_bound(x_qp, y_qp, x_q):
 
 # ------------------------------------------------------------------------------- Relu, Clip, (P)LeakyRelu
 
+@covers("Relu", check=Check.INT_REFERENCE)
 @pytest.mark.parametrize("x_bits, x_signed, y_bits", QPARAM_CASES)
 def test_relu_int_equals_reference_and_float_bound(x_bits, x_signed, y_bits):
-    rng, x_qp, x_q = _setup(x_bits + y_bits, x_bits, x_signed)
+    rng, x_qp, x_q = seeded_input(x_bits + y_bits, x_bits, x_signed)
     x_deq = x_qp.dequantize(x_q)
     y_float = ort_single("Relu", {"x": x_deq})[0]
     y_qp = compute_qparams(0.0, float(y_float.max()), y_bits, symmetric=False)  # unsigned, as 4.54 says
@@ -67,8 +62,9 @@ def test_relu_int_equals_reference_and_float_bound(x_bits, x_signed, y_bits):
     assert lsb_error(y_qp, y, y_float) <= _linear_bound(x_qp, y_qp, x_q) + 1e-3
 
 
+@covers("Relu", check=Check.INT_REFERENCE)
 def test_relu_without_output_proposal_keeps_input_qparams_and_clamps_codes():
-    rng, x_qp, x_q = _setup(0, 8, True)
+    rng, x_qp, x_q = seeded_input(0, 8, True)
     node = Node("r", "Relu", ["x"], ["y"])
     q = get_op("Relu").quantize(context(node, [x_qp], [None]))
     assert q.out_qparams[0] == x_qp
@@ -76,10 +72,11 @@ def test_relu_without_output_proposal_keeps_input_qparams_and_clamps_codes():
     np.testing.assert_array_equal(y, np.maximum(x_q, x_qp.zero_point[0]))
 
 
+@covers("Clip", check=Check.INT_REFERENCE)
 @pytest.mark.parametrize("x_bits, x_signed, y_bits", QPARAM_CASES)
 @pytest.mark.parametrize("bounds, as_attrs", [((0.0, 6.0), False), ((-1.5, 2.0), False), ((-1.0, 3.0), True)])
 def test_clip_int_equals_reference_and_float_bound(x_bits, x_signed, y_bits, bounds, as_attrs):
-    rng, x_qp, x_q = _setup(x_bits * 3 + y_bits, x_bits, x_signed)
+    rng, x_qp, x_q = seeded_input(x_bits * 3 + y_bits, x_bits, x_signed)
     x_deq = x_qp.dequantize(x_q)
     cmin, cmax = bounds
     if as_attrs:
@@ -103,10 +100,11 @@ def test_clip_int_equals_reference_and_float_bound(x_bits, x_signed, y_bits, bou
     assert lsb_error(y_qp, y, y_float) <= _linear_bound(x_qp, y_qp, x_q) + 1e-3
 
 
+@covers("LeakyRelu", check=Check.INT_REFERENCE)
 @pytest.mark.parametrize("x_bits, x_signed, y_bits", QPARAM_CASES)
 @pytest.mark.parametrize("alpha", [0.1, -0.3, 0.0])
 def test_leaky_relu_two_multipliers(x_bits, x_signed, y_bits, alpha):
-    rng, x_qp, x_q = _setup(x_bits + y_bits + int(alpha * 10), x_bits, x_signed)
+    rng, x_qp, x_q = seeded_input(x_bits + y_bits + int(alpha * 10), x_bits, x_signed)
     y_float = ort_single("LeakyRelu", {"x": x_qp.dequantize(x_q)}, {"alpha": alpha})[0]
     y_qp = random_qparams(rng, float(y_float.min()), float(y_float.max()), y_bits, symmetric=False)
     node = Node("l", "LeakyRelu", ["x"], ["y"], {"alpha": alpha})
@@ -126,10 +124,11 @@ def test_leaky_relu_two_multipliers(x_bits, x_signed, y_bits, alpha):
     assert lsb_error(y_qp, y, y_float) <= _linear_bound(x_qp, y_qp, x_q) + 1e-3
 
 
+@covers("PRelu", check=Check.INT_REFERENCE)
 @pytest.mark.parametrize("x_bits, x_signed, y_bits", QPARAM_CASES)
 @pytest.mark.parametrize("slope_shape", [(3, 1, 1), (1,), (4,)])
 def test_prelu_per_channel_slope(x_bits, x_signed, y_bits, slope_shape):
-    rng, x_qp, x_q = _setup(x_bits + y_bits + len(slope_shape), x_bits, x_signed)
+    rng, x_qp, x_q = seeded_input(x_bits + y_bits + len(slope_shape), x_bits, x_signed)
     slope = rng.uniform(-0.5, 0.8, size=slope_shape).astype(np.float32)
     y_float = ort_single("PRelu", {"x": x_qp.dequantize(x_q)}, {}, {"slope": slope})[0]
     y_qp = random_qparams(rng, float(y_float.min()), float(y_float.max()), y_bits, symmetric=False)
@@ -155,117 +154,7 @@ def test_prelu_needs_a_constant_slope():
         get_op("PRelu").quantize(context(node, [qp, qp], [qp]))
 
 
-# ------------------------------------------------------------------------------------------ LUT ops
-
-def _hardswish(x):
-    return x * np.clip(x / 6 + 0.5, 0, 1)
-
-
-LUT_CASES = [
-    ("Sigmoid", {}, lambda x: expit(x)),
-    ("Tanh", {}, np.tanh),
-    ("HardSwish", {}, _hardswish),
-    ("HardSigmoid", {"alpha": 0.25, "beta": 0.4}, lambda x: np.clip(0.25 * x + 0.4, 0, 1)),
-]
-
-
-def _interp_ref(table, q_in, x_q):
-    """lut's interpolated lookup redone in Python integers: y = (e_i 2^s + (e_i+1 - e_i) f + 2^(s+g-1)) >> (s+g)."""
-    s, g = table.shift, table.frac_bits
-    e = [int(v) for v in table.table]
-    out = []
-    for code in x_q.ravel().tolist():
-        idx = abs(code) if table.half else code - q_in.qmin
-        i, f = idx >> s, idx & ((1 << s) - 1)
-        e1 = e[min(i + 1, len(e) - 1)]
-        y = ((e[i] << s) + (e1 - e[i]) * f + (1 << (s + g - 1))) >> (s + g)
-        if table.half and table.mirror == "odd" and code < 0:
-            y = table.mirror_sum - y
-        out.append(y)
-    oq = table.out_qparams
-    return np.clip(np.array(out, dtype=np.int64), oq.qmin, oq.qmax).reshape(x_q.shape)
-
-
-@pytest.mark.parametrize("op_type, attrs, fn", LUT_CASES)
-@pytest.mark.parametrize("x_bits, x_signed, y_bits", QPARAM_CASES)
-def test_lut_op_int_equals_reference_and_float_bound(op_type, attrs, fn, x_bits, x_signed, y_bits):
-    rng, x_qp, x_q = _setup(x_bits + y_bits + len(op_type), x_bits, x_signed, lo=-6.0, hi=6.0)
-    x_deq = x_qp.dequantize(x_q)
-    y_float = ort_single(op_type, {"x": x_deq}, attrs, opset=17 if op_type != "HardSwish" else 14)[0]
-    y_qp = random_qparams(rng, float(y_float.min()), float(y_float.max()), y_bits, symmetric=False)
-    node = Node("f", op_type, ["x"], ["y"], attrs)
-    op = get_op(op_type)
-    q = op.quantize(context(node, [x_qp], [y_qp]))
-    y = op.forward_int(q, [x_q], runtime())[0]
-    assert y.dtype == y_qp.dtype
-    exact = np.clip(np.rint(fn((x_q.astype(np.float64) - x_qp.zero_point[0]) * x_qp.scale[0]) / y_qp.scale[0])
-                    + y_qp.zero_point[0], y_qp.qmin, y_qp.qmax)
-    if x_bits <= 8:
-        assert not q.table.interpolated
-        np.testing.assert_array_equal(y, exact)  # the table is the correctly rounded function
-        bound = 0.5
-    else:
-        assert q.table.interpolated and q.table.table.size <= 257
-        np.testing.assert_array_equal(y, _interp_ref(q.table, x_qp, x_q))
-        assert np.abs(y - exact).max() <= q.table.max_error_lsb
-        bound = 0.5 + q.table.max_error_lsb
-    np.testing.assert_allclose(op.forward_float(node, [x_deq])[0], y_float, rtol=1e-5, atol=1e-6)
-    assert lsb_error(y_qp, y, y_float) <= bound + 1e-3
-
-
-def test_wide_lut_op_grows_its_table_until_the_error_budget_holds():
-    """Sigmoid over a 16-bit input spanning [-24, 24]: 257 nodes leave more than 2 LSB (the chords are 4x
-    longer than over [-6, 6]), so the op takes more nodes, and its max error meets the budget."""
-    from lut.table import build_table
-    from ops.lut_ops import WIDE_TABLE_BUDGET_LSB
-
-    x_qp = compute_qparams(-24.0, 24.0, 16, symmetric=True)
-    y_qp = compute_qparams(0.0, 1.0, 16, symmetric=False)
-    fn = get_op("Sigmoid").function(Node("s", "Sigmoid", ["x"], ["y"]))
-    default = build_table(fn, x_qp, y_qp, symmetry=fn.symmetry, center=fn.center, entries=257).report()
-    assert default.max_error_lsb > WIDE_TABLE_BUDGET_LSB
-    q = get_op("Sigmoid").quantize(context(Node("s", "Sigmoid", ["x"], ["y"]), [x_qp], [y_qp]))
-    report = q.table.report()
-    assert report.max_error_lsb <= WIDE_TABLE_BUDGET_LSB < default.max_error_lsb
-    assert report.entries > default.entries
-
-
-# ------------------------------------------------------------------------------------------- Softmax
-
-def _softmax_ref(x_q, s_x, q_out, axis):
-    """Whitepaper 4.66 in Python integers: 2^20-scaled exp table, integer sum, division rounded by remainder."""
-    x = np.moveaxis(x_q.astype(np.int64), axis, -1)
-    out = np.zeros(x.shape, dtype=np.int64)
-    for idx in np.ndindex(*x.shape[:-1]):
-        row = [int(v) for v in x[idx]]
-        top = max(row)
-        e = [int(np.rint(np.exp(-(top - v) * s_x) * 2 ** 20)) for v in row]
-        total = sum(e)
-        for j, ej in enumerate(e):
-            quotient, remainder = divmod(ej * q_out, total)
-            out[idx + (j,)] = quotient + (2 * remainder >= total)
-    return np.moveaxis(out, -1, axis)
-
-
-@pytest.mark.parametrize("x_bits, x_signed, y_bits", [(8, True, 8), (8, False, 8), (16, True, 16), (16, True, 8)])
-@pytest.mark.parametrize("axis", [-1, 1])
-def test_softmax_int_equals_reference_and_float_bound(x_bits, x_signed, y_bits, axis):
-    rng, x_qp, x_q = _setup(x_bits + y_bits + axis, x_bits, x_signed, shape=(2, 5, 7), lo=-3.0, hi=4.0)
-    x_deq = x_qp.dequantize(x_q)
-    y_float = ort_single("Softmax", {"x": x_deq}, {"axis": axis})[0]
-    proposal = compute_qparams(0.0, 1.0, y_bits, symmetric=False)
-    node = Node("s", "Softmax", ["x"], ["y"], {"axis": axis})
-    op = get_op("Softmax")
-    q = op.quantize(context(node, [x_qp], [proposal]))
-    y_qp = q.out_qparams[0]
-    q_out = (1 << y_bits) - 1
-    assert y_qp == QParams(scale=1.0 / q_out, zero_point=0, bits=y_bits, signed=False)
-    y = op.forward_int(q, [x_q], runtime())[0]
-    np.testing.assert_array_equal(y, _softmax_ref(x_q, float(x_qp.scale[0]), q_out, axis))
-    np.testing.assert_allclose(op.forward_float(node, [x_deq])[0], y_float, rtol=1e-5, atol=1e-7)
-    assert lsb_error(y_qp, y, y_float) <= 1.0
-
-
+@covers("Relu", "LeakyRelu", "PRelu", "Clip", check=Check.ONNXRUNTIME)
 @pytest.mark.parametrize("op_type, attrs, consts", [
     ("Relu", {}, {}),
     ("LeakyRelu", {"alpha": 0.2}, {}),

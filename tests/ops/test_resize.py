@@ -1,4 +1,4 @@
-"""Resize: nearest (every coordinate_transformation_mode x nearest_mode) and linear with integer weights.
+"""ops/resize.py: Resize, nearest (every coordinate_transformation_mode x nearest_mode) and linear with integer weights.
 
 nearest: the dequantized integer output equals onnxruntime's float output on the dequantized input exactly
 (dequantization is injective, so the codes are the right ones).
@@ -16,15 +16,25 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from op_testing import context, lsb_error, random_codes, random_qparams, ref_requant, runtime
+from op_testing import (
+    FORMATS,
+    MBITS,
+    Check,
+    context,
+    covers,
+    lsb_error,
+    random_codes,
+    random_qparams,
+    ref_requant,
+    runtime,
+)
 from ops import get_op
 from ops.registry import QuantizationError
 from ptq.core.graph import Node
 from ptq.core.requant import quantize_multiplier
 
-MBITS = 15
+
 OPSET = 19
-FORMATS = [(8, True), (8, False), (16, True), (16, False)]
 COORD_MODES = ["half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
                "tf_crop_and_resize"]
 NEAREST_MODES = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
@@ -64,6 +74,7 @@ GEOMETRIES = [
 ROI = np.array([0, 0, -0.2, 0.1, 1, 1, 1.1, 0.8], dtype=np.float32)
 
 
+@covers("Resize", check=Check.ONNXRUNTIME)
 @pytest.mark.parametrize("coord", COORD_MODES)
 @pytest.mark.parametrize("nearest_mode", NEAREST_MODES)
 def test_nearest_matches_onnxruntime_exactly(coord, nearest_mode):
@@ -147,6 +158,8 @@ def _ref_linear(x, x_qp, y_qp, shape, out_shape, scales, coord, k, extrap_code):
     return np.where(mask, extrap_code, y), len(resized)
 
 
+@covers("Resize", check=Check.INT_REFERENCE)
+@covers("Resize", check=Check.ONNXRUNTIME)
 @pytest.mark.parametrize("coord", COORD_MODES)
 def test_linear_integer_weights(coord):
     rng = np.random.default_rng(40 + COORD_MODES.index(coord))

@@ -1,4 +1,4 @@
-"""AveragePool, GlobalAveragePool, MaxPool, GlobalMaxPool, ReduceMean.
+"""ops/pooling.py: AveragePool, GlobalAveragePool, MaxPool, GlobalMaxPool.
 
 (a) forward_int equals an int64 reference written here (explicit loops over output positions, taps counted
 one by one, Python-integer requant); (b) the dequantized output is within the documented LSB bound of
@@ -11,46 +11,26 @@ import itertools
 import numpy as np
 import pytest
 
-from op_testing import context, lsb_error, ort_single, random_codes, random_qparams, ref_requant, runtime
+from op_testing import (
+    FORMATS,
+    Check,
+    context,
+    covers,
+    lsb_error,
+    mean_bound,
+    ort_single,
+    proposal_for,
+    random_input,
+    random_qparams,
+    ref_mean_requant,
+    runtime,
+)
 from ops import get_op
 from ops.registry import QuantizationError
 from ptq.core.graph import Node
-from ptq.core.requant import quantize_multiplier
 
-MBITS = 15
+
 OPSET = 19
-FORMATS = [(8, True), (8, False), (16, True), (16, False)]
-
-
-def _input(rng, shape, bits, signed):
-    qp = random_qparams(rng, -rng.uniform(0.5, 3.0), rng.uniform(0.5, 3.0), bits, signed=signed)
-    return qp, random_codes(rng, qp, shape)
-
-
-def _proposal(rng, y_float, bits, signed):
-    lo, hi = float(y_float.min()), float(y_float.max())
-    return random_qparams(rng, lo, hi, bits, signed=signed)
-
-
-def _mean_bound(y_float, y_qp):
-    """0.5 LSB rounding + the multiplier's relative error (2^-15) + float32 noise of the reference."""
-    big = float(np.max(np.abs(y_float))) / float(y_qp.scale[0])
-    return 0.5 + big * (2.0 ** -MBITS + 2.0 ** -20) + 1e-3
-
-
-def _ref_mean_requant(acc, counts, x_qp, y_qp):
-    """Python-integer requant of window sums with (M, N) ~= s_x / (s_y * count) per position."""
-    acc = np.asarray(acc, dtype=np.int64)
-    counts = np.broadcast_to(np.asarray(counts, dtype=np.int64), acc.shape)
-    m = np.empty(acc.shape, dtype=np.int64)
-    n = np.empty(acc.shape, dtype=np.int64)
-    for idx in np.ndindex(*acc.shape):
-        r = float(x_qp.scale[0]) / (float(y_qp.scale[0]) * int(counts[idx]))
-        mm, nn = quantize_multiplier(r, MBITS)
-        assert abs(mm[0] / 2.0 ** nn[0] - r) <= r * 2.0 ** -MBITS
-        m[idx], n[idx] = mm[0], nn[0]
-    flat = [v.reshape(-1) for v in (acc, m, n)]  # ref_requant needs at least one dimension
-    return ref_requant(*flat, int(y_qp.zero_point[0]), y_qp.qmin, y_qp.qmax).reshape(acc.shape)
 
 
 def _ref_pool(x, kernel, strides, dilations, begin, end, out, include_pad, reduce):
@@ -108,6 +88,8 @@ def _geometry(shape, attrs, out):
     return kernel, strides, dilations, begin, end
 
 
+@covers("AveragePool", check=Check.INT_REFERENCE)
+@covers("AveragePool", check=Check.ONNXRUNTIME)
 @pytest.mark.parametrize("include_pad", [0, 1])
 @pytest.mark.parametrize("case", range(len(POOL_CASES)))
 def test_average_pool(case, include_pad):
@@ -117,11 +99,11 @@ def test_average_pool(case, include_pad):
     op = get_op("AveragePool")
     node = Node("pool", "AveragePool", ["x"], ["y"], attrs)
     for bits, signed in FORMATS:
-        x_qp, x = _input(rng, shape, bits, signed)
+        x_qp, x = random_input(rng, shape, bits, signed)
         x_f = x_qp.dequantize(x)
         (y_ort,) = ort_single("AveragePool", {"x": x_f}, attrs, opset=OPSET)
         np.testing.assert_allclose(op.forward_float(node, [x_f])[0], y_ort, rtol=1e-5, atol=1e-6)
-        y_qp = _proposal(rng, y_ort, bits, signed)
+        y_qp = proposal_for(rng, y_ort, bits, signed)
         q = op.quantize(context(node, [x_qp], [y_qp]))
         assert q.out_qparams[0] == y_qp
         (y,) = op.forward_int(q, [x], runtime())
@@ -131,8 +113,8 @@ def test_average_pool(case, include_pad):
         xc = x.astype(np.int64) - int(x_qp.zero_point[0])
         acc, counts = _ref_pool(xc, kernel, strides, dilations, begin, end, y_ort.shape[2:], include_pad,
                                 lambda v: v.sum(axis=-1))
-        np.testing.assert_array_equal(y, _ref_mean_requant(acc, counts, x_qp, y_qp))
-        assert lsb_error(y_qp, y, y_ort) <= _mean_bound(y_ort, y_qp)
+        np.testing.assert_array_equal(y, ref_mean_requant(acc, counts, x_qp, y_qp))
+        assert lsb_error(y_qp, y, y_ort) <= mean_bound(y_ort, y_qp)
 
 
 def test_average_pool_variable_divisor_gets_per_position_multipliers():
@@ -147,6 +129,8 @@ def test_average_pool_variable_divisor_gets_per_position_multipliers():
     assert y[0, 0, 0, 0] == 27 and y[0, 0, 0, 1] == 30 and y[0, 0, 1, 1] == 32 and y[0, 0, 2, 2] == 36
 
 
+@covers("MaxPool", check=Check.INT_REFERENCE)
+@covers("MaxPool", check=Check.ONNXRUNTIME)
 @pytest.mark.parametrize("case", range(len(POOL_CASES)))
 def test_max_pool(case):
     rng = np.random.default_rng(300 + case)
@@ -154,11 +138,11 @@ def test_max_pool(case):
     op = get_op("MaxPool")
     node = Node("pool", "MaxPool", ["x"], ["y"], attrs)
     for bits, signed in FORMATS:
-        x_qp, x = _input(rng, shape, bits, signed)
+        x_qp, x = random_input(rng, shape, bits, signed)
         x_f = x_qp.dequantize(x)
         (y_ort,) = ort_single("MaxPool", {"x": x_f}, attrs, opset=OPSET)
         np.testing.assert_array_equal(op.forward_float(node, [x_f])[0], y_ort)
-        proposal = _proposal(rng, y_ort, bits, signed)
+        proposal = proposal_for(rng, y_ort, bits, signed)
         q = op.quantize(context(node, [x_qp], [proposal]))
         assert q.out_qparams[0] == x_qp  # the rule overrides the table
         (y,) = op.forward_int(q, [x], runtime())
@@ -170,11 +154,13 @@ def test_max_pool(case):
         np.testing.assert_array_equal(x_qp.dequantize(y), y_ort)  # exact: LSB bound 0
 
 
+@covers("GlobalAveragePool", "GlobalMaxPool", check=Check.INT_REFERENCE)
+@covers("GlobalAveragePool", "GlobalMaxPool", check=Check.ONNXRUNTIME)
 @pytest.mark.parametrize("shape", [(2, 3, 5, 4), (1, 4, 7), (1, 2, 3, 4, 2)])
 def test_global_pools(shape):
     rng = np.random.default_rng(sum(shape))
     for bits, signed in FORMATS:
-        x_qp, x = _input(rng, shape, bits, signed)
+        x_qp, x = random_input(rng, shape, bits, signed)
         x_f = x_qp.dequantize(x)
         spatial = tuple(range(2, len(shape)))
         xc = x.astype(np.int64) - int(x_qp.zero_point[0])
@@ -183,16 +169,16 @@ def test_global_pools(shape):
         node = Node("gap", "GlobalAveragePool", ["x"], ["y"])
         (y_ort,) = ort_single("GlobalAveragePool", {"x": x_f}, opset=OPSET)
         np.testing.assert_allclose(avg.forward_float(node, [x_f])[0], y_ort, rtol=1e-5, atol=1e-6)
-        y_qp = _proposal(rng, y_ort, bits, signed)
+        y_qp = proposal_for(rng, y_ort, bits, signed)
         (y,) = avg.forward_int(avg.quantize(context(node, [x_qp], [y_qp])), [x], runtime())
         acc = np.zeros(shape[:2], dtype=np.int64)
         for idx in itertools.product(*(range(s) for s in shape[2:])):
             acc += xc[(slice(None), slice(None)) + idx]
         acc = acc.reshape(shape[:2] + (1,) * len(spatial))
         count = int(np.prod(shape[2:]))
-        np.testing.assert_array_equal(y, _ref_mean_requant(acc, count, x_qp, y_qp))
+        np.testing.assert_array_equal(y, ref_mean_requant(acc, count, x_qp, y_qp))
         assert y.dtype == y_qp.dtype
-        assert lsb_error(y_qp, y, y_ort) <= _mean_bound(y_ort, y_qp)
+        assert lsb_error(y_qp, y, y_ort) <= mean_bound(y_ort, y_qp)
 
         gmax = get_op("GlobalMaxPool")
         node = Node("gmp", "GlobalMaxPool", ["x"], ["y"])
@@ -206,78 +192,6 @@ def test_global_pools(shape):
         np.testing.assert_array_equal(y.reshape(shape[:2]), ref)
         assert q.out_qparams[0] == x_qp
         np.testing.assert_array_equal(x_qp.dequantize(y), y_ort)
-
-
-REDUCE_CASES = [
-    ((2, 3, 4, 5), [2, 3], 1),
-    ((2, 3, 4, 5), [1], 0),
-    ((2, 3, 4, 5), [-1, 0], 1),
-    ((3, 4, 5), None, 0),
-]
-
-
-@pytest.mark.parametrize("opset", [17, 18])
-@pytest.mark.parametrize("case", range(len(REDUCE_CASES)))
-def test_reduce_mean(case, opset):
-    rng = np.random.default_rng(500 + case + opset)
-    shape, axes, keepdims = REDUCE_CASES[case]
-    op = get_op("ReduceMean")
-    attrs = {"keepdims": keepdims}
-    constants = {}
-    inputs = ["x"]
-    if axes is not None and opset >= 18:
-        constants = {"axes": np.array(axes, dtype=np.int64)}
-        inputs = ["x", "axes"]
-    elif axes is not None:
-        attrs["axes"] = axes
-    node = Node("rm", "ReduceMean", inputs, ["y"], attrs)
-    for bits, signed in FORMATS:
-        x_qp, x = _input(rng, shape, bits, signed)
-        x_f = x_qp.dequantize(x)
-        (y_ort,) = ort_single("ReduceMean", {"x": x_f}, attrs, constants=constants, opset=opset)
-        raw = [x_f] + list(constants.values())
-        np.testing.assert_allclose(op.forward_float(node, raw)[0], y_ort, rtol=1e-5, atol=1e-6)
-        y_qp = _proposal(rng, y_ort, bits, signed)
-        const_inputs = {1: constants["axes"]} if constants else {}
-        q = op.quantize(context(node, [x_qp, None][:len(inputs)], [y_qp], const_inputs))
-        (y,) = op.forward_int(q, [x] + list(constants.values()), runtime())
-        # reference: move the reduced axes last, flatten them, add column by column
-        red = [a % len(shape) for a in (axes if axes is not None else range(len(shape)))]
-        kept = [a for a in range(len(shape)) if a not in red]
-        xc = np.transpose(x.astype(np.int64) - int(x_qp.zero_point[0]), kept + red)
-        flat = xc.reshape([shape[a] for a in kept] + [-1])
-        acc = np.zeros(flat.shape[:-1], dtype=np.int64)
-        for j in range(flat.shape[-1]):
-            acc += flat[..., j]
-        ref = _ref_mean_requant(acc, flat.shape[-1], x_qp, y_qp)
-        np.testing.assert_array_equal(y.reshape(ref.shape), ref)
-        assert y.shape == y_ort.shape
-        assert lsb_error(y_qp, y, y_ort) <= _mean_bound(y_ort, y_qp)
-
-
-def test_reduce_mean_without_proposal_keeps_input_qparams_and_noop():
-    rng = np.random.default_rng(7)
-    x_qp, x = _input(rng, (2, 3, 4), 8, True)
-    op = get_op("ReduceMean")
-    node = Node("rm", "ReduceMean", ["x", "axes"], ["y"], {"noop_with_empty_axes": 1})
-    q = op.quantize(context(node, [x_qp, None], [None], {1: np.array([], dtype=np.int64)}))
-    assert q.out_qparams[0] == x_qp
-    (y,) = op.forward_int(q, [x, np.array([], dtype=np.int64)], runtime())
-    np.testing.assert_array_equal(y, x)
-
-
-def test_mean_overflow_is_saturated_and_reported():
-    """16-bit codes summed over 256 * 264 elements exceed int32: saturated, counted per node."""
-    x_qp = random_qparams(np.random.default_rng(1), -1.0, 1.0, 16, signed=True, symmetric=True)
-    x = np.full((1, 1, 256, 264), x_qp.qmax, dtype=x_qp.dtype)
-    node = Node("gap", "GlobalAveragePool", ["x"], ["y"])
-    op = get_op("GlobalAveragePool")
-    rt = runtime()
-    (y,) = op.forward_int(op.quantize(context(node, [x_qp], [x_qp])), [x], rt)
-    assert rt.overflows == {"gap": 1}
-    saturated = np.full((1, 1, 1, 1), 2**31 - 1, dtype=np.int64)
-    np.testing.assert_array_equal(y, _ref_mean_requant(saturated, 256 * 264, x_qp, x_qp))
-    assert y.item() == 31775  # (2^31 - 1) / 67584 = 31775.03, below the true mean 32767
 
 
 def test_bad_inputs_raise_clear_errors():
