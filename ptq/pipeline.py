@@ -120,7 +120,7 @@ def collect_image_statistics(
     return stats, log
 
 
-def clip_bounds(graph: Graph) -> dict[str, tuple[float, float]]:
+def folded_ranges(graph: Graph) -> dict[str, tuple[float, float]]:
     """Tensors whose every consumer clamps them to a constant interval (an op with a `clip_range`: Relu,
     Clip with constant bounds) -> the union of those intervals."""
     consumers = graph.consumers()
@@ -146,7 +146,7 @@ def activation_entries(
 ) -> dict[str, TensorEntry]:
     """Table entries of the activations from their statistics."""
     calibrator = get_calibrator(options.calibrator)
-    bounds = clip_bounds(graph) if options.fold_clip else {}
+    bounds = folded_ranges(graph) if options.fold_clip else {}
     entries = {}
     for name in graph.activations:
         try:

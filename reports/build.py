@@ -39,6 +39,7 @@ def build_report(ev: Evaluation, model: str, quant: str, top: Optional[int] = No
         classification=ev.classification.to_dict() if ev.classification is not None else None,
         bottlenecks=rank_bottlenecks(layer_reports, top=top),
         float_nodes=list(ev.float_nodes),
+        float_reasons=dict(ev.float_reasons),
         notes=notes,
         isolated_images=isolated_images,
     )

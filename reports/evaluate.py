@@ -20,6 +20,7 @@ from typing import Iterator, Optional, Sequence, Union
 from ptq.core.graph import Graph
 from ptq.executor import IntegerGraph, prepare
 from ptq.float_run import FloatRunner, image_input
+from ptq.pipeline import folded_ranges
 from ptq.quant_table import QuantTable
 from reports.evaluation import Evaluation
 from reports.float_reference import float_reference
@@ -84,10 +85,13 @@ def evaluate(
         outputs={o: SimilarityAccumulator() for o in outputs},
         classification=TopKAgreement() if _is_scores(graph, outputs[0]) else None,
         float_nodes=[f.name for f in prepared.float_nodes],
+        float_reasons={f.name: f"{f.op_type}: {f.reason}" for f in prepared.float_nodes},
         clipped={s.name: ClipAccumulator() for s in specs},
     )
     bounds = {s.name: grid_bounds(ev.qparams[s.name], len(graph.tensors[s.name].shape or ())) for s in specs}
-    image = ImageRun(prepared, ev, specs, steps, bounds, input_name, outputs)
+    folded = folded_ranges(graph) if table.options.fold_clip else {}
+    image = ImageRun(prepared, ev, specs, steps, bounds, input_name, outputs,
+                     {name: span for name, span in folded.items() if name in bounds})
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ptq-report") as pool, \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="ptq-float") as float_pool, \
             tqdm(total=images.expected, unit="img", desc=desc, disable=None if progress else True, leave=False) as bar:

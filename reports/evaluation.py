@@ -20,6 +20,7 @@ class Evaluation:
     outputs: dict[str, SimilarityAccumulator]
     classification: Optional[TopKAgreement]
     float_nodes: list[str]
+    float_reasons: dict[str, str]  # float node name -> why it runs in float ("not registered", ...)
     clipped: dict[str, ClipAccumulator] = field(default_factory=dict)  # float values beyond each grid
     overflows: dict[str, int] = field(default_factory=dict)
     images: int = 0

@@ -143,7 +143,11 @@ def _summary(report: Report) -> str:
             rows.append(("accuracy (float / int)",
                          f"{c['float_accuracy']:.3f} / {c['int_accuracy']:.3f} over {c['labelled']} labelled images"))
     if report.float_nodes:
-        rows.append(("float nodes", ", ".join(report.float_nodes)))
+        rows.append((f"{len(report.float_nodes)} node(s) ran in float",
+                     "; ".join(f"{n} ({report.float_reasons[n]})" if n in report.float_reasons else n
+                               for n in report.float_nodes)))
+    else:
+        rows.append(("float nodes", "none: every node ran in integers"))
     for note in report.notes:
         rows.append(("note", note))
     body = "".join(f'<tr><th class="t">{escape(k)}</th><td>{escape(v)}</td></tr>' for k, v in rows)

@@ -54,6 +54,9 @@ class ImageRun:
     bounds: dict[str, tuple[np.ndarray, np.ndarray]]
     input_name: str
     outputs: list[str]
+    # tensors whose range calibration folded to the clamp of their consumers (Relu, Clip): the float value
+    # they stand for is the clamped one, so they are compared with it (their clipping is by design)
+    folded: dict[str, tuple[float, float]]
 
     def run(self, worker: MetricWorker, sample: np.ndarray, label: Optional[int], floats: dict,
             with_isolated: bool) -> None:
@@ -76,6 +79,8 @@ class ImageRun:
         worker.submit(self._fold_outputs, floats, {name: result.tensors[name] for name in self.outputs}, label, refs)
 
     def _fold_cumulative(self, name: str, x: np.ndarray, codes: np.ndarray, refs: dict) -> None:
+        if name in self.folded:
+            x = np.clip(x, *self.folded[name]).astype(x.dtype, copy=False)
         ref = refs[name] = ReferenceTensor.of(x)
         self.ev.cumulative[name].update(ref, dequantize32(self.ev.qparams[name], codes), overwrite_test=True)
         self.ev.clipped[name].update(x, *self.bounds[name])

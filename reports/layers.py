@@ -151,6 +151,7 @@ class Report:
     classification: Optional[dict]  # TopKAgreement.to_dict() of the first output, when it is a score vector
     bottlenecks: list[Bottleneck]
     float_nodes: list[str] = field(default_factory=list)
+    float_reasons: dict[str, str] = field(default_factory=dict)  # node -> "OpType: why it runs in float"
     notes: list[str] = field(default_factory=list)
     isolated_images: int = 0  # images the isolated metrics were accumulated over (the first ones)
 
@@ -165,6 +166,7 @@ class Report:
             "isolated_images": self.isolated_images,
             "metric_definitions": METRIC_DEFINITIONS,
             "float_nodes": list(self.float_nodes),
+            "float_reasons": dict(self.float_reasons),
             "notes": list(self.notes),
             "outputs": outputs,
             "bottlenecks": [b.to_dict() for b in self.bottlenecks],
@@ -181,6 +183,8 @@ METRIC_DEFINITIONS = {
     "isolated": "this layer alone, fed with its float inputs quantized",
     "cosine_drop": "min cumulative cosine of the layer's inputs minus its own cumulative cosine",
     "clipped_fraction": "fraction of the float values beyond [real_min - scale/2, real_max + scale/2] (saturated)",
+    "folded": "a tensor consumed only by a clamp (Relu, Clip) whose range calibration folded to it is compared "
+              "with its float values clamped to that range: its clipping is by design",
     "top1_agreement": "fraction of images where the integer argmax equals the float argmax",
     "top5_agreement": "fraction of images where the float argmax is among the integer top 5",
 }

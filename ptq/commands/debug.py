@@ -13,7 +13,9 @@ import argparse
 import json
 from pathlib import Path
 
-from ptq.commands.report import DEFAULT_ISOLATED_IMAGES, add_common_arguments, isolated_images, load_inputs, write_report
+from ptq.commands.report import (
+    DEFAULT_ISOLATED_IMAGES, add_common_arguments, isolated_images, load_inputs, require_integer_graph, write_report,
+)
 
 HELP = "fake-quant debugging: run suspect layers in float or 16 bits and measure the recovery"
 
@@ -82,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     if args.write_quant and args.auto is None:
         raise ValueError("--write-quant needs --auto")
     graph, table, images = load_inputs(args)
+    require_integer_graph(args, graph, table)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     data: dict = {"model": str(args.model), "quant": str(args.quant)}

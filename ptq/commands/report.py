@@ -37,6 +37,22 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--labels", help="labels file (JSON {file: label} or 'NAME LABEL' lines); default: the "
                         "number at the end of each file name, e.g. imagenet_00_243.jpg -> 243")
     parser.add_argument("--num-images", type=int, help="use only the first N images")
+    add_strict_argument(parser)
+
+
+def add_strict_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--strict", action="store_true",
+                        help="fail if any node would run in float (not registered, or a rule that cannot quantize "
+                        "it) instead of running it in float with a notice")
+
+
+def require_integer_graph(args: argparse.Namespace, graph, table) -> None:
+    """With --strict: prepare the graph in strict mode, so that the first node that would run in float is
+    an error naming it and the reason."""
+    if args.strict:
+        from ptq.executor import ExecutorOptions, prepare
+
+        prepare(graph, table, options=ExecutorOptions(strict=True))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     if args.top <= 0:
         raise ValueError(f"--top must be positive, got {args.top}")
     graph, table, images = load_inputs(args)
+    require_integer_graph(args, graph, table)
     ev = evaluate(graph, table, images, float_nodes=args.float_nodes, isolated_images=args.isolated_images,
                   progress=True)
     report = build_report(ev, str(args.model), str(args.quant))
