@@ -46,6 +46,7 @@ from ptq.core.graph import Graph, Node, load_model
 from ptq.core.qparams import QParams, compute_qparams
 from ptq.quant_table import QuantTable, load_quant_table
 from ptq.rewrites import RewriteLog, apply_rewrites
+from ptq.weight_scale_floor import floor_folded_weight
 from ops.registry import bias_role, weight_role
 
 
@@ -288,7 +289,8 @@ class _Quantizer:
         if original is None:
             raise ExecutorError(f"weight {source!r} of {node.op_type} {node.name!r} has no qparams in the quant table")
         weight = self.graph.initializers[name]
-        return _folded_weight_qparams(weight, original, axis % weight.ndim)
+        folded = _folded_weight_qparams(weight, original, axis % weight.ndim)
+        return floor_folded_weight(node, self.graph, self.table.tensors, folded)
 
     def _input_qparams(self, node: Node) -> list[Optional[QParams]]:
         wrole, brole = weight_role(node), bias_role(node)

@@ -16,7 +16,10 @@ A calibrated weight scale can be so small that integer arithmetic suffers downst
   output by at most DEAD_CHANNEL_LSB in the first case and not at all in the second.
 
 A raised scale is written to the table as a proportionally widened range, so `min`/`max` and `scale` stay
-consistent and the QDQ export and the integer executor use the same grid.
+consistent and the QDQ export and the integer executor use the same grid. Weights the table never saw (a
+Conv weight with a BatchNormalization folded into it by the executor) get the same floors from
+`floor_folded_weight`, measured on the folded weight and bias: folding multiplies a dead channel's bias by
+gamma / sqrt(var + eps), which is large exactly when the channel is dead (var ~ 0).
 """
 from __future__ import annotations
 
@@ -83,6 +86,17 @@ def _node_floor(node: Node, graph: Graph, tensors: dict[str, TensorEntry], qp: Q
     if y_entry is not None and not y_entry.qparams.per_channel:
         floor = np.maximum(floor, _dead_channel_floor(w, qp.axis, _bias(node, graph), x_entry, y_entry.qparams))
     return floor
+
+
+def floor_folded_weight(node: Node, graph: Graph, tensors: dict[str, TensorEntry], qp: QParams) -> QParams:
+    """`qp` (symmetric qparams of a weight the executor derived, e.g. BN-folded) with each channel's scale
+    raised to the floors above, measured on `node` of the rewritten `graph`."""
+    floor = _node_floor(node, graph, tensors, qp)
+    if floor is None or not np.any(qp.scale < floor) or np.any(qp.zero_point):
+        return qp
+    scale = np.where(qp.scale < floor, floor * _MARGIN, qp.scale).astype(np.float32).astype(np.float64)
+    return QParams(scale=scale, zero_point=qp.zero_point, bits=qp.bits, signed=qp.signed, axis=qp.axis,
+                   narrow=qp.narrow)
 
 
 def floor_weight_scales(graph: Graph, tensors: dict[str, TensorEntry], options: CalibrationOptions) -> list[str]:

@@ -1,10 +1,11 @@
 """Weight scale floors: int32 biases never saturate; dead channels keep a full-precision requant factor."""
 import numpy as np
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ptq.pipeline import calibrate
-from ptq.executor import prepare
+from ptq.executor import NodeKind, prepare
 from ptq.qdq_export import export_qdq
 from ptq.core.qparams import compute_qparams
 from ptq.core.requant import INT32_MAX
@@ -80,3 +81,52 @@ def test_large_bias_with_tiny_scales_fits_int32():
     (y,) = run_ort(export_qdq(result.graph, result.table), {"x": samples[:1]})
     expected = samples[:1] @ wg.T + bg
     assert np.max(np.abs(y - expected)) <= result.table.qparams("y").scale[0]  # the bias is not saturated
+
+
+def _dead_channel_conv_bn(standalone_bn: bool):
+    """Conv 3->8 whose channels 2 and 5 are dead (|w| ~ 1e-13, BN variance ~ 0, as trained networks leave
+    them), then BatchNormalization and Relu. With `standalone_bn` the Conv output is also a graph output, so
+    the BN is not folded and runs as its own integer op."""
+    rng = np.random.default_rng(0)
+    c = 8
+    w = rng.normal(0, 0.3, (c, 3, 3, 3)).astype(np.float32)
+    w[2] *= 1e-12
+    w[5] *= 1e-13
+    b = rng.normal(0, 0.1, c).astype(np.float32)
+    gamma, beta = rng.uniform(0.5, 2, c).astype(np.float32), rng.normal(0, 1, c).astype(np.float32)
+    mean, var = rng.normal(0, 0.1, c).astype(np.float32), rng.uniform(0.5, 2, c).astype(np.float32)
+    mean[[2, 5]], var[[2, 5]] = 0, 1e-12
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("BatchNormalization", ["c", "g", "be", "m", "v"], ["bn"], name="bn"),
+             helper.make_node("Relu", ["bn"], ["y"], name="relu")]
+    inits = [numpy_helper.from_array(a, n) for a, n in
+             [(w, "W"), (b, "B"), (gamma, "g"), (beta, "be"), (mean, "m"), (var, "v")]]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 8, 8])]
+    if standalone_bn:
+        outputs.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, c, 8, 8]))
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])], outputs, inits)
+    return model, rng.normal(0, 1, (24, 3, 8, 8)).astype(np.float32)
+
+
+@pytest.mark.parametrize("standalone_bn", [False, True])
+def test_dead_channels_with_batchnorm_never_saturate_the_accumulator(standalone_bn):
+    """Folding BN into a Conv multiplies a dead channel's bias by gamma / sqrt(var + eps), ~300x here: the
+    folded weight gets the calibration's scale floors too, so no int32 value saturates and the integer run
+    agrees with float."""
+    model, x = _dead_channel_conv_bn(standalone_bn)
+    result = calibrate(model, x[:16], write_qdq=False)
+    graph = prepare(result.graph, result.table)
+    kinds = {s.node.op_type: s.kind for s in graph.steps}
+    assert set(kinds.values()) == {NodeKind.INTEGER}
+    assert ("BatchNormalization" in kinds) == standalone_bn
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    y_qp = graph.qparams["y"]
+    lo, hi = (float(v[0]) for v in y_qp.real_range())
+    for sample in x[:4]:  # calibration images: the comparison is of the arithmetic, not of the range
+        run = graph.run({"x": sample[None]})
+        assert run.overflows == {}
+        want = np.clip(sess.run(["y"], {"x": sample[None]})[0], lo, hi)
+        got = run.outputs["y"]
+        assert float(np.sum(got * want) / (np.linalg.norm(got) * np.linalg.norm(want))) > 0.999
+        dead = got[:, [2, 5]]
+        np.testing.assert_array_equal(dead, y_qp.dequantize(y_qp.quantize(want[:, [2, 5]])))
