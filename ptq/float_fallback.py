@@ -33,6 +33,16 @@ def node_proto(node: Node) -> onnx.NodeProto:
     return helper.make_node(node.op_type, node.inputs, node.outputs, name=node.name, domain=node.domain, **attrs)
 
 
+def _graph_of(node: Node) -> onnx.GraphProto:
+    """A one-node graph: onnx.reference honours `opsets` for a graph, not for a bare node (it would run
+    the newest version of the op, e.g. Unsqueeze-13 with axes as an input, on an opset-12 node)."""
+    def untyped(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, onnx.TensorProto.UNDEFINED, None)
+
+    return helper.make_graph([node_proto(node)], node.name or node.op_type,
+                             [untyped(i) for i in node.inputs if i], [untyped(o) for o in node.outputs if o])
+
+
 class NodeFloatEvaluator:
     """Evaluates single nodes in float: a node's registered `forward_float`, else onnx.reference over the node
     alone (one `ReferenceEvaluator` built per node and reused). Not the whole-model float run: that is
@@ -50,7 +60,7 @@ class NodeFloatEvaluator:
             if node.domain:
                 opsets[node.domain] = 1
             try:
-                ev = ReferenceEvaluator(node_proto(node), opsets=opsets)
+                ev = ReferenceEvaluator(_graph_of(node), opsets=opsets)
             except Exception as exc:  # onnx raises several types for unknown ops / bad attributes
                 raise FloatFallbackError(
                     f"{node.op_type} node {node.name!r} (domain {node.domain or 'ai.onnx'!r}) has no registered op "

@@ -119,7 +119,8 @@ class InputSpec:
     def from_shape(cls, shape: Sequence[Optional[int]], layout: Optional[str] = None) -> "InputSpec":
         """From a rank-4 input shape; the layout is guessed from where the 1 or 3 channels sit if not given."""
         if shape is None or len(shape) != 4:
-            raise ValueError(f"image input must have rank 4 (NCHW or NHWC), the model's has shape {shape}")
+            raise ValueError(f"the model's input has shape {shape}: --images needs an image input of rank 4 "
+                             "(NCHW or NHWC)")
         if layout is None:
             if shape[1] in (1, 3):
                 layout = "NCHW"

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper, shape_inference, version_converter
+from onnx import external_data_helper, helper, numpy_helper, shape_inference, version_converter
 
 MIN_OPSET, MAX_OPSET = 7, 21
 CONVERTED_BELOW = 11  # models of opsets 7-10 are converted to opset 11 by onnx's version converter
@@ -193,9 +193,31 @@ def read_model(source: Union[str, Path, onnx.ModelProto]) -> onnx.ModelProto:
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
     try:
-        return onnx.load(str(path))
+        model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises several unrelated types on garbage input
-        raise ModelError(f"{path} is not a readable ONNX model: {exc}") from exc
+        raise ModelError(f"{path} is not a readable ONNX model: {_one_line(exc)}") from exc
+    _check_external_data(model, path)
+    try:
+        external_data_helper.load_external_data_for_model(model, str(path.parent))
+    except Exception as exc:  # a truncated or unreadable data file
+        raise ModelError(f"{path}: cannot read its external data: {_one_line(exc)}") from exc
+    return model
+
+
+def _one_line(exc: Exception) -> str:
+    """An exception's message on one line (onnx's checker and loader messages span several)."""
+    return " ".join(str(exc).split())
+
+
+def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
+    """ModelError naming the first tensor whose external data file is missing."""
+    for tensor in model.graph.initializer:
+        if not external_data_helper.uses_external_data(tensor):
+            continue
+        location = {e.key: e.value for e in tensor.external_data}.get("location", "")
+        if not (path.parent / location).is_file():
+            raise ModelError(f"{path}: the external data file {location!r} of tensor {tensor.name!r} is missing "
+                             f"(expected beside the model, in {path.parent})")
 
 
 def load_model(
@@ -217,7 +239,7 @@ def load_model(
         onnx.checker.check_model(model)
         model = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        raise ModelError(f"invalid ONNX model: {exc}") from exc
+        raise ModelError(f"invalid ONNX model: {_one_line(exc)}") from exc
 
     initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     tensors: dict[str, TensorInfo] = {}
@@ -242,6 +264,8 @@ def load_model(
 
     proto_nodes = _toposort(list(model.graph.node), set(initializers) | set(inputs))
     names = _unique_node_names(proto_nodes)
+    for proto, name in zip(proto_nodes, names):
+        proto.name = name  # in ptq's copy of the model too: onnxruntime refuses repeated node names
     nodes = [
         Node(
             name=names[k],
