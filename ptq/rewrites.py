@@ -3,6 +3,9 @@
 1. `fold_static`: shape subgraphs (Shape of a statically shaped tensor, and everything computed only from
    constants and such shapes: Gather, Concat, Cast, Unsqueeze, Slice, ConstantOfShape, ...) and weight-only
    subgraphs (a Transpose or DequantizeLinear on a weight) are evaluated once; their outputs become constants.
+1b. `fuse_transformer`: decomposed transformer patterns become one node each, which produces the pattern's
+   output tensor (same name: its calibrated qparams apply and reports name the layer): GELU (erf or tanh
+   form) -> ONNX Gelu (`ops.gelu`, one table). `RewriteLog.patterns` lists what each fusion removed.
 2. `fold_batchnorm`: a BatchNormalization whose input is the output of an op that absorbs it
    (`OpDef.absorbs_batchnorm`: Conv) with no other consumer is folded into that node (seed 003), per output
    channel c:
@@ -56,6 +59,7 @@ class RewriteLog:
     folded_nodes: list[str] = field(default_factory=list)  # nodes evaluated once (shape and weight subgraphs)
     batchnorm_folds: list[BatchNormFold] = field(default_factory=list)
     fusions: list[ActivationFusion] = field(default_factory=list)
+    patterns: list["PatternFusion"] = field(default_factory=list)  # transformer patterns (`fuse_transformer`)
 
     @property
     def folded_weights(self) -> dict[str, str]:
@@ -230,12 +234,198 @@ def apply_rewrites(
     can_host: Callable[[Node], bool] = lambda node: True,
     protected: frozenset = frozenset(),
 ) -> tuple[Graph, RewriteLog]:
-    """All rewrites, in order, on a copy of `graph`: (static folding, BN folding, activation fusion)."""
+    """All rewrites, in order, on a copy of `graph`: (static folding, transformer patterns, BN folding,
+    activation fusion)."""
     graph = copy_graph(graph)
     log = RewriteLog()
     log.folded_nodes = fold_static(graph, runner)
+    log.patterns = fuse_transformer(graph, protected)
     if fold_bn:
         log.batchnorm_folds = fold_batchnorm(graph, protected)
     if fuse:
         log.fusions = fuse_activations(graph, can_host, protected)
     return graph, log
+
+
+# --- transformer patterns -------------------------------------------------------------------------------
+# Each pattern below is replaced by one node that produces the pattern's *output tensor* (same name, so the
+# quant table entry calibrated on the float model applies and reports name the layer by it); the pattern's
+# internal tensors disappear. A pattern matches only when every internal tensor has exactly one consumer
+# (the pattern's own) and is no graph output, and none of its nodes is protected.
+
+PATTERN_RTOL = 1e-3  # how far a decomposition's constants may be from the exact ones (1.4142 for sqrt(2))
+
+
+@dataclass
+class PatternFusion:
+    host: str  # the new node's name (that of the pattern's last node)
+    op_type: str  # the new node's op type ("Gelu", "LayerNormalization", "ScaledMatMul")
+    removed_nodes: list[str]  # every node of the pattern (the host's name included)
+    removed_tensors: list[str]  # the pattern's internal tensors (no longer exist)
+
+
+class _Patterns:
+    """Producer/consumer lookups and small matchers over the current graph (rebuilt after each fusion)."""
+
+    def __init__(self, graph: Graph, protected: frozenset):
+        self.graph, self.protected = graph, protected
+        self.producer, self.consumers = graph.producer(), graph.consumers()
+
+    def scalar(self, name: str) -> Optional[float]:
+        """The value of a constant whose elements are all equal, else None."""
+        value = self.graph.initializers.get(name)
+        if value is None or np.asarray(value).size == 0 or not np.issubdtype(np.asarray(value).dtype, np.number):
+            return None
+        flat = np.asarray(value, dtype=np.float64).ravel()
+        return float(flat[0]) if np.all(flat == flat[0]) else None
+
+    def is_scalar(self, name: str, want: float) -> bool:
+        value = self.scalar(name)
+        return value is not None and abs(value - want) <= PATTERN_RTOL * abs(want)
+
+    def only_consumer(self, tensor: str) -> Optional[Node]:
+        """The single consumer of an internal tensor (None when shared, unused or a graph output)."""
+        users = self.consumers.get(tensor, [])
+        if len(users) != 1 or tensor in self.graph.outputs:
+            return None
+        return users[0]
+
+    def produced_by(self, tensor: str, op_type: str) -> Optional[Node]:
+        node = self.producer.get(tensor)
+        return node if node is not None and node.op_type == op_type and not node.domain else None
+
+    def scalar_operand(self, node: Node, op_type: str, want: float, commutes: bool = True) -> Optional[str]:
+        """t when `node` is op_type(t, c) (or op_type(c, t) if it commutes) with a scalar constant c ~= want."""
+        if node is None or node.op_type != op_type or node.domain or len(node.inputs) != 2:
+            return None
+        a, b = node.inputs
+        if self.is_scalar(b, want) and a not in self.graph.initializers:
+            return a
+        if commutes and self.is_scalar(a, want) and b not in self.graph.initializers:
+            return b
+        return None
+
+    def other_input(self, node: Node, tensor: str) -> Optional[str]:
+        if len(node.inputs) != 2 or tensor not in node.inputs:
+            return None
+        return node.inputs[1] if node.inputs[0] == tensor else node.inputs[0]
+
+    def free(self, nodes: list[Node]) -> bool:
+        return not any(n.name in self.protected for n in nodes)
+
+
+def _replace(graph: Graph, nodes: list[Node], new: Node) -> list[str]:
+    """Put `new` where the last of `nodes` stood (keeps topological order), drop `nodes`; returns the
+    internal tensors removed (outputs of `nodes` other than the new node's)."""
+    last = max(graph.nodes.index(n) for n in nodes)
+    graph.nodes[last] = new
+    gone = {id(n) for n in nodes if n is not graph.nodes[last]}
+    graph.nodes = [n for n in graph.nodes if id(n) not in gone]
+    removed = [o for n in nodes for o in n.outputs if o and o not in new.outputs]
+    for tensor in removed:
+        _drop_activation(graph, tensor)
+    return removed
+
+
+def _fuse_each(graph: Graph, protected: frozenset, match: Callable) -> list[PatternFusion]:
+    """Apply `match(patterns, node) -> (nodes, new_node) | None` until nothing matches."""
+    fusions = []
+    changed = True
+    while changed:
+        changed = False
+        patterns = _Patterns(graph, protected)
+        for node in list(graph.nodes):
+            found = match(patterns, node)
+            if found is None:
+                continue
+            nodes, new = found
+            removed = _replace(graph, nodes, new)
+            fusions.append(PatternFusion(new.name, new.op_type, [n.name for n in nodes], removed))
+            changed = True
+            break
+    return fusions
+
+
+def _gelu_tail(p: _Patterns, a: str, x: str) -> Optional[list[Node]]:
+    """The nodes computing 0.5 * x * a by two Mul (any order and grouping), last node last."""
+    m1 = p.only_consumer(a)
+    if m1 is None or m1.op_type != "Mul" or m1.domain:
+        return None
+    other = p.other_input(m1, a)
+    if other == x:  # (x * a) * 0.5
+        m2 = p.only_consumer(m1.outputs[0])
+        return [m1, m2] if p.scalar_operand(m2, "Mul", 0.5) == m1.outputs[0] else None
+    if other is not None and p.is_scalar(other, 0.5):  # (a * 0.5) * x
+        m2 = p.only_consumer(m1.outputs[0])
+        return [m1, m2] if m2 is not None and m2.op_type == "Mul" and p.other_input(m2, m1.outputs[0]) == x else None
+    half = p.produced_by(other, "Mul") if other is not None else None  # (x * 0.5) * a
+    if half is not None and p.scalar_operand(half, "Mul", 0.5) == x and p.only_consumer(other) is m1:
+        return [half, m1]
+    return None
+
+
+def _cube_of(p: _Patterns, tensor: str) -> Optional[tuple[str, list[Node]]]:
+    """(x, nodes) when `tensor` is Pow(x, 3) or x * (x * x) in either order."""
+    pow_node = p.produced_by(tensor, "Pow")
+    if pow_node is not None and p.scalar_operand(pow_node, "Pow", 3.0, commutes=False) is not None:
+        return pow_node.inputs[0], [pow_node]
+    mul = p.produced_by(tensor, "Mul")
+    if mul is None or len(mul.inputs) != 2:
+        return None
+    for sq_name, x in (mul.inputs, mul.inputs[::-1]):
+        sq = p.produced_by(sq_name, "Mul")
+        if sq is not None and sq.inputs == [x, x] and p.only_consumer(sq_name) is mul:
+            return x, [sq, mul]
+    return None
+
+
+def _match_gelu(p: _Patterns, node: Node):
+    """Erf form: x * 0.5 * (1 + erf(x / sqrt(2))) (Div by sqrt 2 or Mul by 1/sqrt 2); tanh form:
+    0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) (x^3 as Pow(x, 3) or x * x * x)."""
+    if node.domain or node.op_type not in ("Erf", "Tanh"):
+        return None
+    inner = p.producer.get(node.inputs[0])
+    if inner is None or p.only_consumer(node.inputs[0]) is not node:
+        return None
+    if node.op_type == "Erf":
+        x = p.scalar_operand(inner, "Div", np.sqrt(2.0), commutes=False) or p.scalar_operand(
+            inner, "Mul", np.sqrt(0.5))
+        head = [inner]
+        approximate = "none"
+    else:
+        v = p.scalar_operand(inner, "Mul", np.sqrt(2.0 / np.pi))
+        add = p.produced_by(v, "Add") if v is not None else None
+        x, head = None, []
+        if add is not None and len(add.inputs) == 2 and p.only_consumer(v) is inner:
+            for w, candidate in (add.inputs, add.inputs[::-1]):
+                scale = p.produced_by(w, "Mul")
+                cube_name = p.scalar_operand(scale, "Mul", 0.044715) if scale is not None else None
+                cube = _cube_of(p, cube_name) if cube_name is not None else None
+                if cube is not None and cube[0] == candidate and p.only_consumer(w) is add \
+                        and p.only_consumer(cube_name) is scale:
+                    x, head = candidate, cube[1] + [scale, add, inner]
+                    break
+        approximate = "tanh"
+    if x is None:
+        return None
+    one = p.only_consumer(node.outputs[0])
+    if p.scalar_operand(one, "Add", 1.0) != node.outputs[0]:
+        return None
+    tail = _gelu_tail(p, one.outputs[0], x)
+    if tail is None:
+        return None
+    nodes = head + [node, one] + tail
+    if not p.free(nodes):
+        return None
+    last = tail[-1]
+    return nodes, Node(last.name, "Gelu", [x], [last.outputs[0]], attrs={"approximate": approximate})
+
+
+def fuse_gelu(graph: Graph, protected: frozenset = frozenset()) -> list[PatternFusion]:
+    """Replace each decomposed GELU (erf or tanh form) by one ONNX Gelu node (`ops.gelu`: one table)."""
+    return _fuse_each(graph, protected, _match_gelu)
+
+
+def fuse_transformer(graph: Graph, protected: frozenset = frozenset()) -> list[PatternFusion]:
+    """The transformer patterns, in order: GELU."""
+    return fuse_gelu(graph, protected)
