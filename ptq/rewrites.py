@@ -5,7 +5,9 @@
    subgraphs (a Transpose or DequantizeLinear on a weight) are evaluated once; their outputs become constants.
 1b. `fuse_transformer`: decomposed transformer patterns become one node each, which produces the pattern's
    output tensor (same name: its calibrated qparams apply and reports name the layer): GELU (erf or tanh
-   form) -> ONNX Gelu (`ops.gelu`, one table). `RewriteLog.patterns` lists what each fusion removed.
+   form) -> ONNX Gelu (`ops.gelu`, one table); LayerNorm written as ReduceMean -> Sub -> Pow(2) ->
+   ReduceMean -> Add eps -> Sqrt -> Div -> Mul gamma -> Add beta -> LayerNormalization (`ops.normalization`,
+   integer statistics). `RewriteLog.patterns` lists what each fusion removed.
 2. `fold_batchnorm`: a BatchNormalization whose input is the output of an op that absorbs it
    (`OpDef.absorbs_batchnorm`: Conv) with no other consumer is folded into that node (seed 003), per output
    channel c:
@@ -427,5 +429,113 @@ def fuse_gelu(graph: Graph, protected: frozenset = frozenset()) -> list[PatternF
 
 
 def fuse_transformer(graph: Graph, protected: frozenset = frozenset()) -> list[PatternFusion]:
-    """The transformer patterns, in order: GELU."""
-    return fuse_gelu(graph, protected)
+    """The transformer patterns, in order: GELU, LayerNorm."""
+    return fuse_gelu(graph, protected) + fuse_layer_norm(graph, protected)
+
+
+def _reduce_mean_axes(p: _Patterns, node: Node, rank: Optional[int]) -> Optional[tuple[int, ...]]:
+    """The trailing axes a keepdims ReduceMean averages over, as negative numbers (-k..-1); None otherwise."""
+    if node is None or node.op_type != "ReduceMean" or node.domain or not node.attr("keepdims", 1):
+        return None
+    if len(node.inputs) > 1 and node.inputs[1]:
+        value = p.graph.initializers.get(node.inputs[1])
+        axes = None if value is None else [int(a) for a in np.asarray(value).ravel()]
+    else:
+        axes = node.attr("axes")
+        axes = None if axes is None else [int(a) for a in np.atleast_1d(axes)]
+    if not axes:
+        return None
+    if any(a >= 0 for a in axes):
+        if rank is None:
+            return None
+        axes = [a - rank if a >= 0 else a for a in axes]
+    axes = sorted(set(axes))
+    return tuple(axes) if axes == list(range(-len(axes), 0)) else None
+
+
+def _layer_norm_param(p: _Patterns, name: str, normalized: Optional[tuple]) -> Optional[np.ndarray]:
+    """A Scale/B constant broadcast to the normalized shape; None when it is no constant or does not fit."""
+    value = p.graph.initializers.get(name)
+    if value is None or normalized is None:
+        return None
+    value = np.asarray(value)
+    while value.ndim > len(normalized) and value.shape[0] == 1:
+        value = value[0]
+    try:
+        return np.ascontiguousarray(np.broadcast_to(value, normalized), dtype=np.float32)
+    except ValueError:
+        return None
+
+
+def _constant_input(graph: Graph, base: str, value: np.ndarray) -> str:
+    """`base` when it already holds exactly `value`, else a new initializer named after it."""
+    if base in graph.initializers and np.array_equal(graph.initializers[base], value) \
+            and np.shape(graph.initializers[base]) == value.shape:
+        return base
+    name = _unique_name(graph, f"{base}_ln")
+    _make_constant(graph, name, value)
+    return name
+
+
+def _match_layer_norm(p: _Patterns, node: Node):
+    """ReduceMean -> Sub -> Pow(2) (or Mul(d, d)) -> ReduceMean -> Add eps -> Sqrt -> Div -> [Mul gamma] ->
+    [Add beta] over trailing axes -> LayerNormalization(axis = -k, epsilon)."""
+    x = node.inputs[0] if node.inputs else ""
+    info = p.graph.tensors.get(x)
+    rank = len(info.shape) if info is not None and info.shape is not None else None
+    axes = _reduce_mean_axes(p, node, rank)
+    sub = p.only_consumer(node.outputs[0]) if axes else None
+    if sub is None or sub.op_type != "Sub" or sub.domain or sub.inputs != [x, node.outputs[0]]:
+        return None
+    d = sub.outputs[0]
+    users = p.consumers.get(d, [])
+    square = next((u for u in users if u.op_type in ("Pow", "Mul") and not u.domain), None)
+    div = next((u for u in users if u.op_type == "Div" and not u.domain), None)
+    if square is None or div is None or d in p.graph.outputs or {id(u) for u in users} != {id(square), id(div)}:
+        return None
+    if not (square.inputs == [d, d] if square.op_type == "Mul" else
+            p.scalar_operand(square, "Pow", 2.0, commutes=False) == d):
+        return None
+    mean2 = p.only_consumer(square.outputs[0])
+    if mean2 is None or _reduce_mean_axes(p, mean2, rank) != axes:
+        return None
+    add_eps = p.only_consumer(mean2.outputs[0])
+    if add_eps is None or p.other_input(add_eps, mean2.outputs[0]) is None or add_eps.op_type != "Add":
+        return None
+    eps = p.scalar(p.other_input(add_eps, mean2.outputs[0]))
+    sqrt = p.only_consumer(add_eps.outputs[0])
+    if eps is None or eps < 0 or sqrt is None or sqrt.op_type != "Sqrt" or sqrt.domain:
+        return None
+    if p.only_consumer(sqrt.outputs[0]) is not div or div.inputs != [d, sqrt.outputs[0]]:
+        return None
+    nodes = [node, sub, square, mean2, add_eps, sqrt, div]
+    normalized = tuple(info.shape[rank + axes[0]:]) if rank is not None else None
+    if normalized is None or not all(dim is not None and dim > 0 for dim in normalized):
+        return None  # Scale and B need the normalized shape
+    gamma, gamma_name, beta, beta_name = np.ones(normalized, dtype=np.float32), f"{div.name}_scale", None, ""
+    mul = p.only_consumer(div.outputs[0])
+    scale = _layer_norm_param(p, p.other_input(mul, div.outputs[0]), normalized) \
+        if mul is not None and mul.op_type == "Mul" and not mul.domain else None
+    if scale is not None:
+        gamma, gamma_name = scale, p.other_input(mul, div.outputs[0])
+        nodes.append(mul)
+        add = p.only_consumer(mul.outputs[0])
+        bias = _layer_norm_param(p, p.other_input(add, mul.outputs[0]), normalized) \
+            if add is not None and add.op_type == "Add" and not add.domain else None
+        if bias is not None:
+            beta, beta_name = bias, p.other_input(add, mul.outputs[0])
+            nodes.append(add)
+    if not p.free(nodes):
+        return None
+    inputs = [x, _constant_input(p.graph, gamma_name, gamma)]
+    if beta is not None:
+        inputs.append(_constant_input(p.graph, beta_name, beta))
+    last = nodes[-1]
+    return nodes, Node(last.name, "LayerNormalization", inputs, [last.outputs[0]],
+                       attrs={"axis": axes[0], "epsilon": float(eps)})
+
+
+def fuse_layer_norm(graph: Graph, protected: frozenset = frozenset()) -> list[PatternFusion]:
+    """Replace each decomposed LayerNorm (see `_match_layer_norm`) by one LayerNormalization (opset 17;
+    `ops.normalization`: integer statistics, one requant)."""
+    return _fuse_each(graph, protected, _match_layer_norm)

@@ -150,3 +150,64 @@ def test_protected_gelu_nodes_are_not_fused():
     graph = load_model(_erf_gelu("x_first"))
     rewritten, log = apply_rewrites(graph, ReferenceRunner(graph.opset), protected=frozenset({"erf"}))
     assert not log.patterns and len(rewritten.nodes) == 5
+
+
+# --- LayerNorm --------------------------------------------------------------------------------------------
+
+def decomposed_layer_norm(x: str, y: str, prefix: str, gamma: str, beta: str, square: str = "pow",
+                          axes_as_input: bool = False, eps: str = "eps") -> list:
+    """ReduceMean -> Sub -> Pow(2) -> ReduceMean -> Add eps -> Sqrt -> Div -> Mul gamma -> Add beta (last axis)."""
+    def mean(inp, out, name):
+        if axes_as_input:
+            return helper.make_node("ReduceMean", [inp, "last_axis"], [out], name=name)
+        return helper.make_node("ReduceMean", [inp], [out], axes=[-1], name=name)
+
+    sq = (helper.make_node("Pow", [f"{prefix}_d", "two"], [f"{prefix}_sq"], name=f"{prefix}_pow") if square == "pow"
+          else helper.make_node("Mul", [f"{prefix}_d", f"{prefix}_d"], [f"{prefix}_sq"], name=f"{prefix}_pow"))
+    return [
+        mean(x, f"{prefix}_mean", f"{prefix}_mean"),
+        helper.make_node("Sub", [x, f"{prefix}_mean"], [f"{prefix}_d"], name=f"{prefix}_sub"),
+        sq,
+        mean(f"{prefix}_sq", f"{prefix}_var", f"{prefix}_var"),
+        helper.make_node("Add", [f"{prefix}_var", eps], [f"{prefix}_ve"], name=f"{prefix}_add_eps"),
+        helper.make_node("Sqrt", [f"{prefix}_ve"], [f"{prefix}_std"], name=f"{prefix}_sqrt"),
+        helper.make_node("Div", [f"{prefix}_d", f"{prefix}_std"], [f"{prefix}_n"], name=f"{prefix}_div"),
+        helper.make_node("Mul", [f"{prefix}_n", gamma], [f"{prefix}_g"], name=f"{prefix}_mul"),
+        helper.make_node("Add", [beta, f"{prefix}_g"], [y], name=f"{prefix}_add"),
+    ]
+
+
+@pytest.mark.parametrize("square, axes_as_input", [("pow", False), ("mul", True)])
+def test_layer_norm_becomes_one_integer_op(square, axes_as_input):
+    rng = np.random.default_rng(1)
+    d = 32
+    init = {"two": 2.0, "eps": 1e-5, "gamma": rng.uniform(0.5, 1.5, d), "beta": rng.normal(0, 0.2, d)}
+    model = _model(decomposed_layer_norm("x", "y", "ln", "gamma", "beta", square, axes_as_input),
+                   ["N", 6, d], ["N", 6, d], init, opset=18 if axes_as_input else 17)
+    if axes_as_input:
+        model.graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), "last_axis"))
+    rewritten, log = _rewritten(model)
+    assert [(n.op_type, n.outputs) for n in rewritten.nodes] == [("LayerNormalization", ["y"])]
+    assert rewritten.nodes[0].attrs == {"axis": -1, "epsilon": pytest.approx(1e-5)}
+    assert log.patterns[0].removed_nodes[0] == "ln_mean" and "ln_var" in log.patterns[0].removed_tensors
+    x = (rng.normal(0, 1.5, (1, 6, d)) + rng.normal(0, 2, (1, 6, 1))).astype(np.float32)
+    _check_float_equal(model, rewritten, x)
+
+    data = (rng.normal(0, 1.5, (12, 6, d)) + rng.normal(0, 2, (12, 6, 1))).astype(np.float32)
+    got, want, graph = _integer_run(model, data)
+    assert [s.kind for s in graph.steps] == [NodeKind.INTEGER]
+    assert _cosine(got, want) > 0.999
+    # the input's rounding error, divided by the row's std and times |gamma|, dominates the op's own ~0.5 LSB
+    x_qp, y_qp = graph.qparams["x"], graph.qparams["y"]
+    std = data.std(axis=-1).min()
+    bound = float(y_qp.scale[0]) + 1.5 * float(x_qp.scale[0]) / std * 1.2
+    assert np.max(np.abs(got - want)) <= bound
+
+
+def test_layer_norm_over_a_shared_variance_is_left_alone():
+    rng = np.random.default_rng(2)
+    init = {"two": 2.0, "eps": 1e-5, "gamma": rng.uniform(0.5, 1.5, 8), "beta": rng.normal(0, 0.2, 8)}
+    model = _model(decomposed_layer_norm("x", "y", "ln", "gamma", "beta"), [1, 3, 8], [1, 3, 8], init)
+    model.graph.output.append(helper.make_tensor_value_info("ln_var", TensorProto.FLOAT, [1, 3, 1]))
+    rewritten, log = _rewritten(model)
+    assert not log.patterns and len(rewritten.nodes) == 9
