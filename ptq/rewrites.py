@@ -7,7 +7,8 @@
    output tensor (same name: its calibrated qparams apply and reports name the layer): GELU (erf or tanh
    form) -> ONNX Gelu (`ops.gelu`, one table); LayerNorm written as ReduceMean -> Sub -> Pow(2) ->
    ReduceMean -> Add eps -> Sqrt -> Div -> Mul gamma -> Add beta -> LayerNormalization (`ops.normalization`,
-   integer statistics). `RewriteLog.patterns` lists what each fusion removed.
+   integer statistics); the attention scale MatMul -> Mul/Div by a constant -> [Add mask] -> Softmax ->
+   MatMul folds into the first MatMul's requant (ai.ptq ScaledMatMul, `ops.scaled_matmul`). `RewriteLog.patterns` lists what each fusion removed.
 2. `fold_batchnorm`: a BatchNormalization whose input is the output of an op that absorbs it
    (`OpDef.absorbs_batchnorm`: Conv) with no other consumer is folded into that node (seed 003), per output
    channel c:
@@ -428,11 +429,6 @@ def fuse_gelu(graph: Graph, protected: frozenset = frozenset()) -> list[PatternF
     return _fuse_each(graph, protected, _match_gelu)
 
 
-def fuse_transformer(graph: Graph, protected: frozenset = frozenset()) -> list[PatternFusion]:
-    """The transformer patterns, in order: GELU, LayerNorm."""
-    return fuse_gelu(graph, protected) + fuse_layer_norm(graph, protected)
-
-
 def _reduce_mean_axes(p: _Patterns, node: Node, rank: Optional[int]) -> Optional[tuple[int, ...]]:
     """The trailing axes a keepdims ReduceMean averages over, as negative numbers (-k..-1); None otherwise."""
     if node is None or node.op_type != "ReduceMean" or node.domain or not node.attr("keepdims", 1):
@@ -539,3 +535,47 @@ def fuse_layer_norm(graph: Graph, protected: frozenset = frozenset()) -> list[Pa
     """Replace each decomposed LayerNorm (see `_match_layer_norm`) by one LayerNormalization (opset 17;
     `ops.normalization`: integer statistics, one requant)."""
     return _fuse_each(graph, protected, _match_layer_norm)
+
+
+def _match_attention_scale(p: _Patterns, node: Node):
+    """MatMul(A, B) of two activations -> Mul/Div by a positive constant -> [Add mask] -> Softmax -> MatMul:
+    the MatMul and the scaling become one ScaledMatMul producing the scaled scores."""
+    if node.op_type != "Softmax" or node.domain:
+        return None
+    if not any(u.op_type == "MatMul" and not u.domain for u in p.consumers.get(node.outputs[0], [])):
+        return None
+    scores = node.inputs[0]
+    mask_add = p.produced_by(scores, "Add")
+    candidates = list(mask_add.inputs) if mask_add is not None and p.only_consumer(scores) is node else [scores]
+    for scaled in candidates:
+        scale = p.producer.get(scaled)
+        if scale is None or scale.domain or scale.op_type not in ("Mul", "Div") or len(scale.inputs) != 2:
+            continue
+        if scale.op_type == "Div":
+            raw, divisor = scale.inputs[0], p.scalar(scale.inputs[1])
+            alpha = 1.0 / divisor if divisor else None
+        else:
+            raw = next((t for t in scale.inputs if p.scalar(p.other_input(scale, t) or "") is not None), None)
+            alpha = p.scalar(p.other_input(scale, raw)) if raw is not None else None
+        matmul = p.produced_by(raw, "MatMul") if raw is not None else None
+        if alpha is None or alpha <= 0 or matmul is None or p.only_consumer(raw) is not scale:
+            continue
+        if any(i in p.graph.initializers for i in matmul.inputs) or p.only_consumer(scaled) not in (mask_add, node):
+            continue
+        if not p.free([matmul, scale]):
+            continue
+        return [matmul, scale], Node(matmul.name, "ScaledMatMul", list(matmul.inputs), [scaled],
+                                     attrs={"alpha": float(alpha)}, domain="ai.ptq")
+    return None
+
+
+def fuse_attention_scale(graph: Graph, protected: frozenset = frozenset()) -> list[PatternFusion]:
+    """Fold each attention scale (see `_match_attention_scale`) into its MatMul's requant (`ops.scaled_matmul`);
+    the Softmax then runs as the existing 2^20-table integer softmax on the scaled scores."""
+    return _fuse_each(graph, protected, _match_attention_scale)
+
+
+def fuse_transformer(graph: Graph, protected: frozenset = frozenset()) -> list[PatternFusion]:
+    """The transformer patterns, in order: GELU, LayerNorm, attention scale."""
+    return fuse_gelu(graph, protected) + fuse_layer_norm(graph, protected) + fuse_attention_scale(graph, protected)
+

@@ -211,3 +211,56 @@ def test_layer_norm_over_a_shared_variance_is_left_alone():
     model.graph.output.append(helper.make_tensor_value_info("ln_var", TensorProto.FLOAT, [1, 3, 1]))
     rewritten, log = _rewritten(model)
     assert not log.patterns and len(rewritten.nodes) == 9
+
+
+# --- attention --------------------------------------------------------------------------------------------
+
+def _attention(scale_op: str, mask: bool, rng):
+    """Single-head attention: x @ Wq, x @ Wk, scores = q @ k^T scaled by 1/sqrt(d) -> [+ bias] -> Softmax -> @ v."""
+    t, d = 6, 8
+    init = {"Wq": rng.normal(0, 0.5, (d, d)), "Wk": rng.normal(0, 0.5, (d, d)), "Wv": rng.normal(0, 0.5, (d, d)),
+            "c": np.sqrt(d) if scale_op == "Div" else 1 / np.sqrt(d)}
+    nodes = [helper.make_node("MatMul", ["x", "Wq"], ["q"], name="q"),
+             helper.make_node("MatMul", ["x", "Wk"], ["k"], name="k"),
+             helper.make_node("MatMul", ["x", "Wv"], ["v"], name="v"),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1], name="kt"),
+             helper.make_node("MatMul", ["q", "kt"], ["raw"], name="scores"),
+             helper.make_node(scale_op, ["raw", "c"] if scale_op == "Div" else ["c", "raw"], ["scaled"], name="scale")]
+    logits = "scaled"
+    if mask:  # an additive bias (relative positions): moderate values, unlike a -1e4 padding mask
+        init["bias"] = -0.3 * np.abs(np.subtract.outer(np.arange(t), np.arange(t)))
+        nodes.append(helper.make_node("Add", ["bias", "scaled"], ["masked"], name="mask"))
+        logits = "masked"
+    nodes += [helper.make_node("Softmax", [logits], ["probs"], axis=-1, name="softmax"),
+              helper.make_node("MatMul", ["probs", "v"], ["y"], name="context")]
+    return _model(nodes, ["N", t, d], ["N", t, d], init)
+
+
+@pytest.mark.parametrize("scale_op, mask", [("Div", False), ("Mul", True), ("Div", True)])
+def test_attention_scale_folds_into_the_scores_matmul(scale_op, mask):
+    rng = np.random.default_rng(3)
+    model = _attention(scale_op, mask, rng)
+    rewritten, log = _rewritten(model)
+    fused = [n for n in rewritten.nodes if n.op_type == "ScaledMatMul"]
+    assert len(fused) == 1 and fused[0].outputs == ["scaled"] and fused[0].inputs == ["q", "kt"]
+    assert fused[0].attrs["alpha"] == pytest.approx(1 / np.sqrt(8), rel=1e-6)
+    assert log.patterns[0].removed_tensors == ["raw"] and "scores" in [n.name for n in rewritten.nodes]
+    assert "Mul" not in [n.op_type for n in rewritten.nodes] and "Div" not in [n.op_type for n in rewritten.nodes]
+    x = rng.normal(0, 1, (1, 6, 8)).astype(np.float32)
+    _check_float_equal(model, rewritten, x)
+
+    data = rng.normal(0, 1, (16, 6, 8)).astype(np.float32)
+    got, want, graph = _integer_run(model, data)
+    assert all(s.kind is NodeKind.INTEGER for s in graph.steps)
+    assert _cosine(got, want) > 0.995
+
+
+def test_attention_scale_with_a_constant_operand_is_not_folded():
+    """q @ W (a weight) is no attention score: left to the MatMul and Mul ops."""
+    init = {"W": np.ones((8, 8)), "c": 0.5}
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["raw"], name="mm"),
+             helper.make_node("Mul", ["raw", "c"], ["scaled"], name="scale"),
+             helper.make_node("Softmax", ["scaled"], ["p"], name="softmax"),
+             helper.make_node("MatMul", ["p", "x"], ["y"], name="ctx")]
+    rewritten, log = _rewritten(_model(nodes, [1, 8, 8], [1, 8, 8], init))
+    assert not log.patterns and [n.op_type for n in rewritten.nodes] == ["MatMul", "Mul", "Softmax", "MatMul"]
