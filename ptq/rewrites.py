@@ -8,7 +8,9 @@
    form) -> ONNX Gelu (`ops.gelu`, one table); LayerNorm written as ReduceMean -> Sub -> Pow(2) ->
    ReduceMean -> Add eps -> Sqrt -> Div -> Mul gamma -> Add beta -> LayerNormalization (`ops.normalization`,
    integer statistics); the attention scale MatMul -> Mul/Div by a constant -> [Add mask] -> Softmax ->
-   MatMul folds into the first MatMul's requant (ai.ptq ScaledMatMul, `ops.scaled_matmul`). `RewriteLog.patterns` lists what each fusion removed.
+   MatMul folds into the first MatMul's requant (ai.ptq ScaledMatMul, `ops.scaled_matmul`), and the mask Add
+   fuses with the Softmax (ai.ptq AddSoftmax, `ops.add_softmax`: the masked scores are never quantized).
+   `RewriteLog.patterns` lists what each fusion removed.
 2. `fold_batchnorm`: a BatchNormalization whose input is the output of an op that absorbs it
    (`OpDef.absorbs_batchnorm`: Conv) with no other consumer is folded into that node (seed 003), per output
    channel c:
@@ -575,7 +577,39 @@ def fuse_attention_scale(graph: Graph, protected: frozenset = frozenset()) -> li
     return _fuse_each(graph, protected, _match_attention_scale)
 
 
-def fuse_transformer(graph: Graph, protected: frozenset = frozenset()) -> list[PatternFusion]:
-    """The transformer patterns, in order: GELU, LayerNorm, attention scale."""
-    return fuse_gelu(graph, protected) + fuse_layer_norm(graph, protected) + fuse_attention_scale(graph, protected)
+def _match_masked_softmax(p: _Patterns, node: Node):
+    """Add(scores, mask) -> Softmax -> MatMul: the Add and the Softmax become one AddSoftmax, so the masked
+    scores (whose range a -1e4 mask would stretch) are never quantized. The mask is the constant operand, else
+    the operand that no MatMul/ScaledMatMul produced."""
+    if node.op_type != "Softmax" or node.domain:
+        return None
+    if not any(u.op_type == "MatMul" and not u.domain for u in p.consumers.get(node.outputs[0], [])):
+        return None
+    add = p.produced_by(node.inputs[0], "Add")
+    if add is None or len(add.inputs) != 2 or p.only_consumer(node.inputs[0]) is not node:
+        return None
 
+    def is_scores(name: str) -> bool:
+        producer = p.producer.get(name)
+        return name not in p.graph.initializers and producer is not None and producer.op_type in ("MatMul", "ScaledMatMul")
+
+    a, b = add.inputs
+    if a in p.graph.initializers or (not is_scores(b) and b not in p.graph.initializers and is_scores(a)):
+        scores, mask = b, a
+    else:
+        scores, mask = a, b
+    if not is_scores(scores) or not p.free([add, node]):
+        return None
+    return [add, node], Node(node.name, "AddSoftmax", [scores, mask], [node.outputs[0]],
+                             attrs={"axis": int(node.attr("axis", -1))}, domain="ai.ptq")
+
+
+def fuse_masked_softmax(graph: Graph, protected: frozenset = frozenset()) -> list[PatternFusion]:
+    """Fuse each attention mask Add into its Softmax (see `_match_masked_softmax`, `ops.add_softmax`)."""
+    return _fuse_each(graph, protected, _match_masked_softmax)
+
+
+def fuse_transformer(graph: Graph, protected: frozenset = frozenset()) -> list[PatternFusion]:
+    """The transformer patterns, in order: GELU, LayerNorm, attention scale, attention mask."""
+    return (fuse_gelu(graph, protected) + fuse_layer_norm(graph, protected) + fuse_attention_scale(graph, protected)
+            + fuse_masked_softmax(graph, protected))

@@ -1,7 +1,8 @@
 """Issue 10's "done means" for transformers: a BERT-style encoder block built with onnx.helper -- embeddings
 plus positions, LayerNorms in the decomposed ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add form,
 multi-head attention with Softmax, a GELU MLP (x * 0.5 * (1 + erf(x / sqrt 2))), residual Adds -- calibrated
-on random data, runs with zero float nodes and agrees with onnxruntime's float run (cosine >= 0.99).
+on random data, runs with zero float nodes and agrees with onnxruntime's float run (cosine >= 0.99), with
+and without a -1e4 padding mask on the attention scores.
 
 The token embedding is a graph input (the embedding table's Gather is not registered in this branch)."""
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ptq.executor import NodeKind, prepare
@@ -19,7 +21,9 @@ T, D, H, FF = 8, 32, 4, 64
 DH = D // H
 
 
-def encoder_block(rng) -> onnx.ModelProto:
+def encoder_block(rng, padding_mask: bool = False) -> onnx.ModelProto:
+    """One BERT-style block; with `padding_mask`, the last two tokens are masked out of the attention
+    (an additive -1e4 on their keys, broadcast over heads and queries)."""
     init: dict[str, np.ndarray] = {
         "pos": rng.normal(0, 0.3, (T, D)), "two": np.float32(2.0), "eps": np.float32(1e-5),
         "sqrt_dh": np.float32(np.sqrt(DH)), "sqrt2": np.float32(np.sqrt(2.0)), "one": np.float32(1.0),
@@ -49,11 +53,15 @@ def encoder_block(rng) -> onnx.ModelProto:
     nodes += [
         helper.make_node("MatMul", ["qh", "kt"], ["scores"], name="scores"),
         helper.make_node("Div", ["scores", "sqrt_dh"], ["scaled"], name="scale"),
-        helper.make_node("Softmax", ["scaled"], ["probs"], axis=-1, name="softmax"),
+        helper.make_node("Softmax", ["masked" if padding_mask else "scaled"], ["probs"], axis=-1, name="softmax"),
         helper.make_node("MatMul", ["probs", "vh"], ["ctx"], name="ctx"),
         helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3], name="ctx_t"),
         helper.make_node("Reshape", ["ctx_t", "merge_shape"], ["ctx_m"], name="ctx_m"),
     ]
+    if padding_mask:
+        init["mask"] = np.where(np.arange(T) >= T - 2, -1e4, 0.0).reshape(1, 1, 1, T)
+        nodes.insert([n.name for n in nodes].index("softmax"),
+                     helper.make_node("Add", ["scaled", "mask"], ["masked"], name="mask"))
     nodes += linear("ctx_m", "o", "attn")
     nodes += [helper.make_node("Add", ["x1", "attn"], ["res1"], name="res1")]
     nodes += decomposed_layer_norm("res1", "x2", "ln1", "ln1_gamma", "ln1_beta")
@@ -77,9 +85,10 @@ def encoder_block(rng) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def test_encoder_block_runs_in_integers_and_matches_float():
+@pytest.mark.parametrize("padding_mask", [False, True])
+def test_encoder_block_runs_in_integers_and_matches_float(padding_mask):
     rng = np.random.default_rng(0)
-    model = encoder_block(rng)
+    model = encoder_block(rng, padding_mask)
     calib = rng.normal(0, 1, (32, T, D)).astype(np.float32)
     result = calibrate(model, calib, write_qdq=False)
     graph = prepare(result.graph, result.table)
@@ -87,8 +96,11 @@ def test_encoder_block_runs_in_integers_and_matches_float():
     assert graph.float_nodes == []
     assert all(step.kind is NodeKind.INTEGER for step in graph.steps)
     ops = sorted({step.node.op_type for step in graph.steps})
-    assert ops == ["Add", "Gelu", "LayerNormalization", "MatMul", "Reshape", "ScaledMatMul", "Softmax", "Transpose"]
-    assert [p.op_type for p in graph.rewrites.patterns] == ["Gelu"] + ["LayerNormalization"] * 3 + ["ScaledMatMul"]
+    softmax = "AddSoftmax" if padding_mask else "Softmax"
+    assert ops == sorted(["Add", "Gelu", "LayerNormalization", "MatMul", "Reshape", "ScaledMatMul", softmax,
+                          "Transpose"])
+    assert [p.op_type for p in graph.rewrites.patterns] == (["Gelu"] + ["LayerNormalization"] * 3 + ["ScaledMatMul"]
+                                                            + ["AddSoftmax"] * padding_mask)
     produced = {out for step in graph.steps for out in step.node.outputs}
     assert {"x1", "x2", "out", "gelu", "scaled"} <= produced  # the patterns' outputs keep their names
 

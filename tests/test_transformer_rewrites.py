@@ -215,8 +215,9 @@ def test_layer_norm_over_a_shared_variance_is_left_alone():
 
 # --- attention --------------------------------------------------------------------------------------------
 
-def _attention(scale_op: str, mask: bool, rng):
-    """Single-head attention: x @ Wq, x @ Wk, scores = q @ k^T scaled by 1/sqrt(d) -> [+ bias] -> Softmax -> @ v."""
+def _attention(scale_op: str, mask, rng):
+    """Single-head attention: x @ Wq, x @ Wk, scores = q @ k^T scaled by 1/sqrt(d) -> [+ mask] -> Softmax -> @ v.
+    mask: False, "bias" (relative-position bias, moderate values) or "padding" (the last two keys at -1e4)."""
     t, d = 6, 8
     init = {"Wq": rng.normal(0, 0.5, (d, d)), "Wk": rng.normal(0, 0.5, (d, d)), "Wv": rng.normal(0, 0.5, (d, d)),
             "c": np.sqrt(d) if scale_op == "Div" else 1 / np.sqrt(d)}
@@ -227,8 +228,11 @@ def _attention(scale_op: str, mask: bool, rng):
              helper.make_node("MatMul", ["q", "kt"], ["raw"], name="scores"),
              helper.make_node(scale_op, ["raw", "c"] if scale_op == "Div" else ["c", "raw"], ["scaled"], name="scale")]
     logits = "scaled"
-    if mask:  # an additive bias (relative positions): moderate values, unlike a -1e4 padding mask
+    if mask == "bias":
         init["bias"] = -0.3 * np.abs(np.subtract.outer(np.arange(t), np.arange(t)))
+    elif mask == "padding":
+        init["bias"] = np.where(np.arange(t) >= t - 2, -1e4, 0.0)[None, :].repeat(t, axis=0)
+    if mask:
         nodes.append(helper.make_node("Add", ["bias", "scaled"], ["masked"], name="mask"))
         logits = "masked"
     nodes += [helper.make_node("Softmax", [logits], ["probs"], axis=-1, name="softmax"),
@@ -236,7 +240,7 @@ def _attention(scale_op: str, mask: bool, rng):
     return _model(nodes, ["N", t, d], ["N", t, d], init)
 
 
-@pytest.mark.parametrize("scale_op, mask", [("Div", False), ("Mul", True), ("Div", True)])
+@pytest.mark.parametrize("scale_op, mask", [("Div", False), ("Mul", "bias"), ("Div", "padding")])
 def test_attention_scale_folds_into_the_scores_matmul(scale_op, mask):
     rng = np.random.default_rng(3)
     model = _attention(scale_op, mask, rng)
@@ -245,7 +249,11 @@ def test_attention_scale_folds_into_the_scores_matmul(scale_op, mask):
     assert len(fused) == 1 and fused[0].outputs == ["scaled"] and fused[0].inputs == ["q", "kt"]
     assert fused[0].attrs["alpha"] == pytest.approx(1 / np.sqrt(8), rel=1e-6)
     assert log.patterns[0].removed_tensors == ["raw"] and "scores" in [n.name for n in rewritten.nodes]
-    assert "Mul" not in [n.op_type for n in rewritten.nodes] and "Div" not in [n.op_type for n in rewritten.nodes]
+    assert [f.removed_tensors for f in log.patterns[1:]] == ([["masked"]] if mask else [])
+    types = [n.op_type for n in rewritten.nodes]
+    assert "Mul" not in types and "Div" not in types and "Add" not in types
+    assert types[-2:] == (["AddSoftmax", "MatMul"] if mask else ["Softmax", "MatMul"])
+    assert rewritten.nodes[-2].outputs == ["probs"] and rewritten.nodes[-2].inputs[0] == "scaled"
     x = rng.normal(0, 1, (1, 6, 8)).astype(np.float32)
     _check_float_equal(model, rewritten, x)
 
