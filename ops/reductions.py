@@ -75,7 +75,10 @@ def _rows(x: np.ndarray, axes: tuple[int, ...], keep: bool) -> tuple[np.ndarray,
     kept = [a for a in range(x.ndim) if a not in axes]
     moved = np.transpose(x, kept + list(axes))
     rows = moved.reshape(moved.shape[:len(kept)] + (-1,))
-    out_shape = tuple(1 if a in axes else x.shape[a] for a in range(x.ndim)) if keep else tuple(x.shape[a] for a in kept)
+    if keep:
+        out_shape = tuple(1 if a in axes else x.shape[a] for a in range(x.ndim))
+    else:
+        out_shape = tuple(x.shape[a] for a in kept)
     return rows, out_shape
 
 

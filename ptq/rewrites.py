@@ -591,7 +591,8 @@ def _match_masked_softmax(p: _Patterns, node: Node):
 
     def is_scores(name: str) -> bool:
         producer = p.producer.get(name)
-        return name not in p.graph.initializers and producer is not None and producer.op_type in ("MatMul", "ScaledMatMul")
+        return (name not in p.graph.initializers and producer is not None
+                and producer.op_type in ("MatMul", "ScaledMatMul"))
 
     a, b = add.inputs
     if a in p.graph.initializers or (not is_scores(b) and b not in p.graph.initializers and is_scores(a)):

@@ -44,7 +44,7 @@ def _python_rows(x_c, axes, keep):
     kept = [a for a in range(x_c.ndim) if a not in axes]
     moved = np.transpose(x_c, kept + list(axes))
     rows = moved.reshape(moved.shape[:len(kept)] + (-1,))
-    shape = tuple(1 if a in axes else x_c.shape[a] for a in range(x_c.ndim)) if keep else tuple(x_c.shape[a] for a in kept)
+    shape = tuple(1 if a in axes else n for a, n in enumerate(x_c.shape)) if keep else tuple(x_c.shape[a] for a in kept)
     return [[int(v) for v in row] for row in rows.reshape(-1, rows.shape[-1])], shape
 
 

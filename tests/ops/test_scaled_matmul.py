@@ -35,7 +35,8 @@ def test_scaled_matmul(alpha):
     pre = int(q.stage.pre_shift[0]) if q.stage.pre_shift is not None else 0
     if pre:
         acc = ref_requant(acc, 1, pre, 0, -(1 << 62), 1 << 62)
-    np.testing.assert_array_equal(y, ref_requant(acc, q.stage.m, q.stage.n, int(y_qp.zero_point[0]), y_qp.qmin, y_qp.qmax))
+    want_q = ref_requant(acc, q.stage.m, q.stage.n, int(y_qp.zero_point[0]), y_qp.qmin, y_qp.qmax)
+    np.testing.assert_array_equal(y, want_q)
     assert lsb_error(y_qp, y, want) <= 0.5 + 2 ** 8 * 2.0 ** -(MBITS - 1) + 1e-6
 
 
