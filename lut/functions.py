@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal, Optional
 
 import numpy as np
-from scipy.special import expit
+from scipy.special import erf, expit
 
 Symmetry = Optional[Literal["odd", "even"]]
 
@@ -125,3 +125,17 @@ def get_function(fn) -> LutFunction:
     if callable(fn):
         return LutFunction(getattr(fn, "__name__", "fn"), fn)
     raise TypeError(f"expected a function name, LutFunction or callable, got {type(fn).__name__}")
+
+
+def _gelu(x):
+    """ONNX Gelu (opset 20), approximate="none": x * 0.5 * (1 + erf(x / sqrt(2)))."""
+    return 0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))
+
+
+def _gelu_tanh(x):
+    """ONNX Gelu (opset 20), approximate="tanh": 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+FUNCTIONS["gelu"] = LutFunction("gelu", _gelu)
+FUNCTIONS["gelu_tanh"] = LutFunction("gelu_tanh", _gelu_tanh)

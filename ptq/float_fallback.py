@@ -60,7 +60,10 @@ class NodeFloatEvaluator:
             if node.domain:
                 opsets[node.domain] = 1
             try:
-                ev = ReferenceEvaluator(_graph_of(node), opsets=opsets)
+                try:
+                    ev = ReferenceEvaluator(_graph_of(node), opsets=opsets)
+                except RuntimeError:  # onnx.reference lacks the model's version of this op: take its newest
+                    ev = ReferenceEvaluator(node_proto(node), opsets=opsets)
             except Exception as exc:  # onnx raises several types for unknown ops / bad attributes
                 raise FloatFallbackError(
                     f"{node.op_type} node {node.name!r} (domain {node.domain or 'ai.onnx'!r}) has no registered op "

@@ -3,6 +3,8 @@
 1. `fold_static`: shape subgraphs (Shape of a statically shaped tensor, and everything computed only from
    constants and such shapes: Gather, Concat, Cast, Unsqueeze, Slice, ConstantOfShape, ...) and weight-only
    subgraphs (a Transpose or DequantizeLinear on a weight) are evaluated once; their outputs become constants.
+1b. `fuse_transformer` (`ptq.transformer_patterns`): decomposed GELU, LayerNorm and attention-score patterns
+   become one integer op each, producing the pattern's output tensor; `RewriteLog.patterns` lists them.
 2. `fold_batchnorm`: a BatchNormalization whose input is the output of an op that absorbs it
    (`OpDef.absorbs_batchnorm`: Conv) with no other consumer is folded into that node (seed 003), per output
    channel c:
@@ -28,7 +30,9 @@ import numpy as np
 
 from ops.registry import op_of
 from ptq.float_fallback import NodeFloatEvaluator
-from ptq.core.graph import Graph, Node, TensorInfo
+from ptq.core.graph import Graph, Node
+from ptq.transformer_patterns import PatternFusion, fuse_transformer
+from ptq.graph_edit import drop_activation, make_constant, single_consumer, unique_name
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
@@ -56,6 +60,7 @@ class RewriteLog:
     folded_nodes: list[str] = field(default_factory=list)  # nodes evaluated once (shape and weight subgraphs)
     batchnorm_folds: list[BatchNormFold] = field(default_factory=list)
     fusions: list[ActivationFusion] = field(default_factory=list)
+    patterns: list["PatternFusion"] = field(default_factory=list)  # transformer patterns (`fuse_transformer`)
 
     @property
     def folded_weights(self) -> dict[str, str]:
@@ -88,13 +93,6 @@ def _static_shape(graph: Graph, name: str) -> Optional[tuple]:
     return tuple(int(d) for d in info.shape)
 
 
-def _make_constant(graph: Graph, name: str, value: np.ndarray) -> None:
-    value = np.asarray(value)
-    graph.initializers[name] = value
-    graph.constants.add(name)
-    graph.tensors[name] = TensorInfo(name, value.dtype, tuple(value.shape))
-    if name in graph.activations:
-        graph.activations.remove(name)
 
 
 def fold_static(graph: Graph, node_float: NodeFloatEvaluator) -> list[str]:
@@ -121,21 +119,14 @@ def fold_static(graph: Graph, node_float: NodeFloatEvaluator) -> list[str]:
             continue
         for out, value in zip(node.outputs, values):
             if out:
-                _make_constant(graph, out, value)
+                make_constant(graph, out, value)
         folded.append(node.name)
     graph.nodes = kept
     return folded
 
 
-def _single_consumer(graph: Graph, consumers: dict[str, list[Node]], tensor: str) -> bool:
-    return len(consumers.get(tensor, [])) == 1 and tensor not in graph.outputs
 
 
-def _unique_name(graph: Graph, base: str) -> str:
-    name, k = base, 1
-    while name in graph.tensors or name in graph.initializers:
-        name, k = f"{base}_{k}", k + 1
-    return name
 
 
 def fold_batchnorm(graph: Graph, protected: frozenset = frozenset()) -> list[BatchNormFold]:
@@ -155,7 +146,7 @@ def fold_batchnorm(graph: Graph, protected: frozenset = frozenset()) -> list[Bat
         conv_consts = [i for i in conv.inputs[1:] if i]
         if not all(p in graph.initializers for p in params + conv_consts):
             continue
-        if not _single_consumer(graph, consumers, bn.inputs[0]) or "activation" in conv.attrs:
+        if not single_consumer(graph, consumers, bn.inputs[0]) or "activation" in conv.attrs:
             continue
         gamma, beta, mean, var = (graph.initializers[p].astype(np.float64) for p in params)
         weight = graph.initializers[conv.inputs[1]]
@@ -167,23 +158,20 @@ def fold_batchnorm(graph: Graph, protected: frozenset = frozenset()) -> list[Bat
         k = gamma / np.sqrt(var + float(bn.attr("epsilon", 1e-5)))
         new_w = weight.astype(np.float64) * k.reshape((-1,) + (1,) * (weight.ndim - 1))
         new_b = (bias - mean) * k + beta
-        w_name = _unique_name(graph, f"{conv.inputs[1]}_bnfold")
-        b_name = _unique_name(graph, f"{w_name}_bias")
-        _make_constant(graph, w_name, new_w.astype(weight.dtype))
-        _make_constant(graph, b_name, new_b.astype(weight.dtype))
+        w_name = unique_name(graph, f"{conv.inputs[1]}_bnfold")
+        b_name = unique_name(graph, f"{w_name}_bias")
+        make_constant(graph, w_name, new_w.astype(weight.dtype))
+        make_constant(graph, b_name, new_b.astype(weight.dtype))
         old_out, original_weight = conv.outputs[0], conv.inputs[1]
         conv.inputs = [conv.inputs[0], w_name, b_name]
         conv.outputs[0] = bn.outputs[0]
-        _drop_activation(graph, old_out)
+        drop_activation(graph, old_out)
         removed.add(bn.name)
         folds.append(BatchNormFold(conv.name, bn.name, w_name, b_name, original_weight, old_out))
     graph.nodes = [n for n in graph.nodes if n.name not in removed]
     return folds
 
 
-def _drop_activation(graph: Graph, tensor: str) -> None:
-    if tensor in graph.activations:
-        graph.activations.remove(tensor)
 
 
 def fuse_activations(
@@ -204,7 +192,7 @@ def fuse_activations(
         host_op = op_of(host) if host is not None else None
         if host_op is None or not host_op.absorbs_activation or host.name in protected:
             continue
-        if "activation" in host.attrs or not _single_consumer(graph, consumers, act.inputs[0]) or not can_host(host):
+        if "activation" in host.attrs or not single_consumer(graph, consumers, act.inputs[0]) or not can_host(host):
             continue
         params = act_op.activation_params(act, graph.constant_lookup(act))
         if params is None:
@@ -214,7 +202,7 @@ def fuse_activations(
             host.attrs["activation_params"] = params
         old_out = host.outputs[0]
         host.outputs[0] = act.outputs[0]
-        _drop_activation(graph, old_out)
+        drop_activation(graph, old_out)
         removed.add(act.name)
         fusions.append(ActivationFusion(host.name, act.name, act.op_type, old_out))
     graph.nodes = [n for n in graph.nodes if n.name not in removed]
@@ -230,10 +218,12 @@ def apply_rewrites(
     can_host: Callable[[Node], bool] = lambda node: True,
     protected: frozenset = frozenset(),
 ) -> tuple[Graph, RewriteLog]:
-    """All rewrites, in order, on a copy of `graph`: (static folding, BN folding, activation fusion)."""
+    """All rewrites, in order, on a copy of `graph`: (static folding, transformer patterns, BN folding,
+    activation fusion)."""
     graph = copy_graph(graph)
     log = RewriteLog()
     log.folded_nodes = fold_static(graph, node_float)
+    log.patterns = fuse_transformer(graph, protected)
     if fold_bn:
         log.batchnorm_folds = fold_batchnorm(graph, protected)
     if fuse:
