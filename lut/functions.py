@@ -125,3 +125,12 @@ def get_function(fn) -> LutFunction:
     if callable(fn):
         return LutFunction(getattr(fn, "__name__", "fn"), fn)
     raise TypeError(f"expected a function name, LutFunction or callable, got {type(fn).__name__}")
+
+
+def _erf(x):
+    from scipy.special import erf
+
+    return erf(x)
+
+
+FUNCTIONS["erf"] = LutFunction("erf", _erf, "odd")  # ONNX Erf (the GELU of transformer MLPs)
