@@ -58,7 +58,7 @@ class Cast(OpDef):
 
     op_type = "Cast"
     section = "4.10"
-    int_types = "int8/uint8/int16 -> same codes (float target) or int64/bool (index target); index -> int8/uint8/int16"
+    int_types = "int8/uint8/int16 -> same (to float) or int/bool (to index); int/bool -> int8/uint8/int16"
 
     def index_outputs(self, node):
         to, _ = _target(node)

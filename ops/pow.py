@@ -76,7 +76,7 @@ class Pow(OpDef):
 
     op_type = "Pow"
     section = "4.51"
-    int_types = "int8/uint8/int16 ^ constant, or int8/uint8 ^ int8/uint8/int16/int64 -> int8/uint8/int16"
+    int_types = "int8/uint8/int16 ^ const, int8/uint8 ^ int8/uint8/int16/int64 -> int8/uint8/int16"
 
     def forward_float(self, node, inputs):
         x, y = (np.asarray(v) for v in inputs[:2])

@@ -8,8 +8,9 @@ y_q = T[x_q], integer indexing only.
 
 LSB bound vs the float op on the dequantized input: 0.5 for direct tables (the table is the correctly rounded
 result; float32 evaluation of f may flip a tie); 0.5 + the table's `max_error_lsb` (measured over every input
-code when the table is built; at most `WIDE_TABLE_BUDGET_LSB` = 2 for the smooth functions) for interpolated
-ones. Log, Sqrt and Rsqrt have an infinite slope or a pole at 0 that no interpolated table follows (thousands
+code when the table is built; at most `WIDE_TABLE_BUDGET_LSB` = 2 for functions smooth over the input range,
+more where f has a kink between two nodes: Selu's slope jumps from 1.76 to 1.05 at 0, 4 LSB measured with
+1025 nodes on a 16-bit grid) for interpolated ones. Log, Sqrt and Rsqrt have an infinite slope or a pole at 0 that no interpolated table follows (thousands
 of LSB off), so their input must have at most 10 bits. Their tables read input codes below zero as 0
 (Log -> qmin of y, Sqrt -> 0, Rsqrt -> qmax of y), where the float op gives NaN.
 
@@ -80,6 +81,7 @@ class Log(_TableOp):
     op_type = "Log"
     section = "4.40"
     singular_at_zero = True
+    int_types = "int8/uint8 -> int8/uint8/int16"
     lut_name = "log"
 
 
@@ -117,6 +119,7 @@ class Sqrt(_TableOp):
     op_type = "Sqrt"
     section = "4.72"
     singular_at_zero = True
+    int_types = "int8/uint8 -> int8/uint8/int16"
     lut_name = "sqrt"
 
 
@@ -128,6 +131,7 @@ class Rsqrt(_TableOp):
     domain = "ai.ptq"
     section = "4.60"
     singular_at_zero = True
+    int_types = "int8/uint8 -> int8/uint8/int16"
     lut_name = "rsqrt"
 
 
