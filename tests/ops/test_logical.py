@@ -219,3 +219,15 @@ def test_greater_not_where_run_in_integers_in_a_graph():
         assert flipped.mean() < 0.03
         got, want = run.outputs["y"][~flipped], want_y[~flipped]
         assert float(np.sum(got * want) / (np.linalg.norm(got) * np.linalg.norm(want))) > 0.999
+
+
+def test_check_quantized_wants_no_qparams_on_index_outputs_only():
+    from ops.registry import QuantizedNode, check_quantized
+
+    qp = random_qparams(np.random.default_rng(0), -1.0, 1.0, 8)
+    equal = Node("eq", "Equal", ["a", "b"], ["y"])
+    check_quantized(QuantizedNode(equal, [qp, qp], [None]))
+    with pytest.raises(QuantizationError, match="index output"):
+        check_quantized(QuantizedNode(equal, [qp, qp], [qp]))
+    with pytest.raises(QuantizationError, match="no qparams after quantize"):
+        check_quantized(QuantizedNode(Node("w", "Where", ["c", "a", "b"], ["y"]), [None, qp, qp], [None]))
