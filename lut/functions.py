@@ -139,3 +139,4 @@ def _gelu_tanh(x):
 
 FUNCTIONS["gelu"] = LutFunction("gelu", _gelu)
 FUNCTIONS["gelu_tanh"] = LutFunction("gelu_tanh", _gelu_tanh)
+FUNCTIONS["erf"] = LutFunction("erf", erf, "odd")  # ONNX Erf (the GELU of transformer MLPs)

@@ -86,7 +86,10 @@ class OpDef:
     - `absorbs_batchnorm`: a following BatchNormalization folds into the op's weight and bias (Conv);
     - `clip_range(node, constant)`: the interval the op clamps its input to, when its output is its input
       clamped (Relu, Clip); calibration folds its input's range to it;
-    - `keeps_input_qparams`: the output takes input 0's qparams by rule (data movement, max pooling).
+    - `keeps_input_qparams`: the output takes input 0's qparams by rule (data movement, max pooling);
+    - `index_outputs(node)`: the outputs that are indices or booleans (int64/bool as in ONNX: Equal, Cast to
+      an integer type, ArgMax): they have no qparams (`None` in `out_qparams`), and the executor runs the
+      op's `forward_int` on quantized inputs and passes those outputs on as they are.
     """
 
     op_type: ClassVar[str]
@@ -101,6 +104,9 @@ class OpDef:
 
     def weight_role(self, node: Node) -> Optional[WeightRole]:
         return None
+
+    def index_outputs(self, node: Node) -> frozenset[int]:
+        return frozenset()
 
     def bias_role(self, node: Node) -> Optional[BiasRole]:
         return None
@@ -169,6 +175,12 @@ class QuantizationError(ValueError):
 
 
 def check_quantized(q: QuantizedNode) -> None:
-    for name, qp in zip(q.node.outputs, q.out_qparams):
-        if name and not isinstance(qp, QParams):
+    """Every output has complete qparams, except the op's index outputs, which have none."""
+    op = op_of(q.node)
+    index = op.index_outputs(q.node) if op is not None else frozenset()
+    for i, (name, qp) in enumerate(zip(q.node.outputs, q.out_qparams)):
+        if name and i in index:
+            if qp is not None:
+                raise QuantizationError(f"output {name!r} is an index output and must have no qparams")
+        elif name and not isinstance(qp, QParams):
             raise QuantizationError(f"output {name!r} has no qparams after quantize")

@@ -16,7 +16,9 @@ per tensor), with the bit width and narrow flag of the original weight's table e
 Float fallback: a node whose op is not registered, or that the caller marks float (by node name, output
 tensor name or op type), runs as dequantize inputs -> float op (the op's `forward_float`, else onnx.reference)
 -> quantize outputs with the table's qparams. Such nodes are listed in every run's summary. Nodes that
-compute only shapes/indices (non-float outputs) at run time are evaluated in float and never quantized.
+compute only shapes/indices (non-float outputs) at run time are evaluated in float and never quantized,
+except a registered op with index outputs (`OpDef.index_outputs`: Equal, Cast to int64) that reads a quantized
+activation: it runs its `forward_int` on the codes, and its index outputs pass on unquantized.
 """
 from __future__ import annotations
 
@@ -235,7 +237,7 @@ class IntegerGraph:
             except (ValueError, TypeError) as exc:
                 raise type(exc)(f"{node_label(node)}: {exc}") from exc
             for name, value, qp in zip(node.outputs, results, step.out_qparams):
-                if name and value.dtype != qp.dtype:
+                if name and qp is not None and value.dtype != qp.dtype:
                     raise ExecutorError(
                         f"{node.op_type} {node.name!r}: forward_int returned {value.dtype} for {name!r}, "
                         f"its qparams say {qp.dtype}"
@@ -314,13 +316,17 @@ class _Quantizer:
 
     def _kind(self, node: Node, op: Optional[OpDef]) -> tuple[NodeKind, str]:
         float_outputs = [o for o in node.outputs if o and o not in self.graph.shape_tensors]
-        if not float_outputs:
+        if not float_outputs and not self._indexes_activations(node, op):
             return NodeKind.SHAPE, ""
         if node.name in self.marked:
             return NodeKind.FLOAT, "marked float"
         if op is None:
             return NodeKind.FLOAT, "not registered"
         return NodeKind.INTEGER, ""
+
+    def _indexes_activations(self, node: Node, op: Optional[OpDef]) -> bool:
+        """An op with index outputs (Equal, ArgMax) reading a quantized activation runs on its integer codes."""
+        return op is not None and bool(op.index_outputs(node)) and any(i in self.qparams for i in node.inputs if i)
 
     def step(self, node: Node) -> Step:
         """How `node` runs: its op's integer forward, or float with the reason (not registered, marked by the

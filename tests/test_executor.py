@@ -1,6 +1,6 @@
 """The integer executor: float fallback, input checks, qparams flow, memory option, errors.
 
-Unregistered ops (Cos, Sin) exercise the float fallback; their expected outputs are written out by hand here
+Unregistered ops (Atan, Asinh) exercise the float fallback; their expected outputs are written out by hand here
 as quantize(f(dequantize(codes))) with numpy.
 """
 from __future__ import annotations
@@ -44,9 +44,9 @@ QS = QParams(scale=0.9 / 32767, zero_point=0, bits=16, signed=True)
 
 
 @pytest.fixture
-def cos_sin():
-    assert get_op("Cos") is None and get_op("Sin") is None, "the test needs unregistered ops"
-    nodes = [helper.make_node("Cos", ["x"], ["c"], name="cos"), helper.make_node("Sin", ["c"], ["s"], name="sin")]
+def atan_asinh():
+    assert get_op("Atan") is None and get_op("Asinh") is None, "the test needs unregistered ops"
+    nodes = [helper.make_node("Atan", ["x"], ["c"], name="atan"), helper.make_node("Asinh", ["c"], ["s"], name="asinh")]
     model = _model(nodes, [("x", [2, 5])], [("s", [2, 5])])
     return load_model(model), _table({"x": QX, "c": QC, "s": QS})
 
@@ -54,15 +54,15 @@ def cos_sin():
 def _by_hand(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     sx, sc, ss = np.float32(0.025), np.float32(1 / 127), np.float32(0.9 / 32767)
     xq = np.clip(np.rint(x.astype(np.float64) / sx) + 120, 0, 255)
-    c = np.cos(((xq - 120) * sx).astype(np.float32))
+    c = np.arctan(((xq - 120) * sx).astype(np.float32))
     cq = np.clip(np.rint(c.astype(np.float64) / sc) - 3, -128, 127)
-    s = np.sin(((cq + 3) * sc).astype(np.float32))
+    s = np.arcsinh(((cq + 3) * sc).astype(np.float32))
     sq = np.clip(np.rint(s.astype(np.float64) / ss), -32768, 32767)
     return xq, cq, sq
 
 
-def test_unregistered_ops_run_in_float_with_quantized_borders(cos_sin):
-    graph, table = cos_sin
+def test_unregistered_ops_run_in_float_with_quantized_borders(atan_asinh):
+    graph, table = atan_asinh
     x = np.random.default_rng(0).uniform(-3, 3, (2, 5)).astype(np.float32)
     result = prepare(graph, table).run({"x": x})
     xq, cq, sq = _by_hand(x)
@@ -72,21 +72,21 @@ def test_unregistered_ops_run_in_float_with_quantized_borders(cos_sin):
     assert result.tensors["s"].dtype == np.int16
     np.testing.assert_allclose(result.outputs["s"], sq * np.float32(0.9 / 32767), rtol=1e-6)
     assert [(f.name, f.op_type, f.reason) for f in result.float_nodes] == [
-        ("cos", "Cos", "not registered"),
-        ("sin", "Sin", "not registered"),
+        ("atan", "Atan", "not registered"),
+        ("asinh", "Asinh", "not registered"),
     ]
-    assert "cos (Cos): not registered" in result.summary()
+    assert "atan (Atan): not registered" in result.summary()
     assert result.qparams["c"] == QC and result.overflows == {}
 
 
-def test_fallback_output_without_table_qparams_is_a_clear_error(cos_sin):
-    graph, _ = cos_sin
+def test_fallback_output_without_table_qparams_is_a_clear_error(atan_asinh):
+    graph, _ = atan_asinh
     with pytest.raises(ExecutorError, match="'c'.*no qparams"):
         prepare(graph, _table({"x": QX, "s": QS}))
 
 
-def test_graph_input_without_qparams_is_a_clear_error(cos_sin):
-    graph, _ = cos_sin
+def test_graph_input_without_qparams_is_a_clear_error(atan_asinh):
+    graph, _ = atan_asinh
     with pytest.raises(ExecutorError, match="graph input 'x'"):
         prepare(graph, _table({"c": QC, "s": QS}))
 
@@ -104,14 +104,14 @@ def test_graph_input_without_qparams_is_a_clear_error(cos_sin):
         ({"x": [[0.0] * 5] * 2}, "numpy array"),
     ],
 )
-def test_bad_inputs_are_rejected(cos_sin, inputs, message):
-    graph, table = cos_sin
+def test_bad_inputs_are_rejected(atan_asinh, inputs, message):
+    graph, table = atan_asinh
     with pytest.raises(ExecutorError, match=message):
         prepare(graph, table).run(inputs)
 
 
-def test_keep_outputs_only_drops_intermediates(cos_sin):
-    graph, table = cos_sin
+def test_keep_outputs_only_drops_intermediates(atan_asinh):
+    graph, table = atan_asinh
     x = np.random.default_rng(1).uniform(-3, 3, (2, 5)).astype(np.float32)
     prepared = prepare(graph, table)
     full, lean = prepared.run({"x": x}), prepared.run({"x": x}, keep_all=False)
@@ -119,21 +119,21 @@ def test_keep_outputs_only_drops_intermediates(cos_sin):
     np.testing.assert_array_equal(lean.outputs["s"], full.outputs["s"])
 
 
-def test_caller_graph_is_not_mutated(cos_sin):
-    graph, table = cos_sin
+def test_caller_graph_is_not_mutated(atan_asinh):
+    graph, table = atan_asinh
     before = [(n.name, list(n.inputs), list(n.outputs), dict(n.attrs)) for n in graph.nodes]
     prepare(graph, table)
     assert [(n.name, list(n.inputs), list(n.outputs), dict(n.attrs)) for n in graph.nodes] == before
 
 
-def test_unknown_float_node_is_an_error(cos_sin):
-    graph, table = cos_sin
+def test_unknown_float_node_is_an_error(atan_asinh):
+    graph, table = atan_asinh
     with pytest.raises(ExecutorError, match="'nope'"):
         prepare(graph, table, float_nodes=["nope"])
 
 
-def test_run_int_from_files(tmp_path, cos_sin):
-    graph, table = cos_sin
+def test_run_int_from_files(tmp_path, atan_asinh):
+    graph, table = atan_asinh
     model_path = tmp_path / "m.onnx"
     onnx.save(graph.model, str(model_path))
     save_quant_table(table, tmp_path / "m.quant.json")
@@ -144,10 +144,10 @@ def test_run_int_from_files(tmp_path, cos_sin):
 
 
 def test_shape_subgraph_on_dynamic_batch_runs_at_run_time():
-    # y = Cos(Reshape(x, Shape(x))): the Shape cannot be folded (dynamic batch) and is never quantized
+    # y = Atan(Reshape(x, Shape(x))): the Shape cannot be folded (dynamic batch) and is never quantized
     nodes = [
         helper.make_node("Shape", ["x"], ["s"], name="shape"),
-        helper.make_node("Cos", ["x"], ["c"], name="cos"),
+        helper.make_node("Atan", ["x"], ["c"], name="atan"),
         helper.make_node("Reshape", ["c", "s"], ["y"], name="reshape"),
     ]
     graph = load_model(_model(nodes, [("x", ["n", 4])], [("y", ["n", 4])]))
@@ -323,9 +323,9 @@ def test_a_node_its_rule_cannot_quantize_runs_in_float_with_the_reason():
     assert y.shape == (1, 1, 4, 4) and np.all(np.isfinite(y))
 
 
-def test_strict_mode_refuses_an_unregistered_op(cos_sin):
-    graph, table = cos_sin
-    with pytest.raises(ExecutorError, match=r"^Cos 'cos' would run in float \(not registered\); strict"):
+def test_strict_mode_refuses_an_unregistered_op(atan_asinh):
+    graph, table = atan_asinh
+    with pytest.raises(ExecutorError, match=r"^Atan 'atan' would run in float \(not registered\); strict"):
         prepare(graph, table, options=ExecutorOptions(strict=True))
 
 
