@@ -21,6 +21,7 @@ int4 [-8, 7] or uint4 [0, 15]); anything else raises ValueError naming the range
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,6 +105,7 @@ class DspBackend:
         self.bits = SCHEMES[scheme]
         self.name = f"dsp:{scheme}" + (":naive" if self.mode is Extraction.NAIVE else "")
         self.stats = DspStats()
+        self._lock = threading.Lock()  # `ptq report` runs isolated layers in a second thread
 
     def reset_stats(self) -> None:
         self.stats = DspStats()
@@ -138,7 +140,8 @@ class DspBackend:
         m, k = a.shape[-2:]
         n = b.shape[-1]
         slices = batch * lanes_m * lanes_n
-        self.stats.add(batch * m * k * n, slices * k, slices * -(-k // depth) * depth, lanes)
+        with self._lock:
+            self.stats.add(batch * m * k * n, slices * k, slices * -(-k // depth) * depth, lanes)
 
     def _int8(self, a: np.ndarray, b: np.ndarray, scheme: Int8x2) -> np.ndarray:
         """Rows 2i (D, lane 0) and 2i+1 (A, lane 1) of `a` share each element of `b` (B)."""

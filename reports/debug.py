@@ -150,11 +150,11 @@ class FakeQuantResult:
 
 
 def fake_quant(graph: Graph, table: QuantTable, images, *, layers: Sequence[str] = (), op_types: Sequence[str] = (),
-               progress: bool = False) -> FakeQuantResult:
+               progress: bool = False, backend=None) -> FakeQuantResult:
     """Output metrics and per-layer cumulative cosines with the chosen layers / op types in float, and without."""
     if not layers and not op_types:
         raise ValueError("choose layers (tensor or node names) or op types to run in float")
-    base = prepare(graph, table)
+    base = prepare(graph, table, backend=backend)
     known_ops = {node.op_type for node in graph.nodes}
     unknown = [op for op in op_types if op not in known_ops]
     if unknown:
@@ -162,7 +162,8 @@ def fake_quant(graph: Graph, table: QuantTable, images, *, layers: Sequence[str]
     notes = [note for note in (resolve_layer(base, layer).note for layer in layers) if note]
     specs = float_node_names(base, layers) + list(op_types)
     before = evaluate(graph, table, images, isolated=False, prepared=base, progress=progress, desc="integer")
-    after = evaluate(graph, table, images, float_nodes=specs, isolated=False, progress=progress, desc="fake-quant")
+    after = evaluate(graph, table, images, float_nodes=specs, isolated=False, progress=progress, desc="fake-quant",
+                     backend=backend)
     floated = set(after.float_nodes)
     after_cum = {s.name: after.cumulative[s.name].result().cosine for s in after.layers}
     rows = [
@@ -223,8 +224,10 @@ class AutoResult:
                 "suggestion": self.suggestion.to_dict()}
 
 
-def _outputs_only(graph: Graph, table: QuantTable, images, float_nodes: Sequence[str] = (), desc: str = "") -> OutputMetrics:
-    ev = evaluate(graph, table, images, float_nodes=float_nodes, layers=False, isolated=False, desc=desc)
+def _outputs_only(graph: Graph, table: QuantTable, images, float_nodes: Sequence[str] = (), desc: str = "",
+                  backend=None) -> OutputMetrics:
+    ev = evaluate(graph, table, images, float_nodes=float_nodes, layers=False, isolated=False, desc=desc,
+                  backend=backend)
     return OutputMetrics.of(ev)
 
 
@@ -244,11 +247,11 @@ def suggest(baseline: OutputMetrics, rows: Sequence[AutoRow]) -> Suggestion:
 
 
 def auto_debug(graph: Graph, table: QuantTable, images, k: int, *, model: str = "", quant: str = "",
-               isolated_images: Optional[int] = None, progress: bool = False) -> AutoResult:
+               isolated_images: Optional[int] = None, progress: bool = False, backend=None) -> AutoResult:
     """Report, then try each of the top `k` suspects alone in float and in 16 bits (see the module docstring)."""
     if k <= 0:
         raise ValueError(f"--auto needs a positive number of suspects, got {k}")
-    base = prepare(graph, table)
+    base = prepare(graph, table, backend=backend)
     ev = evaluate(graph, table, images, prepared=base, isolated_images=isolated_images, progress=progress)
     report = build_report(ev, model, quant)
     baseline = OutputMetrics.of(ev)
@@ -259,11 +262,13 @@ def auto_debug(graph: Graph, table: QuantTable, images, k: int, *, model: str = 
         float_trial = Trial("float", None)
         if spec.op_type != INPUT_OP:
             nodes = float_node_names(base, [suspect.name])
-            float_trial = Trial("float", _outputs_only(graph, table, images, nodes, desc=f"float {suspect.name}"))
+            float_trial = Trial("float", _outputs_only(graph, table, images, nodes, desc=f"float {suspect.name}",
+                                                       backend=backend))
         int16_trial = Trial("int16", None)
         if suspect.name in table.tensors and table.tensors[suspect.name].kind == "activation":
             wide = with_bits(table, [suspect.name], 16)
-            int16_trial = Trial("int16", _outputs_only(graph, wide, images, desc=f"int16 {suspect.name}"))
+            int16_trial = Trial("int16", _outputs_only(graph, wide, images, desc=f"int16 {suspect.name}",
+                                                       backend=backend))
         rows.append(AutoRow(suspect.name, spec.op_type, suspect.reason, float_trial, int16_trial))
     rows.sort(key=lambda r: -r.best_cosine())
     suggestion = suggest(baseline, rows)
@@ -272,7 +277,8 @@ def auto_debug(graph: Graph, table: QuantTable, images, k: int, *, model: str = 
     suggestion.saturating = [(r.layer, clipped[r.layer]) for r in rows if clipped[r.layer] >= SATURATION_HINT]
     mixed = with_bits(table, suggestion.int16_tensors, 16) if suggestion.int16_tensors else None
     if suggestion.int16_tensors or suggestion.float_layers:
-        suggestion.metrics = _outputs_only(graph, mixed or table, images, suggestion.float_nodes, desc="suggested")
+        suggestion.metrics = _outputs_only(graph, mixed or table, images, suggestion.float_nodes, desc="suggested",
+                                           backend=backend)
     return AutoResult(report, baseline, rows, suggestion, mixed)
 
 
@@ -313,7 +319,7 @@ def _safe(name: str) -> str:
 
 
 def dump_tensors(graph: Graph, table: QuantTable, images, out_dir: Union[str, Path], *, layers: Sequence[str] = (),
-                 float_nodes: Sequence[str] = (), max_images: int = 1) -> Path:
+                 float_nodes: Sequence[str] = (), max_images: int = 1, backend=None) -> Path:
     """Save the float and integer tensors of `layers` (all reported tensors when empty) for the first
     `max_images` images as .npy files, with `index.json` describing them (tensor, op, shape, qparams, files).
 
@@ -321,7 +327,7 @@ def dump_tensors(graph: Graph, table: QuantTable, images, out_dir: Union[str, Pa
     """
     if max_images <= 0:
         raise ValueError(f"--dump-images must be positive, got {max_images}")
-    prepared = prepare(graph, table, float_nodes=float_nodes)
+    prepared = prepare(graph, table, float_nodes=float_nodes, backend=backend)
     specs = layer_specs(prepared, graph.activations)
     if layers:
         known = {s.name for s in specs}

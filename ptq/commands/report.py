@@ -37,6 +37,17 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--labels", help="labels file (JSON {file: label} or 'NAME LABEL' lines); default: the "
                         "number at the end of each file name, e.g. imagenet_00_243.jpg -> 243")
     parser.add_argument("--num-images", type=int, help="use only the first N images")
+    add_backend_argument(parser)
+
+
+def add_backend_argument(parser: argparse.ArgumentParser) -> None:
+    """--backend: the dot product under Conv, ConvTranspose, Gemm and MatMul (`ptq.backends`)."""
+    from ptq.backends import BACKEND_NAMES
+
+    parser.add_argument("--backend", choices=BACKEND_NAMES, default="numpy",
+                        help="dot-product backend: numpy (exact BLAS, the default) or a packed-DSP48E2 emulation, "
+                        "dsp:int8 (2 MACs per DSP) or dsp:int4 (4 per DSP); ':naive' slices lanes without the sign "
+                        "correction")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--top must be positive, got {args.top}")
     graph, table, images = load_inputs(args)
     ev = evaluate(graph, table, images, float_nodes=args.float_nodes, isolated_images=args.isolated_images,
-                  progress=True)
+                  progress=True, backend=args.backend)
     report = build_report(ev, str(args.model), str(args.quant))
     paths = write_report(report, Path(args.out))
     print(summary_text(report, top=args.top))

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ptq.commands.report import add_backend_argument
+
 HELP = "run a calibrated model in integer arithmetic on images and print the top-k classes"
 
 
@@ -30,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="node names, output tensor names or op types to run in float (dequantize -> float op -> quantize)",
     )
+    add_backend_argument(parser)
     pre = parser.add_argument_group("preprocessing (default: what the quant table was calibrated with)")
     pre.add_argument("--config", help="JSON file with preprocessing keys (mean, std, resize, crop_ratio, bgr, layout)")
     pre.add_argument("--mean", help="per-channel mean in pixel units, e.g. 123.675,116.28,103.53")
@@ -127,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     pre = _preprocess(args, table.options.preprocess)
     spec = input_spec(graph, pre)
     files = _image_files(args.images)
-    prepared = prepare(graph, table, float_nodes=args.float_nodes)
+    prepared = prepare(graph, table, float_nodes=args.float_nodes, backend=args.backend)
     tally = Tally()
     for path in files:
         try:

@@ -66,7 +66,8 @@ def test_naive_mode_is_off_where_a_lower_lane_is_negative(scheme):
 
 
 @pytest.mark.parametrize("scheme, a, message", [
-    ("int4", np.array([[100, -3]]), r"operand a has codes in \[-3, 100\]; this scheme takes int4 \[-8, 7\] or uint4 \[0, 15\]"),
+    ("int4", np.array([[100, -3]]),
+     r"operand a has codes in \[-3, 100\]; this scheme takes int4 \[-8, 7\] or uint4 \[0, 15\]"),
     ("int8", np.array([[300, 2]], dtype=np.int16), r"int8 \[-128, 127\] or uint8 \[0, 255\]"),
     ("int8", np.array([[-129, 2]]), r"codes in \[-129, 2\]"),
 ])
