@@ -43,17 +43,30 @@ def wrap(x: np.ndarray, bits: int) -> np.ndarray:
 
 
 def _check_port(name: str, x: np.ndarray, bits: int) -> np.ndarray:
+    return _checked(name, x, bits)[0]
+
+
+def _checked(name: str, x: np.ndarray, bits: int) -> tuple[np.ndarray, int]:
+    """(x as int64, max|x|) after checking that x fits a `bits`-wide signed port."""
     x = np.asarray(x, dtype=np.int64)
+    if not x.size:
+        return x, 0
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    if x.size and (int(x.min()) < lo or int(x.max()) > hi):
-        raise ValueError(f"DSP48E2 port {name} takes {bits}-bit signed values [{lo}, {hi}], "
-                         f"got [{int(x.min())}, {int(x.max())}]")
-    return x
+    xmin, xmax = int(x.min()), int(x.max())
+    if xmin < lo or xmax > hi:
+        raise ValueError(f"DSP48E2 port {name} takes {bits}-bit signed values [{lo}, {hi}], got [{xmin}, {xmax}]")
+    return x, max(-xmin, xmax)
+
+
+def _wrap_unless_within(x: np.ndarray, absmax: int, bits: int) -> np.ndarray:
+    """wrap(x, bits), skipped when max|x| shows every value already within `bits` (the wrap is then the identity)."""
+    return x if absmax < (1 << (bits - 1)) else wrap(x, bits)
 
 
 def port_a(a: np.ndarray) -> np.ndarray:
     """The A input (30-bit signed) as the pre-adder sees it: A27 = sext27(A mod 2^27), i.e. A[26:0]."""
-    return wrap(_check_port("A", a, A_BITS), A_MULT_BITS)
+    a, amax = _checked("A", a, A_BITS)
+    return _wrap_unless_within(a, amax, A_MULT_BITS)
 
 
 def port_d(d: np.ndarray) -> np.ndarray:
@@ -68,7 +81,10 @@ def port_b(b: np.ndarray) -> np.ndarray:
 
 def preadd(d: np.ndarray, a: np.ndarray) -> np.ndarray:
     """The pre-adder: AD = wrap27(D + A[26:0]) for raw D and A port values."""
-    return wrap(port_d(d) + port_a(a), AD_BITS)
+    d, dmax = _checked("D", d, D_BITS)
+    a = port_a(a)
+    amax = max(abs(int(a.max())), abs(int(a.min()))) if a.size else 0
+    return _wrap_unless_within(d + a, dmax + amax, AD_BITS)
 
 
 def multiply(ad: np.ndarray, b: np.ndarray) -> np.ndarray:
