@@ -10,6 +10,8 @@ depthwise convolutions come through it too. Every product goes through the slice
 - `int4` (WP521, `Int4x4`): two rows of `a` (on A/D) times two columns of `b` (on B) give a 2x2 block of the
   output per slice. The unsigned operand goes to B (uint4 activations, int4 weights through the pre-adder).
 
+`dsp.plan.plan_dot` makes these choices from the shapes and code ranges (and counts the slices).
+
 The K-deep dot product runs as MACC chains of at most `depth` products (the scheme's worst-case K for the
 operands' code ranges; chunks are balanced, ceil(K / ceil(K / depth)) each); the lanes of each chain's P are
 extracted (exact peel, or naive bit slicing) and the chains' lane values are added in int64. An odd row or
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dsp.packing import Extraction, Int4x4, Int8x2, extract_sum, operand_range
+from dsp.plan import DotPlan, plan_dot
 from dsp.slice import macc_chain, preadd
 
 SCHEMES = {"int8": 8, "int4": 4}
@@ -42,11 +45,11 @@ class DspStats:
     chain_ops: int = 0  # ops with every dot product rounded up to whole chains of `depth` slices
     lane_slots: int = 0  # ops * lanes per op
 
-    def add(self, macs: int, ops: int, chain_ops: int, lanes: int) -> None:
-        self.macs += macs
-        self.ops += ops
-        self.chain_ops += chain_ops
-        self.lane_slots += ops * lanes
+    def add(self, plan: DotPlan) -> None:
+        self.macs += plan.macs
+        self.ops += plan.ops
+        self.chain_ops += plan.chain_ops
+        self.lane_slots += plan.lane_slots
 
     @property
     def lanes_per_op(self) -> float:
@@ -122,26 +125,13 @@ class DspBackend:
             raise ValueError(f"{self.name}: batch dimensions do not broadcast: a {a.shape} @ b {b.shape}") from None
         ra = operand_range(a, self.bits, f"{self.name} operand a")
         rb = operand_range(b, self.bits, f"{self.name} operand b")
-        m, n = a.shape[-2], b.shape[-1]
-        if self.scheme == "int4":
-            swap = not ra.signed and rb.signed  # WP521: the unsigned activations go to B
-        else:
-            swap = m * -(-n // 2) < -(-m // 2) * n  # pack whichever side wastes fewer lanes
-        if swap:
-            a, b, ra, rb = b.swapaxes(-1, -2), a.swapaxes(-1, -2), rb, ra
-        if self.scheme == "int4":
-            out = self._int4(a, b, Int4x4(x=rb, w=ra))
-        else:
-            out = self._int8(a, b, Int8x2(packed=ra, shared=rb))
-        return out.swapaxes(-1, -2) if swap else out
-
-    def _record(self, a, b, lanes_m: int, lanes_n: int, depth: int, lanes: int) -> None:
-        batch = int(np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), dtype=np.int64))
-        m, k = a.shape[-2:]
-        n = b.shape[-1]
-        slices = batch * lanes_m * lanes_n
+        plan = plan_dot(self.scheme, a.shape, b.shape, ra, rb)
+        if plan.swap:
+            a, b = b.swapaxes(-1, -2), a.swapaxes(-1, -2)
+        out = self._int4(a, b, plan.scheme) if self.scheme == "int4" else self._int8(a, b, plan.scheme)
         with self._lock:
-            self.stats.add(batch * m * k * n, slices * k, slices * -(-k // depth) * depth, lanes)
+            self.stats.add(plan)
+        return out.swapaxes(-1, -2) if plan.swap else out
 
     def _int8(self, a: np.ndarray, b: np.ndarray, scheme: Int8x2) -> np.ndarray:
         """Rows 2i (D, lane 0) and 2i+1 (A, lane 1) of `a` share each element of `b` (B)."""
@@ -156,7 +146,6 @@ class DspBackend:
             low, high = extract_sum(macc_chain(ad, bc[..., start:stop]), scheme.lanes, self.mode, axis=-3)
             out[..., 0::2, start:stop] = low
             out[..., 1::2, start:stop] = high
-        self._record(a[..., :m, :], b, a.shape[-2] // 2, n, scheme.depth, scheme.lanes_per_op)
         return out[..., :m, :]
 
     def _int4(self, a: np.ndarray, b: np.ndarray, scheme: Int4x4) -> np.ndarray:
@@ -177,7 +166,6 @@ class DspBackend:
             out[..., 0::2, cols][..., 1::2] = lanes[1]  # x2 w1
             out[..., 1::2, cols][..., 0::2] = lanes[2]  # x1 w2
             out[..., 1::2, cols][..., 1::2] = lanes[3]  # x2 w2
-        self._record(a[..., :m, :], b[..., :n], a.shape[-2] // 2, n2, scheme.depth, scheme.lanes_per_op)
         return out[..., :m, :n]
 
     @staticmethod
