@@ -65,8 +65,15 @@ def _wrap_unless_within(x: np.ndarray, absmax: int, bits: int) -> np.ndarray:
 
 def port_a(a: np.ndarray) -> np.ndarray:
     """The A input (30-bit signed) as the pre-adder sees it: A27 = sext27(A mod 2^27), i.e. A[26:0]."""
+    return _port_a(a)[0]
+
+
+def _port_a(a: np.ndarray) -> tuple[np.ndarray, int]:
+    """(A27, a bound of max|A27|)."""
     a, amax = _checked("A", a, A_BITS)
-    return _wrap_unless_within(a, amax, A_MULT_BITS)
+    if amax < (1 << (A_MULT_BITS - 1)):
+        return a, amax
+    return wrap(a, A_MULT_BITS), 1 << (A_MULT_BITS - 1)
 
 
 def port_d(d: np.ndarray) -> np.ndarray:
@@ -82,8 +89,7 @@ def port_b(b: np.ndarray) -> np.ndarray:
 def preadd(d: np.ndarray, a: np.ndarray) -> np.ndarray:
     """The pre-adder: AD = wrap27(D + A[26:0]) for raw D and A port values."""
     d, dmax = _checked("D", d, D_BITS)
-    a = port_a(a)
-    amax = max(abs(int(a.max())), abs(int(a.min()))) if a.size else 0
+    a, amax = _port_a(a)
     return _wrap_unless_within(d + a, dmax + amax, AD_BITS)
 
 
@@ -109,13 +115,13 @@ def macc_chain(ad: np.ndarray, b: np.ndarray, p0: Optional[np.ndarray] = None) -
     numpy.matmul); chain (m, n) multiplies row m of `ad` into column n of `b`. Returns int64 (..., M, N).
     The final wrap is skipped only when the bound shows the sum already within 48 bits.
     """
-    ad = _check_port("AD", ad, AD_BITS)
-    b = port_b(b)
+    ad, admax = _checked("AD", ad, AD_BITS)
+    b, bmax = _checked("B", b, B_BITS)
     k = ad.shape[-1]
-    bound = k * _absmax(ad) * _absmax(b)
+    bound = k * admax * bmax
     if p0 is not None:
-        p0 = _check_port("P", p0, P_BITS)
-        bound += _absmax(p0)
+        p0, pmax = _checked("P", p0, P_BITS)
+        bound += pmax
     if bound < FLOAT64_EXACT:
         p = np.matmul(ad.astype(np.float64), b.astype(np.float64)).astype(np.int64)
     elif bound < INT64_SAFE:
@@ -126,6 +132,3 @@ def macc_chain(ad: np.ndarray, b: np.ndarray, p0: Optional[np.ndarray] = None) -
         p += p0
     return p if bound < (1 << (P_BITS - 1)) else wrap(p, P_BITS)
 
-
-def _absmax(x: np.ndarray) -> int:
-    return max(abs(int(x.max())), abs(int(x.min()))) if x.size else 0
