@@ -155,6 +155,14 @@ def dsp_report(graph: Graph, table: QuantTable, array: DspArray = DspArray()) ->
 Accuracy = dict[str, tuple[int, Optional[float]]]  # tensor -> (bottleneck rank, 0 if none; isolated cosine)
 
 
+def accuracy_ranks(report: dict) -> Accuracy:
+    """Each layer's bottleneck rank (0: not a suspect) and isolated cosine, from a `ptq report` report.json
+    (or `Report.to_dict()`)."""
+    ranks = {b["name"]: k for k, b in enumerate(report["bottlenecks"], 1)}
+    return {layer["name"]: (ranks.get(layer["name"], 0), layer["isolated"].get("cosine"))
+            for layer in report["layers"]}
+
+
 def report_text(report: DspReport, top: int = 10, accuracy: Optional[Accuracy] = None) -> str:
     """The model totals for both schemes and the `top` layers ranked by int8 cycles; with `accuracy`
     (tensor -> (bottleneck rank, 0 if none; isolated cosine)) each layer's accuracy standing beside them."""

@@ -30,25 +30,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="write dsp_report.json here")
 
 
-def _accuracy(path: str) -> dict[str, tuple[int, float]]:
-    """tensor -> (bottleneck rank or 0, isolated cosine) from a `ptq report` JSON."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    ranks = {b["name"]: k for k, b in enumerate(data["bottlenecks"], 1)}
-    return {layer["name"]: (ranks.get(layer["name"], 0), layer["isolated"].get("cosine"))
-            for layer in data["layers"]}
-
-
 def run(args: argparse.Namespace) -> int:
     from ptq.core.graph import load_model
     from ptq.quant_table import load_quant_table
-    from reports.dsp_resources import DspArray, dsp_report, report_text
+    from reports.dsp_resources import DspArray, accuracy_ranks, dsp_report, report_text
 
     if args.top <= 0:
         raise ValueError(f"--top must be positive, got {args.top}")
     table = load_quant_table(args.quant)
     graph = load_model(args.model, table.options.input_shapes)
     report = dsp_report(graph, table, DspArray(args.dsps, args.clock_mhz))
-    accuracy = _accuracy(args.accuracy) if args.accuracy else None
+    accuracy = accuracy_ranks(json.loads(Path(args.accuracy).read_text(encoding="utf-8"))) if args.accuracy else None
     print(report_text(report, args.top, accuracy))
     if args.out:
         out = Path(args.out)

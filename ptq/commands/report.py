@@ -98,5 +98,21 @@ def run(args: argparse.Namespace) -> int:
     report = build_report(ev, str(args.model), str(args.quant))
     paths = write_report(report, Path(args.out))
     print(summary_text(report, top=args.top))
+    if args.backend.startswith("dsp:"):
+        paths.append(_dsp_section(graph, table, report, Path(args.out), args.top))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def _dsp_section(graph, table, report, out_dir: Path, top: int) -> Path:
+    """With a DSP backend: the resource report (`ptq dsp-report`, default array) beside the accuracy ranks."""
+    import json
+
+    from reports.dsp_resources import accuracy_ranks, dsp_report, report_text
+
+    resources = dsp_report(graph, table)
+    print()
+    print(report_text(resources, top, accuracy_ranks(report.to_dict())))
+    path = out_dir / "dsp_report.json"
+    path.write_text(json.dumps(resources.to_dict(), indent=1) + "\n", encoding="utf-8")
+    return path

@@ -84,3 +84,15 @@ def test_dsp_report_command_writes_json(tiny, tmp_path, capsys):
     assert "MACs/DSP/cyc" in capsys.readouterr().out
     assert main(argv + ["--dsps", "0"]) == 2
     assert "positive slice count" in capsys.readouterr().err
+
+
+def test_report_with_a_dsp_backend_adds_the_resource_section(tiny, tmp_path, capsys):
+    model_path, _, table_path = tiny
+    argv = ["report", str(model_path), "--quant", str(table_path), "--images", str(model_path.parent / "images"),
+            "--out", str(tmp_path), "--backend", "dsp:int8"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "layers ranked by int8 cycles" in out and "acc rank" in out
+    assert json.loads((tmp_path / "dsp_report.json").read_text())["totals"]["int8"]["macs"] == 4 * 27 * 64 + 20
+    assert main(argv[:-2] + ["--out", str(tmp_path / "plain")]) == 0
+    assert not (tmp_path / "plain" / "dsp_report.json").exists()
