@@ -52,10 +52,6 @@ class DspStats:
         self.lane_slots += plan.lane_slots
 
     @property
-    def lanes_per_op(self) -> float:
-        return self.lane_slots / self.ops if self.ops else 0.0
-
-    @property
     def padding_loss(self) -> float:
         """Fraction of lane slots that carried a zero pad (odd channel or pixel counts)."""
         return 1 - self.macs / self.lane_slots if self.lane_slots else 0.0

@@ -30,7 +30,6 @@ A_MULT_BITS = 27  # the multiplier's view of A: A[26:0]
 D_BITS = 27
 AD_BITS = 27
 B_BITS = 18
-PRODUCT_BITS = 45
 P_BITS = 48
 FLOAT64_EXACT = 1 << 53
 INT64_SAFE = 1 << 62
