@@ -30,6 +30,7 @@ _EXPORTS = {
     "IntegerGraph": "ptq.executor",
     "IntRunResult": "ptq.executor",
     "ExecutorOptions": "ptq.executor",
+    "get_backend": "ptq.backends",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
