@@ -79,10 +79,8 @@ def _pad_axis(x: np.ndarray, axis: int, size: int) -> np.ndarray:
 
 
 def _chained(ad: np.ndarray, b: np.ndarray, count: int, per: int) -> tuple[np.ndarray, np.ndarray]:
-    """(..., M, K) and (..., K, N) as per-chain operands (..., count, M, per) and (..., count, per, N)."""
-    k = count * per
-    ad = _pad_axis(ad, -1, k)
-    b = _pad_axis(b, -2, k)
+    """(..., M, count * per) and (..., count * per, N) as per-chain operands (..., count, M, per) and
+    (..., count, per, N)."""
     ad = ad.reshape(ad.shape[:-1] + (count, per)).swapaxes(-3, -2)
     b = b.reshape(b.shape[:-2] + (count, per, b.shape[-1]))
     return ad, b
@@ -122,20 +120,25 @@ class DspBackend:
         ra = operand_range(a, self.bits, f"{self.name} operand a")
         rb = operand_range(b, self.bits, f"{self.name} operand b")
         plan = plan_dot(self.scheme, a.shape, b.shape, ra, rb)
-        if plan.swap:
-            a, b = b.swapaxes(-1, -2), a.swapaxes(-1, -2)
-        out = self._int4(a, b, plan.scheme) if self.scheme == "int4" else self._int8(a, b, plan.scheme)
+        count, per = _chunks(a.shape[-1], plan.scheme.depth)
+        # zero pads of K to whole chains, in the narrow input dtype and before any transposition (a fast copy)
+        a, b = _pad_axis(a, -1, count * per), _pad_axis(b, -2, count * per)
+        if plan.swap:  # the packed side transposed once in its narrow dtype: the port arithmetic runs contiguous
+            a, b = np.ascontiguousarray(b.swapaxes(-1, -2)), a.swapaxes(-1, -2)
+        if self.scheme == "int4":
+            out = self._int4(a, b, plan.scheme, count, per)
+        else:
+            out = self._int8(a, b, plan.scheme, count, per)
         with self._lock:
             self.stats.add(plan)
         return out.swapaxes(-1, -2) if plan.swap else out
 
-    def _int8(self, a: np.ndarray, b: np.ndarray, scheme: Int8x2) -> np.ndarray:
-        """Rows 2i (D, lane 0) and 2i+1 (A, lane 1) of `a` share each element of `b` (B)."""
-        m, k = a.shape[-2:]
+    def _int8(self, a: np.ndarray, b: np.ndarray, scheme: Int8x2, count: int, per: int) -> np.ndarray:
+        """Rows 2i (D, lane 0) and 2i+1 (A, lane 1) of `a` share each element of `b` (B); K = count * per."""
+        m = a.shape[-2]
         n = b.shape[-1]
         a = _pad_axis(a, -2, m + m % 2)
         port_a, port_d, port_b = scheme.ports(a[..., 0::2, :], a[..., 1::2, :], b)
-        count, per = _chunks(k, scheme.depth)
         ad, bc = _chained(preadd(port_d, port_a), port_b, count, per)
         out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], n), dtype=np.int64)
         for start, stop in self._blocks(ad, bc, n):
@@ -144,14 +147,13 @@ class DspBackend:
             out[..., 1::2, start:stop] = high
         return out[..., :m, :]
 
-    def _int4(self, a: np.ndarray, b: np.ndarray, scheme: Int4x4) -> np.ndarray:
-        """Rows 2i (A: w1) and 2i+1 (D: w2) of `a` times columns 2j (x1) and 2j+1 (x2) of `b` (B)."""
-        m, k = a.shape[-2:]
+    def _int4(self, a: np.ndarray, b: np.ndarray, scheme: Int4x4, count: int, per: int) -> np.ndarray:
+        """Rows 2i (A: w1) and 2i+1 (D: w2) of `a` times columns 2j (x1) and 2j+1 (x2) of `b` (B); K = count * per."""
+        m = a.shape[-2]
         n = b.shape[-1]
         a = _pad_axis(a, -2, m + m % 2)
         b = _pad_axis(b, -1, n + n % 2)
         port_a, port_d, port_b = scheme.ports(a[..., 0::2, :], a[..., 1::2, :], b[..., 0::2], b[..., 1::2])
-        count, per = _chunks(k, scheme.depth)
         ad, bc = _chained(preadd(port_d, port_a), port_b, count, per)
         n2 = bc.shape[-1]
         out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + a.shape[-2:-1] + b.shape[-1:], dtype=np.int64)
