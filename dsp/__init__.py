@@ -5,6 +5,7 @@ A lower layer: it imports only numpy (and nothing of ptq above `ptq.core`).
 """
 from dsp.backend import DspBackend, DspStats
 from dsp.packing import CodeRange, Extraction, Int4x4, Int8x2, Lane, extract, extract_sum, product_range
+from dsp.plan import DotPlan, plan_dot
 
-__all__ = ["CodeRange", "DspBackend", "DspStats", "Extraction", "Int4x4", "Int8x2", "Lane", "extract",
-           "extract_sum", "product_range"]
+__all__ = ["CodeRange", "DotPlan", "DspBackend", "DspStats", "Extraction", "Int4x4", "Int8x2", "Lane", "extract",
+           "extract_sum", "plan_dot", "product_range"]
