@@ -31,6 +31,7 @@ _EXPORTS = {
     "IntRunResult": "ptq.executor",
     "ExecutorOptions": "ptq.executor",
     "QuantizeOptions": "ops.registry",
+    "get_backend": "ptq.backends",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

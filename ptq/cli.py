@@ -10,7 +10,7 @@ from typing import Optional
 from ptq import __version__
 
 # Each module defines `add_arguments(parser)` and `run(args) -> int`, and a one-line `HELP`.
-SUBCOMMANDS = ("calibrate", "run", "ops", "report", "debug")
+SUBCOMMANDS = ("calibrate", "run", "ops", "report", "debug", "dsp-report")
 
 
 class UserError(Exception):
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ptq {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:
-        module = importlib.import_module(f"ptq.commands.{name}")
+        module = importlib.import_module(f"ptq.commands.{name.replace('-', '_')}")
         sub = subparsers.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(sub)
         sub.set_defaults(handler=module.run)

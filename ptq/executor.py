@@ -384,18 +384,23 @@ def prepare(
     quant_table: QuantTable,
     *,
     float_nodes: Iterable[str] = (),
-    backend: Optional[DotBackend] = None,
+    backend: Union[str, DotBackend, None] = None,
     options: Optional[ExecutorOptions] = None,
 ) -> IntegerGraph:
     """Rewrite a copy of `graph` and quantize every node with `quant_table` (see the module docstring).
 
     `float_nodes`: node names, output tensor names or op types to run in float (fake-quant debugging).
+    `backend`: the dot product under Conv, Gemm and MatMul, a `DotBackend` or a name of `ptq.backends`.
     """
     options = options or ExecutorOptions()
     if backend is None:
         from ops.backend import DEFAULT_BACKEND
 
         backend = DEFAULT_BACKEND
+    elif isinstance(backend, str):
+        from ptq.backends import get_backend
+
+        backend = get_backend(backend)
     marked = _resolve_float_nodes(graph, float_nodes)
     node_float = NodeFloatEvaluator(graph.opset)
     rewritten, log = apply_rewrites(
@@ -436,8 +441,11 @@ def run_int(
     float_nodes: Iterable[str] = (),
     keep_all: bool = True,
     options: Optional[ExecutorOptions] = None,
+    backend: Union[str, DotBackend, None] = None,
 ) -> IntRunResult:
-    """Prepare and run `model` in integers once. `quant_table` is a QuantTable or a `.quant.json` path."""
+    """Prepare and run `model` in integers once. `quant_table` is a QuantTable or a `.quant.json` path;
+    `backend` as for `prepare`."""
     table = quant_table if isinstance(quant_table, QuantTable) else load_quant_table(quant_table)
     graph = _as_graph(model, inputs)
-    return prepare(graph, table, float_nodes=float_nodes, options=options).run(inputs, keep_all=keep_all)
+    prepared = prepare(graph, table, float_nodes=float_nodes, backend=backend, options=options)
+    return prepared.run(inputs, keep_all=keep_all)

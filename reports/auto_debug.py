@@ -78,8 +78,10 @@ class AutoResult:
                 "suggestion": self.suggestion.to_dict()}
 
 
-def _outputs_only(graph: Graph, table: QuantTable, images, float_nodes: Sequence[str] = (), desc: str = "") -> OutputMetrics:
-    ev = evaluate(graph, table, images, float_nodes=float_nodes, layers=False, isolated=False, desc=desc)
+def _outputs_only(graph: Graph, table: QuantTable, images, float_nodes: Sequence[str] = (), desc: str = "",
+                  backend=None) -> OutputMetrics:
+    ev = evaluate(graph, table, images, float_nodes=float_nodes, layers=False, isolated=False, desc=desc,
+                  backend=backend)
     return OutputMetrics.of(ev)
 
 
@@ -99,11 +101,11 @@ def suggest(baseline: OutputMetrics, rows: Sequence[AutoRow]) -> Suggestion:
 
 
 def auto_debug(graph: Graph, table: QuantTable, images, k: int, *, model: str = "", quant: str = "",
-               isolated_images: Optional[int] = None, progress: bool = False) -> AutoResult:
+               isolated_images: Optional[int] = None, progress: bool = False, backend=None) -> AutoResult:
     """Report, then try each of the top `k` suspects alone in float and in 16 bits (see the module docstring)."""
     if k <= 0:
         raise ValueError(f"--auto needs a positive number of suspects, got {k}")
-    base = prepare(graph, table)
+    base = prepare(graph, table, backend=backend)
     ev = evaluate(graph, table, images, prepared=base, isolated_images=isolated_images, progress=progress)
     report = build_report(ev, model, quant)
     baseline = OutputMetrics.of(ev)
@@ -114,11 +116,13 @@ def auto_debug(graph: Graph, table: QuantTable, images, k: int, *, model: str = 
         float_trial = Trial("float", None)
         if spec.op_type != INPUT_OP:
             nodes = float_node_names(base, [suspect.name])
-            float_trial = Trial("float", _outputs_only(graph, table, images, nodes, desc=f"float {suspect.name}"))
+            float_trial = Trial("float", _outputs_only(graph, table, images, nodes, desc=f"float {suspect.name}",
+                                                       backend=backend))
         int16_trial = Trial("int16", None)
         if suspect.name in table.tensors and table.tensors[suspect.name].kind == "activation":
             wide = with_bits(table, [suspect.name], 16)
-            int16_trial = Trial("int16", _outputs_only(graph, wide, images, desc=f"int16 {suspect.name}"))
+            int16_trial = Trial("int16", _outputs_only(graph, wide, images, desc=f"int16 {suspect.name}",
+                                                       backend=backend))
         rows.append(AutoRow(suspect.name, spec.op_type, suspect.reason, float_trial, int16_trial))
     rows.sort(key=lambda r: -r.best_cosine())
     suggestion = suggest(baseline, rows)
@@ -127,5 +131,6 @@ def auto_debug(graph: Graph, table: QuantTable, images, k: int, *, model: str = 
     suggestion.saturating = [(r.layer, clipped[r.layer]) for r in rows if clipped[r.layer] >= SATURATION_HINT]
     mixed = with_bits(table, suggestion.int16_tensors, 16) if suggestion.int16_tensors else None
     if suggestion.int16_tensors or suggestion.float_layers:
-        suggestion.metrics = _outputs_only(graph, mixed or table, images, suggestion.float_nodes, desc="suggested")
+        suggestion.metrics = _outputs_only(graph, mixed or table, images, suggestion.float_nodes, desc="suggested",
+                                           backend=backend)
     return AutoResult(report, baseline, rows, suggestion, mixed)

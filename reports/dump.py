@@ -21,7 +21,7 @@ def _safe(name: str) -> str:
 
 
 def dump_tensors(graph: Graph, table: QuantTable, images, out_dir: Union[str, Path], *, layers: Sequence[str] = (),
-                 float_nodes: Sequence[str] = (), max_images: int = 1) -> Path:
+                 float_nodes: Sequence[str] = (), max_images: int = 1, backend=None) -> Path:
     """Save the float and integer tensors of `layers` (all reported tensors when empty) for the first
     `max_images` images as .npy files, with `index.json` describing them (tensor, op, shape, qparams, files).
 
@@ -29,7 +29,7 @@ def dump_tensors(graph: Graph, table: QuantTable, images, out_dir: Union[str, Pa
     """
     if max_images <= 0:
         raise ValueError(f"--dump-images must be positive, got {max_images}")
-    prepared = prepare(graph, table, float_nodes=float_nodes)
+    prepared = prepare(graph, table, float_nodes=float_nodes, backend=backend)
     specs = layer_specs(prepared, graph.activations)
     if layers:
         known = {s.name for s in specs}

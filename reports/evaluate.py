@@ -53,12 +53,14 @@ def evaluate(
     prepared: Optional[IntegerGraph] = None,
     progress: bool = False,
     desc: str = "report",
+    backend=None,
 ) -> Evaluation:
     """Run the float model and the integer graph on every image and accumulate the similarities.
 
     `layers=False` measures the graph outputs only (cheaper: debug passes); `isolated=False` skips the
     isolated runs; `isolated_images=N` runs them on the first N images only (they cost a second integer
     pass). `float_nodes` are node names, tensor names or op types run in float inside the integer graph.
+    `backend` (a `DotBackend` or a `ptq.backends` name) computes the integer graph's dot products.
     """
     from tqdm import tqdm
 
@@ -66,9 +68,9 @@ def evaluate(
         raise ValueError("isolated metrics need layers=True")
     if isolated_images is not None and isolated_images <= 0:
         raise ValueError(f"isolated_images must be positive, got {isolated_images}")
-    if prepared is not None and float_nodes:
-        raise ValueError("give float_nodes to prepare(), not with an already prepared graph")
-    prepared = prepared or prepare(graph, table, float_nodes=float_nodes)
+    if prepared is not None and (float_nodes or backend is not None):
+        raise ValueError("give float_nodes and backend to prepare(), not with an already prepared graph")
+    prepared = prepared or prepare(graph, table, float_nodes=float_nodes, backend=backend)
     input_name = image_input(graph)
     outputs = [o for o in prepared.graph.outputs if o in prepared.qparams]
     if not outputs:

@@ -49,11 +49,11 @@ class FakeQuantResult:
 
 
 def fake_quant(graph: Graph, table: QuantTable, images, *, layers: Sequence[str] = (), op_types: Sequence[str] = (),
-               progress: bool = False) -> FakeQuantResult:
+               progress: bool = False, backend=None) -> FakeQuantResult:
     """Output metrics and per-layer cumulative cosines with the chosen layers / op types in float, and without."""
     if not layers and not op_types:
         raise ValueError("choose layers (tensor or node names) or op types to run in float")
-    base = prepare(graph, table)
+    base = prepare(graph, table, backend=backend)
     known_ops = {node.op_type for node in graph.nodes}
     unknown = [op for op in op_types if op not in known_ops]
     if unknown:
@@ -61,7 +61,8 @@ def fake_quant(graph: Graph, table: QuantTable, images, *, layers: Sequence[str]
     notes = [note for note in (resolve_layer(base, layer).note for layer in layers) if note]
     specs = float_node_names(base, layers) + list(op_types)
     before = evaluate(graph, table, images, isolated=False, prepared=base, progress=progress, desc="integer")
-    after = evaluate(graph, table, images, float_nodes=specs, isolated=False, progress=progress, desc="fake-quant")
+    after = evaluate(graph, table, images, float_nodes=specs, isolated=False, progress=progress, desc="fake-quant",
+                     backend=backend)
     floated = set(after.float_nodes)
     after_cum = {s.name: after.cumulative[s.name].result().cosine for s in after.layers}
     rows = [

@@ -48,7 +48,7 @@ def _fake_quant(args, graph, table, images) -> dict:
     from reports.fake_quant import fake_quant
 
     result = fake_quant(graph, table, images, layers=args.fake_quant or (), op_types=args.fake_quant_ops or (),
-                        progress=True)
+                        progress=True, backend=args.backend)
     print(fake_quant_table(result))
     return {"mode": "fake_quant", **result.to_dict()}
 
@@ -60,7 +60,7 @@ def _auto(args, graph, table, images, out_dir: Path) -> dict:
     from reports.writers import summary_text
 
     result = auto_debug(graph, table, images, args.auto, model=str(args.model), quant=str(args.quant),
-                        isolated_images=args.isolated_images, progress=True)
+                        isolated_images=args.isolated_images, progress=True, backend=args.backend)
     write_report(result.report, out_dir)
     print(summary_text(result.report, top=args.auto))
     print()
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         chosen = args.fake_quant or []
         float_nodes = float_node_names(prepare(graph, table), chosen) + list(args.fake_quant_ops or [])
         index = dump_tensors(graph, table, images, args.dump, layers=chosen, float_nodes=float_nodes,
-                             max_images=args.dump_images)
+                             max_images=args.dump_images, backend=args.backend)
         print(f"dumped tensors: {index}")
         data["dump_index"] = str(index)
     path = out_dir / "debug.json"

@@ -38,6 +38,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         "number at the end of each file name, e.g. imagenet_00_243.jpg -> 243")
     parser.add_argument("--num-images", type=int, help="use only the first N images")
     add_strict_argument(parser)
+    add_backend_argument(parser)
 
 
 def add_strict_argument(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +54,16 @@ def require_integer_graph(args: argparse.Namespace, graph, table) -> None:
         from ptq.executor import ExecutorOptions, prepare
 
         prepare(graph, table, options=ExecutorOptions(strict=True))
+
+
+def add_backend_argument(parser: argparse.ArgumentParser) -> None:
+    """--backend: the dot product under Conv, ConvTranspose, Gemm and MatMul (`ptq.backends`)."""
+    from ptq.backends import BACKEND_NAMES
+
+    parser.add_argument("--backend", choices=BACKEND_NAMES, default="numpy",
+                        help="dot-product backend: numpy (exact BLAS, the default) or a packed-DSP48E2 emulation, "
+                        "dsp:int8 (2 MACs per DSP) or dsp:int4 (4 per DSP); ':naive' slices lanes without the sign "
+                        "correction")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,9 +112,25 @@ def run(args: argparse.Namespace) -> int:
     graph, table, images = load_inputs(args)
     require_integer_graph(args, graph, table)
     ev = evaluate(graph, table, images, float_nodes=args.float_nodes, isolated_images=args.isolated_images,
-                  progress=True)
+                  progress=True, backend=args.backend)
     report = build_report(ev, str(args.model), str(args.quant))
     paths = write_report(report, Path(args.out))
     print(summary_text(report, top=args.top))
+    if args.backend.startswith("dsp:"):
+        paths.append(_dsp_section(graph, table, report, Path(args.out), args.top))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def _dsp_section(graph, table, report, out_dir: Path, top: int) -> Path:
+    """With a DSP backend: the resource report (`ptq dsp-report`, default array) beside the accuracy ranks."""
+    import json
+
+    from reports.dsp_resources import accuracy_ranks, dsp_report, report_text
+
+    resources = dsp_report(graph, table)
+    print()
+    print(report_text(resources, top, accuracy_ranks(report.to_dict())))
+    path = out_dir / "dsp_report.json"
+    path.write_text(json.dumps(resources.to_dict(), indent=1) + "\n", encoding="utf-8")
+    return path

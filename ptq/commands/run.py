@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ptq.commands.report import add_strict_argument
+from ptq.commands.report import add_backend_argument, add_strict_argument
 
 HELP = "run a calibrated model in integer arithmetic on images and print the top-k classes"
 
@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="node names, output tensor names or op types to run in float (dequantize -> float op -> quantize)",
     )
     add_strict_argument(parser)
+    add_backend_argument(parser)
     pre = parser.add_argument_group("preprocessing (default: what the quant table was calibrated with)")
     pre.add_argument("--config", help="JSON file with preprocessing keys (mean, std, resize, crop_ratio, bgr, layout)")
     pre.add_argument("--mean", help="per-channel mean in pixel units, e.g. 123.675,116.28,103.53")
@@ -130,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
     pre = _preprocess(args, table.options.preprocess)
     spec = input_spec(graph, pre)
     files = _image_files(args.images)
-    prepared = prepare(graph, table, float_nodes=args.float_nodes, options=ExecutorOptions(strict=args.strict))
+    prepared = prepare(graph, table, float_nodes=args.float_nodes, backend=args.backend,
+                       options=ExecutorOptions(strict=args.strict))
     tally = Tally()
     for path in files:
         try:

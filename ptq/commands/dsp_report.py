@@ -1,0 +1,51 @@
+"""`ptq dsp-report MODEL --quant Q.json`: what the model costs on packed DSP48E2 slices, int8 beside int4.
+
+Per layer (every Conv, ConvTranspose, Gemm, MatMul, depthwise included): MACs, packed DSP operations, cycles
+on an array of `--dsps` slices at `--clock-mhz`, lanes lost to odd channel counts and to chaining; model totals
+and MACs per DSP per cycle; the layers ranked by cycles. With `--accuracy report.json` (from `ptq report`) each
+layer also shows its accuracy-bottleneck rank and isolated cosine: where the model loses time beside where
+it loses accuracy. `--out DIR` writes `dsp_report.json`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HELP = "per-layer packed-DSP48E2 cost (int8 and int4 side by side), layers ranked by cycles"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from reports.dsp_resources import DEFAULT_CLOCK_MHZ, DEFAULT_DSPS
+
+    parser.add_argument("model", help="the float ONNX model")
+    parser.add_argument("--quant", required=True, help="the quantization table (.quant.json) from `ptq calibrate`")
+    parser.add_argument("--dsps", type=int, default=DEFAULT_DSPS,
+                        help=f"DSP48E2 slices in the array (default {DEFAULT_DSPS}: a ZCU102's XCZU9EG)")
+    parser.add_argument("--clock-mhz", type=float, default=DEFAULT_CLOCK_MHZ,
+                        help=f"DSP clock (default {DEFAULT_CLOCK_MHZ:g} MHz, WP521's 4-bit XDPU)")
+    parser.add_argument("--top", type=int, default=10, help="layers printed, most cycles first (default 10)")
+    parser.add_argument("--accuracy", help="a report.json of `ptq report` on the same model and table: show each "
+                        "layer's accuracy-bottleneck rank and isolated cosine next to its cycles")
+    parser.add_argument("--out", help="write dsp_report.json here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ptq.core.graph import load_model
+    from ptq.quant_table import load_quant_table
+    from reports.dsp_resources import DspArray, accuracy_ranks, dsp_report, report_text
+
+    if args.top <= 0:
+        raise ValueError(f"--top must be positive, got {args.top}")
+    table = load_quant_table(args.quant)
+    graph = load_model(args.model, table.options.input_shapes)
+    report = dsp_report(graph, table, DspArray(args.dsps, args.clock_mhz))
+    accuracy = accuracy_ranks(json.loads(Path(args.accuracy).read_text(encoding="utf-8"))) if args.accuracy else None
+    print(report_text(report, args.top, accuracy))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / "dsp_report.json"
+        path.write_text(json.dumps(report.to_dict(), indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,100 @@
+"""EfficientNet-Lite0 through the packed-DSP backends: every integer tensor identical to the default backend's."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ptq.cli import main
+from ptq.core.graph import load_model
+from ptq.executor import prepare, run_int
+from ptq.images import Preprocess
+from ptq.pipeline import calibrate
+from reports.evaluate import ImageSet
+
+IMAGES = 2
+PRE = Preprocess(mean=127, std=128)
+
+
+@pytest.fixture(scope="module")
+def samples(model_path, eval_dir):
+    graph = load_model(model_path)
+    images = ImageSet.from_folder(eval_dir, PRE, limit=IMAGES)
+    return [sample for _path, sample, _label in images.samples(graph)]
+
+
+@pytest.fixture(scope="module")
+def int8(model_path, calib_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("calib8")
+    return calibrate(model_path, calib_dir, out, num_images=8, preprocess=PRE)
+
+
+@pytest.fixture(scope="module")
+def plain8(model_path, int8):
+    return prepare(load_model(model_path), int8.table)
+
+
+def _macs(graph) -> int:
+    """Multiply-accumulates of every Conv and Gemm, from the weight shapes and the output sizes (independent of
+    the backends' own counting)."""
+    total = 0
+    for step in graph.steps:
+        node = step.node
+        if node.op_type not in ("Conv", "Gemm"):
+            continue
+        weight = graph.graph.initializers[node.inputs[1]]
+        out = graph.graph.tensors[node.outputs[0]].shape
+        spatial = int(np.prod(out[2:])) if node.op_type == "Conv" else 1
+        total += int(np.prod(weight.shape)) * spatial * out[0]
+    return total
+
+
+@pytest.mark.parametrize("backend", ["dsp:int8", "dsp:int4"])
+def test_lite0_integer_tensors_identical_through_the_dsp_backend(backend, model_path, calib_dir, samples, int8, plain8):
+    if backend == "dsp:int4":  # a 4-bit model: every Conv/Gemm operand a 4-bit code
+        result = calibrate(model_path, calib_dir, num_images=8, preprocess=PRE, bits=4, weight_bits=4,
+                           write_qdq=False)
+        graph, table = result.graph, result.table
+        plain = prepare(graph, table)
+    else:
+        graph, table, plain = load_model(model_path), int8.table, plain8
+    dsp = prepare(graph, table, backend=backend)
+    assert dsp.backend.name == backend and dsp.backend.direct_depthwise is False
+    name = graph.inputs[0]
+    for sample in samples:
+        want = plain.run({name: sample}).tensors
+        got = dsp.run({name: sample}).tensors
+        assert set(got) == set(want)
+        for tensor, codes in want.items():
+            assert got[tensor].dtype == codes.dtype and np.array_equal(got[tensor], codes), tensor
+    assert dsp.backend.stats.macs == IMAGES * _macs(dsp) > 3e8  # every MAC of the model went through the DSPs
+
+
+def test_naive_extraction_changes_the_lite0_result(model_path, samples, int8, plain8):
+    naive = run_int(model_path, int8.table, {"input": samples[0]}, backend="dsp:int8:naive", keep_all=False)
+    plain = plain8.run({"input": samples[0]}, keep_all=False)
+    logits = next(iter(plain.outputs))
+    assert not np.array_equal(naive.outputs[logits], plain.outputs[logits])
+
+
+def test_debug_dump_with_dsp_backend_matches_the_plain_dump(model_path, eval_dir, int8, tmp_path):
+    """The issue's check, on one photo (the API test above covers more)."""
+    dumps = {}
+    for backend in ("numpy", "dsp:int8"):
+        out = tmp_path / backend.replace(":", "_")
+        argv = ["debug", str(model_path), "--quant", str(int8.table_path), "--images", str(eval_dir),
+                "--num-images", "1", "--out", str(out), "--dump", str(out / "dump"), "--backend", backend]
+        assert main(argv) == 0
+        dumps[backend] = out / "dump"
+    files = sorted(p.name for p in Path(dumps["numpy"]).glob("*.int.npy"))
+    assert len(files) > 60
+    for name in files:
+        assert np.array_equal(np.load(dumps["numpy"] / name), np.load(dumps["dsp:int8"] / name)), name
+
+
+def test_unknown_backend_is_a_one_line_cli_error(model_path, int8, eval_dir, capsys):
+    argv = ["run", str(model_path), "--quant", str(int8.table_path), "--images", str(eval_dir), "--backend", "dsp:int2"]
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert "invalid choice: 'dsp:int2'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown backend 'dsp:int2'"):
+        prepare(load_model(model_path), int8.table, backend="dsp:int2")
