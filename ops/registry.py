@@ -86,7 +86,10 @@ class OpDef:
     - `absorbs_batchnorm`: a following BatchNormalization folds into the op's weight and bias (Conv);
     - `clip_range(node, constant)`: the interval the op clamps its input to, when its output is its input
       clamped (Relu, Clip); calibration folds its input's range to it;
-    - `keeps_input_qparams`: the output takes input 0's qparams by rule (data movement, max pooling).
+    - `keeps_input_qparams`: the output takes input 0's qparams by rule (data movement, max pooling);
+    - `index_outputs(node)`: the outputs that hold indices or booleans (ArgMax, TopK's indices, a mask):
+      int64/bool as in ONNX, without qparams (`check_quantized` wants None there); a node whose outputs are
+      all index outputs still runs `forward_int` on the codes of its quantized inputs.
     """
 
     op_type: ClassVar[str]
@@ -104,6 +107,9 @@ class OpDef:
 
     def bias_role(self, node: Node) -> Optional[BiasRole]:
         return None
+
+    def index_outputs(self, node: Node) -> frozenset[int]:
+        return frozenset()
 
     def clip_range(self, node: Node, constant: ConstantLookup) -> Optional[tuple[float, float]]:
         return None
@@ -169,6 +175,14 @@ class QuantizationError(ValueError):
 
 
 def check_quantized(q: QuantizedNode) -> None:
-    for name, qp in zip(q.node.outputs, q.out_qparams):
-        if name and not isinstance(qp, QParams):
+    """Every output has complete qparams, except the index outputs its op declares, which have none."""
+    op = op_of(q.node)
+    index = op.index_outputs(q.node) if op is not None else frozenset()
+    for position, (name, qp) in enumerate(zip(q.node.outputs, q.out_qparams)):
+        if not name:
+            continue
+        if position in index:
+            if qp is not None:
+                raise QuantizationError(f"index output {name!r} must have no qparams")
+        elif not isinstance(qp, QParams):
             raise QuantizationError(f"output {name!r} has no qparams after quantize")

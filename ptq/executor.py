@@ -232,7 +232,7 @@ class IntegerGraph:
             except (ValueError, TypeError) as exc:
                 raise type(exc)(f"{node_label(node)}: {exc}") from exc
             for name, value, qp in zip(node.outputs, results, step.out_qparams):
-                if name and value.dtype != qp.dtype:
+                if name and qp is not None and value.dtype != qp.dtype:  # None: an index output (int64/bool)
                     raise ExecutorError(
                         f"{node.op_type} {node.name!r}: forward_int returned {value.dtype} for {name!r}, "
                         f"its qparams say {qp.dtype}"
@@ -309,13 +309,18 @@ class _Quantizer:
 
     def _kind(self, node: Node, op: Optional[OpDef]) -> tuple[NodeKind, str]:
         float_outputs = [o for o in node.outputs if o and o not in self.graph.shape_tensors]
-        if not float_outputs:
+        if not float_outputs and not self._indexes_codes(node, op):
             return NodeKind.SHAPE, ""
         if node.name in self.marked:
             return NodeKind.FLOAT, "marked float"
         if op is None:
             return NodeKind.FLOAT, "not registered"
         return NodeKind.INTEGER, ""
+
+    def _indexes_codes(self, node: Node, op: Optional[OpDef]) -> bool:
+        """An op with index outputs only (ArgMax, NonMaxSuppression) on a quantized activation: it runs its
+        integer forward on the codes instead of the float shape path."""
+        return op is not None and bool(op.index_outputs(node)) and any(name in self.qparams for name in node.inputs)
 
     def step(self, node: Node) -> Step:
         op = get_op(node.op_type, node.domain)
