@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ops.base import activation_qparams, int_list, normalize_axes, optional_input
+from ops.base import activation_qparams, float_or_index, int_list, normalize_axes, optional_input
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 
@@ -42,8 +42,8 @@ class _Movement(OpDef):
         raise NotImplementedError
 
     def forward_float(self, node, inputs):
-        x = np.asarray(inputs[0], dtype=np.float32)
-        return [np.asarray(self.apply(node, x, inputs, 0.0), dtype=np.float32)]
+        x = float_or_index(inputs[0])
+        return [np.asarray(self.apply(node, x, inputs, x.dtype.type(0)), dtype=x.dtype)]
 
     def quantize(self, ctx: QuantizeContext) -> QuantizedNode:
         return QuantizedNode(ctx.node, list(ctx.in_qparams), [activation_qparams(ctx)])
