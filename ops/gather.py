@@ -1,4 +1,4 @@
-"""Gather and GatherND (ONNX), whitepaper 4.33 and 4.34, ONNX convention.
+"""Gather and GatherND (ONNX), whitepaper 4.33 and 4.34, and UpsampleByIndex (ai.ptq, 4.78), ONNX convention.
 
 From y_f = Gather(x_f, idx), (y_q - zp_y) * s_y = Gather((x_q - zp_x) * s_x, idx); with s_y = s_x and
 zp_y = zp_x
@@ -14,6 +14,14 @@ table when calibration gave it some, otherwise on its own range [min, max] (asym
 output's proposal, else 8). Its codes are then gathered the same way.
 
 LSB bound vs the float op: 0 for an activation (exact); 0.5 for a constant table (its quantization).
+
+UpsampleByIndex (ai.ptq) scatters instead: it is ONNX MaxUnpool's semantics under the whitepaper's name
+(x (N, C, spatial...), input 1 the int64 flat indices into the output that MaxPool's Indices output gives,
+optional input 2 the output shape, else (in - 1) * stride + kernel - pads per spatial axis):
+
+    y_q = zp_x everywhere (the code of 0.0), then y_q.flat[indices] = x_q
+
+with the input's qparams (exact, LSB bound 0).
 """
 from __future__ import annotations
 
@@ -22,7 +30,7 @@ from typing import Optional
 
 import numpy as np
 
-from ops.base import float_or_index, require_per_tensor
+from ops.base import activation_qparams, float_or_index, int_list, require_per_tensor
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 from ptq.core.qparams import QParams, compute_qparams
@@ -131,3 +139,55 @@ class GatherND(_Gathering):
         rows = np.arange(batch).reshape((batch,) + (1,) * (ir.ndim - 2))
         y = xr[(rows,) + tuple(ir[..., j] for j in range(r))]
         return y.reshape(x.shape[:b] + indices.shape[b:-1] + x.shape[b + r:])
+
+
+def _unpool_shape(node: Node, x: np.ndarray, inputs) -> tuple[int, ...]:
+    """The output shape: input 2 when given, else MaxUnpool's (in - 1) * stride + kernel - pad_begin - pad_end."""
+    shape = int_list(node, inputs, 2, "output_shape")
+    if shape is not None:
+        if len(shape) != x.ndim or list(shape[:2]) != list(x.shape[:2]):
+            raise ValueError(f"input 2 (output_shape) {shape} does not match input {x.shape}")
+        return tuple(shape)
+    nd = x.ndim - 2
+    kernel = [int(k) for k in node.attr("kernel_shape", [])]
+    strides = [int(v) for v in node.attr("strides", [1] * nd)]
+    pads = [int(v) for v in node.attr("pads", [0] * (2 * nd))]
+    if len(kernel) != nd or len(strides) != nd or len(pads) != 2 * nd:
+        raise ValueError(f"kernel_shape {kernel}, strides {strides}, pads {pads} do not fit {nd} spatial axes")
+    return x.shape[:2] + tuple((n - 1) * s + k - b - e
+                               for n, s, k, b, e in zip(x.shape[2:], strides, kernel, pads[:nd], pads[nd:]))
+
+
+def unpool(node: Node, x: np.ndarray, indices: np.ndarray, inputs, zero) -> np.ndarray:
+    """y = `zero` everywhere, then y.flat[indices] = x."""
+    if x.ndim < 3:
+        raise ValueError(f"expected an (N, C, spatial...) input, got shape {x.shape}")
+    if indices.shape != x.shape:
+        raise ValueError(f"input 1 (indices) has shape {indices.shape}, the input {x.shape}")
+    shape = _unpool_shape(node, x, inputs)
+    y = np.full(int(np.prod(shape, dtype=np.int64)), zero, dtype=x.dtype)
+    y[_wrapped(indices.ravel(), y.size, "input 1 (indices)")] = x.ravel()
+    return y.reshape(shape)
+
+
+@register
+class UpsampleByIndex(OpDef):
+    """ai.ptq UpsampleByIndex: ONNX MaxUnpool on the codes, zeros as zp_x (module docstring). Whitepaper 4.78."""
+
+    op_type = "UpsampleByIndex"
+    domain = "ai.ptq"
+    section = "4.78"
+    int_types = "any (indices int64) -> same as input"
+    keeps_input_qparams = True
+
+    def forward_float(self, node, inputs):
+        x = np.asarray(inputs[0], dtype=np.float32)
+        return [unpool(node, x, _indices(inputs[1] if len(inputs) > 1 else None), inputs, np.float32(0))]
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedNode:
+        return QuantizedNode(ctx.node, list(ctx.in_qparams), [activation_qparams(ctx)])
+
+    def forward_int(self, q: QuantizedNode, inputs, runtime: IntRuntime):
+        x = np.asarray(inputs[0])
+        indices = _indices(inputs[1] if len(inputs) > 1 else None)
+        return [unpool(q.node, x, indices, inputs, x.dtype.type(q.in_qparams[0].zero_point[0]))]

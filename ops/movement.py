@@ -19,6 +19,10 @@ The `ai.ptq` ops are laid out NCHW like ONNX (the whitepaper's NHWC descriptions
 - DataStride (4.20): `kernel_shape`, `strides` per spatial axis; along each spatial axis the k elements
   after every stride are gathered: y[..., o*k + i, ...] = x[..., o*s + i, ...], o < (n - k) // s + 1, i < k.
 - Repeat (4.56): input 1 the repeat counts, attribute `axis` (none: the flattened input); numpy.repeat.
+- Filter (4.31): inputs x_0 ... x_{k-1} and a selector vector s along `axis` (default 0); outputs y_0 ...
+  y_{k-1} and count (int64, no qparams). y_i holds the slices of x_i where s != 0, in order, at the front of
+  `axis`, and zeros (zp_i) after them: the shape stays fixed, as hardware wants; count = number of s != 0.
+  A quantized selector is nonzero where its code differs from its zero point (its float is then nonzero).
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import numpy as np
 from ops.base import activation_qparams, float_or_index, int_list, normalize_axes, optional_input
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
+from ptq.core.qparams import QParams
 
 PTQ_DOMAIN = "ai.ptq"
 
@@ -293,3 +298,60 @@ class Repeat(_Movement):
             raise ValueError(f"input 1 (repeats) must hold 1 or {x.shape[axis]} non-negative counts, "
                              f"got {repeats.tolist()}")
         return np.repeat(x, repeats, axis=axis)
+
+
+def filtered(x: np.ndarray, keep: np.ndarray, axis: int, zero) -> np.ndarray:
+    """The slices of x where `keep` (a vector along `axis`), packed at the front; `zero` after them."""
+    axis = normalize_axes([axis], x.ndim)[0]
+    if keep.shape != (x.shape[axis],):
+        raise ValueError(f"the selector (last input) must hold {x.shape[axis]} values along axis {axis}, "
+                         f"got shape {keep.shape}")
+    chosen = np.nonzero(keep)[0]
+    y = np.full(x.shape, zero, dtype=x.dtype)
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(0, chosen.size)
+    y[tuple(index)] = np.take(x, chosen, axis=axis)
+    return y
+
+
+@register
+class Filter(OpDef):
+    """ai.ptq Filter (axis): the selected slices of every data input packed at the front, and their count
+    (module docstring). Whitepaper 4.31."""
+
+    op_type = "Filter"
+    domain = PTQ_DOMAIN
+    section = "4.31"
+    int_types = "any (selector: integers or codes) -> same as input, int64 count"
+    keeps_input_qparams = True
+
+    def index_outputs(self, node):
+        return frozenset({len(node.outputs) - 1})
+
+    @staticmethod
+    def _check(node: Node, inputs) -> int:
+        if len(inputs) < 2 or len(node.outputs) != len(inputs):
+            raise ValueError(f"Filter takes k data inputs and a selector and gives k outputs and a count; "
+                             f"got {len(inputs)} inputs, {len(node.outputs)} outputs")
+        return int(node.attr("axis", 0))
+
+    def forward_float(self, node, inputs):
+        axis = self._check(node, inputs)
+        keep = np.asarray(inputs[-1]).ravel() != 0
+        data = [float_or_index(x) for x in inputs[:-1]]
+        return [filtered(x, keep, axis, x.dtype.type(0)) for x in data] + [np.array(np.count_nonzero(keep), np.int64)]
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedNode:
+        data = [activation_qparams(ctx, i) for i in range(len(ctx.node.inputs) - 1)]
+        return QuantizedNode(ctx.node, list(ctx.in_qparams), data + [None])
+
+    def forward_int(self, q: QuantizedNode, inputs, runtime: IntRuntime):
+        axis = self._check(q.node, inputs)
+        selector, selector_qp = np.asarray(inputs[-1]).ravel(), q.in_qparams[-1]
+        if isinstance(selector_qp, QParams):
+            keep = selector.astype(np.int64) != int(selector_qp.zero_point[0])
+        else:
+            keep = selector != 0
+        outs = [filtered(np.asarray(x), keep, axis, np.asarray(x).dtype.type(qp.zero_point[0]))
+                for x, qp in zip(inputs[:-1], q.out_qparams)]
+        return outs + [np.array(np.count_nonzero(keep), np.int64)]

@@ -1,4 +1,5 @@
-"""Index and selection ops: ArgMax, ArgMin, TopK, OneHot (ONNX), ONNX convention.
+"""Index and selection ops: ArgMax, ArgMin, TopK, OneHot (ONNX), InTopK and CTCGreedyDecoder (ai.ptq),
+ONNX convention.
 
 ArgMax / ArgMin (whitepaper 4.2, 4.3) and TopK (4.76): x_f = (x_q - zp_x) * s_x with one s_x > 0 is strictly
 increasing in x_q, so comparisons on the codes order the elements exactly as on the dequantized floats:
@@ -9,6 +10,15 @@ Ties resolve as in ONNX (the first index, or the last with ArgMax's select_last_
 by increasing index). The indices are int64 without qparams (`index_outputs`); TopK's values keep the
 input's qparams. Per-tensor qparams are required (per-channel scales would not preserve the order across
 channels). LSB bound vs the float op on the dequantized input: 0 (exact, indices equal).
+
+InTopK (ai.ptq, 4.38): predictions (B, classes), targets (B,) integers, attribute k; as TensorFlow's in_top_k,
+y[b] = (number of classes whose prediction exceeds predictions[b, targets[b]]) < k, bool without qparams
+(classes tied with the target at the boundary count as in the top k). On the codes: exact.
+
+CTCGreedyDecoder (ai.ptq, 4.19): logits (B, T, classes), input 1 the sequence lengths (B,) integers,
+attribute merge_repeated (default 1); the blank is the last class (TensorFlow's convention). Per batch b, the
+argmax class of each step t < len[b] (first index on ties), repeats merged, blanks removed; output int64
+(B, T) padded with -1, no qparams. On the codes: exact.
 
 OneHot (4.49): indices (raw integers, or codes of scale 1 and zero point 0, 4.13), depth, values = [off, on].
 The whitepaper quantizes the two values offline with the output's qparams:
@@ -207,3 +217,97 @@ class OneHot(OpDef):
         if off_on.size != 2:
             raise ValueError(f"input 2 (values) must hold [off, on], got {off_on.size} values")
         return [one_hot(q.node, indices, depth, off_on[0], off_on[1]).astype(q.out_qparams[0].dtype)]
+
+
+def in_top_k(predictions: np.ndarray, targets: np.ndarray, k: int) -> np.ndarray:
+    """TensorFlow's in_top_k on codes or floats: count of predictions above the target's < k."""
+    if predictions.ndim != 2 or targets.shape != (predictions.shape[0],):
+        raise ValueError(f"predictions must be (batch, classes) and targets (batch,), got {predictions.shape} "
+                         f"and {targets.shape}")
+    if np.any(targets < 0) or np.any(targets >= predictions.shape[1]):
+        raise ValueError(f"input 1 (targets) outside [0, {predictions.shape[1]})")
+    values = _ordered(predictions)
+    target = np.take_along_axis(values, targets[:, None], axis=1)
+    return np.count_nonzero(values > target, axis=1) < k
+
+
+def _integers(value, what: str) -> np.ndarray:
+    if value is None:
+        raise ValueError(f"{what} is required")
+    value = np.asarray(value)
+    if not np.issubdtype(value.dtype, np.integer):
+        raise ValueError(f"{what} must be integers, got {value.dtype}")
+    return value.astype(np.int64).ravel()
+
+
+@register
+class InTopK(OpDef):
+    """ai.ptq InTopK (k): is each target among the top k predictions (module docstring). Whitepaper 4.38."""
+
+    op_type = "InTopK"
+    domain = "ai.ptq"
+    section = "4.38"
+    int_types = "any (targets: integers) -> bool"
+
+    def index_outputs(self, node):
+        return frozenset({0})
+
+    @staticmethod
+    def _run(node: Node, predictions, targets) -> np.ndarray:
+        k = node.attr("k")
+        if k is None:
+            raise ValueError("attribute k is required")
+        return in_top_k(np.asarray(predictions), _integers(targets, "input 1 (targets)"), int(k))
+
+    def forward_float(self, node, inputs):
+        return [self._run(node, np.asarray(inputs[0], dtype=np.float32), optional_input(inputs, 1))]
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedNode:
+        return QuantizedNode(ctx.node, [activation_qparams(ctx), None], [None])
+
+    def forward_int(self, q: QuantizedNode, inputs, runtime: IntRuntime):
+        return [self._run(q.node, inputs[0], optional_input(inputs, 1))]
+
+
+def ctc_greedy(node: Node, logits: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Greedy CTC decoding (module docstring): int64 (B, T), -1 after each decoded sequence."""
+    if logits.ndim != 3 or lengths.shape != (logits.shape[0],):
+        raise ValueError(f"logits must be (batch, steps, classes) and input 1 (sequence lengths) (batch,), got "
+                         f"{logits.shape} and {lengths.shape}")
+    batch, steps, classes = logits.shape
+    if np.any(lengths < 0) or np.any(lengths > steps):
+        raise ValueError(f"input 1 (sequence lengths) outside [0, {steps}]")
+    best = np.argmax(_ordered(logits), axis=2)
+    out = np.full((batch, steps), -1, dtype=np.int64)
+    for b in range(batch):
+        path = best[b, :lengths[b]]
+        if node.attr("merge_repeated", 1) and path.size:
+            path = path[np.concatenate([[True], path[1:] != path[:-1]])]
+        path = path[path != classes - 1]
+        out[b, :path.size] = path
+    return out
+
+
+@register
+class CTCGreedyDecoder(OpDef):
+    """ai.ptq CTCGreedyDecoder (merge_repeated): argmax path, repeats merged, blanks (last class) removed
+    (module docstring). Whitepaper 4.19."""
+
+    op_type = "CTCGreedyDecoder"
+    domain = "ai.ptq"
+    section = "4.19"
+    int_types = "any (lengths: integers) -> int64"
+
+    def index_outputs(self, node):
+        return frozenset({0})
+
+    def forward_float(self, node, inputs):
+        logits = np.asarray(inputs[0], dtype=np.float32)
+        return [ctc_greedy(node, logits, _integers(optional_input(inputs, 1), "input 1 (sequence lengths)"))]
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedNode:
+        return QuantizedNode(ctx.node, [activation_qparams(ctx), None], [None])
+
+    def forward_int(self, q: QuantizedNode, inputs, runtime: IntRuntime):
+        lengths = _integers(optional_input(inputs, 1), "input 1 (sequence lengths)")
+        return [ctc_greedy(q.node, np.asarray(inputs[0]), lengths)]

@@ -124,3 +124,35 @@ def test_per_channel_data_is_refused():
     node = Node("g", "GatherND", ["x", "i"], ["y"])
     with pytest.raises(QuantizationError, match="per tensor"):
         get_op("GatherND").quantize(context(node, [qp, None], [None]))
+
+
+@covers("UpsampleByIndex", check=Check.INT_REFERENCE)
+@covers("UpsampleByIndex", check=Check.ONNXRUNTIME)
+@pytest.mark.parametrize("with_shape", [False, True])
+def test_upsample_by_index_scatters_codes_like_max_unpool(with_shape):
+    """The indices of a MaxPool (no overlap: no index twice) scatter the pooled codes back; the rest is zp_x.
+    onnxruntime's MaxUnpool is the float twin of the ai.ptq op."""
+    rng = np.random.default_rng(with_shape)
+    attrs = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    for bits, signed in FORMATS:
+        x_qp = random_qparams(rng, -1.0, 1.0, bits, signed=signed)
+        feature = random_codes(rng, x_qp, (2, 3, 6, 8))
+        pool = Node("mp", "MaxPool", ["f"], ["x", "i"], attrs)
+        x, idx = get_op("MaxPool").forward_int(get_op("MaxPool").quantize(context(pool, [x_qp], [None, None])),
+                                               [feature], runtime())
+        consts = {"i": idx}
+        if with_shape:
+            consts["shape"] = np.array([2, 3, 7, 9], np.int64)
+        node = Node("up", "UpsampleByIndex", ["x"] + list(consts), ["y"], attrs, domain="ai.ptq")
+        op = get_op("UpsampleByIndex", "ai.ptq")
+        q = op.quantize(context(node, [x_qp] + [None] * len(consts), [None]))
+        assert q.out_qparams == [x_qp]
+        y = op.forward_int(q, [x] + list(consts.values()), runtime())[0]
+        out_shape = (2, 3, 7, 9) if with_shape else (2, 3, 6, 8)
+        ref = np.full(int(np.prod(out_shape)), x_qp.zero_point[0], np.int64)
+        for value, flat in zip(x.ravel().tolist(), idx.ravel().tolist()):
+            ref[flat] = value
+        np.testing.assert_array_equal(y, ref.reshape(out_shape))
+        want = ort_run("MaxUnpool", {"x": x_qp.dequantize(x)}, attrs, consts)[0]
+        np.testing.assert_array_equal(x_qp.dequantize(y), want)
+        np.testing.assert_array_equal(op.forward_float(node, [x_qp.dequantize(x)] + list(consts.values()))[0], want)

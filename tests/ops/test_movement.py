@@ -11,6 +11,7 @@ import pytest
 
 from op_testing import Check, context, covers, ort_single, random_codes, random_qparams, runtime
 from ops import get_op
+from ops.registry import check_quantized
 from ptq.core.graph import Node
 
 FORMATS = [(8, True), (8, False), (16, True)]
@@ -193,3 +194,37 @@ def test_bad_attributes_and_inputs_are_named(op_type, domain, attrs, consts, mat
     node = Node("n", op_type, ["x"] + list(consts), ["y"], attrs, domain)
     with pytest.raises(ValueError, match=match):
         get_op(op_type, domain).apply(node, x, [x] + list(consts.values()), np.int8(0))
+
+
+@covers("Filter", check=Check.INT_REFERENCE)
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("quantized_selector", [False, True])
+def test_filter_packs_selected_slices_and_counts(axis, quantized_selector):
+    rng = np.random.default_rng(axis + 2 * quantized_selector)
+    op = get_op("Filter", PTQ)
+    shapes = [(5, 4, 2), (5, 4)]
+    qps = [random_qparams(rng, -1.0, 2.0, 8, signed=s) for s in (True, False)]
+    xs = [random_codes(rng, qp, shape) for qp, shape in zip(qps, shapes)]
+    flags = np.array([1, 0, 1, 1, 0] if axis == 0 else [0, 1, 0, 1])
+    if quantized_selector:
+        s_qp = random_qparams(rng, 0.0, 1.0, 8, signed=False, symmetric=False)
+        selector, sel_qp = s_qp.quantize(flags.astype(np.float32)), s_qp
+    else:
+        selector, sel_qp = flags.astype(np.int64), None
+    node = Node("f", "Filter", ["a", "b", "s"], ["ya", "yb", "count"], {"axis": axis}, PTQ)
+    q = op.quantize(context(node, qps + [sel_qp], [None] * 3))
+    check_quantized(q)
+    assert q.out_qparams == qps + [None]
+    ya, yb, count = op.forward_int(q, xs + [selector], runtime())
+    chosen = [i for i, f in enumerate(flags) if f]
+    assert count == len(chosen) and count.dtype == np.int64
+    for x, y, qp in ((xs[0], ya, qps[0]), (xs[1], yb, qps[1])):
+        def source(o, x=x):
+            if o[axis] >= len(chosen):
+                return None
+            s = list(o)
+            s[axis] = chosen[o[axis]]
+            return tuple(s)
+        np.testing.assert_array_equal(y, _by_index(x, x.shape, source, qp.zero_point[0]))
+        float_y = op.forward_float(node, [qps[0].dequantize(xs[0]), qps[1].dequantize(xs[1]), flags.astype(np.float32)])
+        np.testing.assert_array_equal(float_y[0 if x is xs[0] else 1], _by_index(qp.dequantize(x), x.shape, source, 0.0))

@@ -188,3 +188,57 @@ def test_index_outputs_run_in_integers_end_to_end():
     np.testing.assert_array_equal(out.tensors["tv"], np.take_along_axis(c, ti, axis=3))
     np.testing.assert_array_equal(out.tensors["g"], np.take(c, ti.ravel(), axis=3))
     assert out.qparams["tv"] == out.qparams["c"] and "ti" not in out.qparams and "am" not in out.qparams
+
+
+@covers("InTopK", check=Check.INT_REFERENCE)
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_in_top_k(k):
+    rng = np.random.default_rng(k)
+    node = Node("t", "InTopK", ["p", "t"], ["y"], {"k": k}, domain="ai.ptq")
+    op = get_op("InTopK", "ai.ptq")
+    for bits, signed in FORMATS:
+        qp = random_qparams(rng, -1.0, 1.0, bits, signed=signed)
+        p = random_codes(rng, qp, (7, 6))
+        p[0, :4] = p[0, 4]  # the target tied with several classes
+        targets = rng.integers(0, 6, 7)
+        targets[0] = 4
+        q = op.quantize(context(node, [qp, None], [None]))
+        check_quantized(q)
+        y = op.forward_int(q, [p, targets], runtime())[0]
+        ref = [sum(int(v) > int(row[t]) for v in row) < k for row, t in zip(p, targets)]
+        assert y.dtype == bool
+        np.testing.assert_array_equal(y, ref)
+        # the float op, a numpy formula of TensorFlow's in_top_k, gives the same on the dequantized predictions
+        f = qp.dequantize(p)
+        np.testing.assert_array_equal(op.forward_float(node, [f, targets])[0],
+                                      (f > f[np.arange(7), targets][:, None]).sum(axis=1) < k)
+        np.testing.assert_array_equal(op.forward_float(node, [f, targets])[0], y)
+
+
+@covers("CTCGreedyDecoder", check=Check.INT_REFERENCE)
+@pytest.mark.parametrize("merge", [1, 0])
+def test_ctc_greedy_decoder(merge):
+    rng = np.random.default_rng(merge)
+    node = Node("ctc", "CTCGreedyDecoder", ["x", "len"], ["y"], {"merge_repeated": merge}, domain="ai.ptq")
+    op = get_op("CTCGreedyDecoder", "ai.ptq")
+    lengths = np.array([9, 5, 0], np.int64)
+    for bits, signed in FORMATS:
+        qp = random_qparams(rng, -3.0, 3.0, bits, signed=signed)
+        x = random_codes(rng, qp, (3, 9, 4))
+        x[0, 2:5, 1] = qp.qmax  # a repeated class
+        x[0, 6, 3] = qp.qmax  # a blank between two equal classes
+        x[0, 5, 1] = x[0, 7, 1] = qp.qmax
+        q = op.quantize(context(node, [qp, None], [None]))
+        y = op.forward_int(q, [x, lengths], runtime())[0]
+        want = np.full((3, 9), -1, np.int64)
+        for b in range(3):
+            decoded, previous = [], None
+            for t in range(int(lengths[b])):
+                row = [int(v) for v in x[b, t]]
+                c = row.index(max(row))
+                if c != 3 and not (merge and c == previous):
+                    decoded.append(c)
+                previous = c
+            want[b, :len(decoded)] = decoded
+        np.testing.assert_array_equal(y, want)
+        np.testing.assert_array_equal(op.forward_float(node, [qp.dequantize(x), lengths])[0], want)
