@@ -77,6 +77,41 @@ def _corners(boxes: np.ndarray, center: bool, half) -> np.ndarray:
     return np.stack([np.minimum(y1, y2), np.minimum(x1, x2), np.maximum(y1, y2), np.maximum(x1, x2)], axis=2)
 
 
+BLOCK = 64  # candidates resolved together: one vectorized test against the kept boxes, one block x block matrix
+
+
+def _suppression(corners: np.ndarray, area: np.ndarray, a: np.ndarray, b: np.ndarray, suppress) -> np.ndarray:
+    """Whether box a[i] and box b[j] overlap with an IoU above the threshold (index arrays, broadcast)."""
+    h = np.minimum(corners[a, 2], corners[b, 2]) - np.maximum(corners[a, 0], corners[b, 0])
+    w = np.minimum(corners[a, 3], corners[b, 3]) - np.maximum(corners[a, 1], corners[b, 1])
+    inter = h * w
+    union = area[a] + area[b] - inter
+    overlap = (h > 0) & (w > 0) & (area[a] > 0) & (area[b] > 0) & (union > 0)
+    return overlap & suppress(inter, union)
+
+
+def _greedy(corners: np.ndarray, area: np.ndarray, order: np.ndarray, max_per_class: int, suppress) -> list[int]:
+    """The boxes of `order` (candidates by priority) that no earlier selected box suppresses, at most
+    `max_per_class`. Blocks of candidates are first tested against the boxes kept so far, then resolved in order
+    with their own pairwise matrix: the same pairs are tested as one candidate at a time."""
+    kept: list[int] = []
+    for start in range(0, order.size, BLOCK):
+        if len(kept) >= max_per_class:
+            break
+        block = order[start:start + BLOCK]
+        alive = np.ones(block.size, dtype=bool)
+        if kept:
+            alive &= ~_suppression(corners, area, np.array(kept)[:, None], block[None, :], suppress).any(axis=0)
+        pairs = _suppression(corners, area, block[:, None], block[None, :], suppress)
+        for i in range(block.size):
+            if alive[i]:
+                kept.append(int(block[i]))
+                if len(kept) >= max_per_class:
+                    break
+                alive[i + 1:] &= ~pairs[i, i + 1:]
+    return kept
+
+
 def select_boxes(corners: np.ndarray, scores: np.ndarray, max_per_class: int,
                  keep: Callable[[np.ndarray], np.ndarray],
                  suppress: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
@@ -93,21 +128,7 @@ def select_boxes(corners: np.ndarray, scores: np.ndarray, max_per_class: int,
             s = scores[b, c]
             candidates = np.nonzero(keep(s))[0]
             order = candidates[np.lexsort((candidates, -s[candidates]))]
-            kept: list[int] = []
-            for i in order.tolist():
-                if len(kept) >= max_per_class:
-                    break
-                if kept:
-                    other = box[kept]
-                    h = np.minimum(other[:, 2], box[i, 2]) - np.maximum(other[:, 0], box[i, 0])
-                    w = np.minimum(other[:, 3], box[i, 3]) - np.maximum(other[:, 1], box[i, 1])
-                    inter = h * w
-                    union = area[kept] + area[i] - inter
-                    overlap = (h > 0) & (w > 0) & (area[kept] > 0) & (area[i] > 0) & (union > 0)
-                    if np.any(overlap & suppress(inter, union)):
-                        continue
-                kept.append(i)
-            selected += [(b, c, i) for i in kept]
+            selected += [(b, c, i) for i in _greedy(box, area, order, max_per_class, suppress)]
     return np.array(selected, dtype=np.int64).reshape(-1, 3)
 
 

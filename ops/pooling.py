@@ -133,34 +133,43 @@ def _quantize_max(ctx: QuantizeContext) -> QuantizedNode:
     return QuantizedNode(node, list(ctx.in_qparams), [activation_qparams(ctx)] + [None] * (len(node.outputs) - 1))
 
 
-def max_indices(x: np.ndarray, g: PoolGeometry, storage_order: int) -> np.ndarray:
-    """int64 (N, C, *out): the flat input index of each window's first maximum (padding never wins)."""
+def max_with_indices(x: np.ndarray, g: PoolGeometry, storage_order: int, fill) -> tuple[np.ndarray, np.ndarray]:
+    """The window maxima and, int64 (N, C, *out), the flat input index of each window's first maximum in scan
+    order. One pass of elementwise maxima over the kernel taps (strided views), one of comparisons; a tap in
+    the padding never counts, even when `fill` equals the window's real maximum."""
     nd = len(g.kernel)
-    integer = np.issubdtype(x.dtype, np.integer)
-    keyed = x.astype(np.int64 if integer else np.float64)
-    win = windows(keyed, g, np.iinfo(np.int64).min if integer else -np.inf)
-    first = win.reshape(win.shape[:2 + nd] + (-1,)).argmax(axis=-1)
-    taps = np.unravel_index(first, g.kernel)
+    win = windows(x, g, fill)
     spatial = x.shape[2:]
+    taps = list(np.ndindex(*g.kernel))
+    top = win[(Ellipsis,) + taps[0]].copy()
+    for tap in taps[1:]:
+        np.maximum(top, win[(Ellipsis,) + tap], out=top)
+    starts = [(np.arange(o) * s - b).reshape((-1,) + (1,) * (nd - 1 - a))
+              for a, (o, s, b) in enumerate(zip(g.out, g.strides, g.pads_begin))]
+    first = np.full(top.shape, -1, dtype=np.int64)
+    for t, tap in enumerate(taps):
+        inside = np.ones((1,) * nd, dtype=bool)
+        for a in range(nd):
+            position = starts[a] + tap[a] * g.dilations[a]
+            inside = inside & (position >= 0) & (position < spatial[a])
+        np.copyto(first, t, where=(first < 0) & inside & (win[(Ellipsis,) + tap] == top))
+    tap_of = np.unravel_index(first, g.kernel)
     flat = np.zeros(first.shape, dtype=np.int64)
-    axes = range(nd) if storage_order == 0 else reversed(range(nd))
-    for a in axes:
-        start = (np.arange(g.out[a]) * g.strides[a] - g.pads_begin[a]).reshape((-1,) + (1,) * (nd - 1 - a))
-        flat = flat * spatial[a] + start + taps[a] * g.dilations[a]
+    for a in (range(nd) if storage_order == 0 else reversed(range(nd))):
+        flat = flat * spatial[a] + starts[a] + tap_of[a] * g.dilations[a]
     plane = np.arange(x.shape[0] * x.shape[1], dtype=np.int64).reshape(x.shape[:2] + (1,) * nd)
-    return plane * int(np.prod(spatial, dtype=np.int64)) + flat
+    return top, plane * int(np.prod(spatial, dtype=np.int64)) + flat
 
 
 def _max_pool(node: Node, x: np.ndarray, fill) -> list[np.ndarray]:
     """MaxPool's outputs: the window maxima, and their indices when the node asks for them."""
     g = pool_geometry(node, x.shape[2:])
-    y = [windows(x, g, fill).max(axis=tuple(range(-len(g.kernel), 0)))]
     if len(node.outputs) > 1 and node.outputs[1]:
         storage_order = int(node.attr("storage_order", 0))
         if storage_order not in (0, 1):
             raise ValueError(f"storage_order must be 0 or 1, got {storage_order}")
-        y.append(max_indices(x, g, storage_order))
-    return y
+        return list(max_with_indices(x, g, storage_order, fill))
+    return [windows(x, g, fill).max(axis=tuple(range(-len(g.kernel), 0)))]
 
 
 @register

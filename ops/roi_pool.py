@@ -84,20 +84,23 @@ def roi_max(x: np.ndarray, boxes: np.ndarray, pooled: tuple[int, int], empty) ->
     n, c, h, w = x.shape
     ph_n, pw_n = pooled
     y = np.empty((len(boxes), c, ph_n, pw_n), dtype=x.dtype)
+    rows = np.empty((c, ph_n, w), dtype=x.dtype)  # per bin row: the maxima over its rows, every column
     for r, (b, x1, y1, x2, y2) in enumerate(boxes.tolist()):
         if not 0 <= b < n:
             raise ValueError(f"input 1 (rois): batch index {b} of roi {r} outside [0, {n})")
         height, width = max(y2 - y1 + 1, 1), max(x2 - x1 + 1, 1)
+        row_empty = []
         for ph in range(ph_n):
             h0 = min(max(y1 + ph * height // ph_n, 0), h)
             h1 = min(max(y1 - (-(ph + 1) * height // ph_n), 0), h)
-            for pw in range(pw_n):
-                w0 = min(max(x1 + pw * width // pw_n, 0), w)
-                w1 = min(max(x1 - (-(pw + 1) * width // pw_n), 0), w)
-                if h1 <= h0 or w1 <= w0:
-                    y[r, :, ph, pw] = empty
-                else:
-                    y[r, :, ph, pw] = x[b, :, h0:h1, w0:w1].max(axis=(1, 2))
+            row_empty.append(h1 <= h0)
+            if h1 > h0:
+                rows[:, ph] = x[b, :, h0:h1].max(axis=1)
+        for pw in range(pw_n):
+            w0 = min(max(x1 + pw * width // pw_n, 0), w)
+            w1 = min(max(x1 - (-(pw + 1) * width // pw_n), 0), w)
+            y[r, :, :, pw] = rows[:, :, w0:w1].max(axis=2) if w1 > w0 else empty
+        y[r, :, np.array(row_empty, dtype=bool)] = empty
     return y
 
 

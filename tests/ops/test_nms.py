@@ -75,8 +75,9 @@ def _boxes(rng, batch, count, center):
 ])
 def test_nms(center, box_bits, iou, score, max_out):
     rng = np.random.default_rng(box_bits + 3 * center + max_out)
-    boxes_f = _boxes(rng, 2, 40, center)
-    scores_f = rng.uniform(0, 1, (2, 3, 40)).astype(np.float32)
+    count = 40 if max_out < 100 else 230  # more candidates than one block of ops.nms.BLOCK
+    boxes_f = _boxes(rng, 2, count, center)
+    scores_f = rng.uniform(0, 1, (2, 3, count)).astype(np.float32)
     box_qp = random_qparams(rng, float(boxes_f.min()), float(boxes_f.max()), box_bits, symmetric=False)
     score_qp = random_qparams(rng, 0.0, 1.0, 8, signed=False)
     boxes, scores = box_qp.quantize(boxes_f), score_qp.quantize(scores_f)
