@@ -182,7 +182,8 @@ class ReverseSequence(_Movement):
 
     def apply(self, node, x, inputs, zero):
         lens = _counts(inputs, 1, "sequence_lens")
-        batch_axis, time_axis = normalize_axes([int(node.attr("batch_axis", 1)), int(node.attr("time_axis", 0))], x.ndim)
+        axes = [int(node.attr("batch_axis", 1)), int(node.attr("time_axis", 0))]
+        batch_axis, time_axis = normalize_axes(axes, x.ndim)
         steps = x.shape[time_axis]
         if lens.size != x.shape[batch_axis] or np.any(lens < 0) or np.any(lens > steps):
             raise ValueError(f"input 1 (sequence_lens) {lens.tolist()} must give one length in [0, {steps}] "

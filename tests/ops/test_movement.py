@@ -196,6 +196,10 @@ def test_bad_attributes_and_inputs_are_named(op_type, domain, attrs, consts, mat
         get_op(op_type, domain).apply(node, x, [x] + list(consts.values()), np.int8(0))
 
 
+def floats_count(op, node, qps, xs, flags):
+    return int(op.forward_float(node, [qp.dequantize(x) for qp, x in zip(qps, xs)] + [flags.astype(np.float32)])[-1])
+
+
 @covers("Filter", check=Check.INT_REFERENCE)
 @pytest.mark.parametrize("axis", [0, 1])
 @pytest.mark.parametrize("quantized_selector", [False, True])
@@ -217,8 +221,9 @@ def test_filter_packs_selected_slices_and_counts(axis, quantized_selector):
     assert q.out_qparams == qps + [None]
     ya, yb, count = op.forward_int(q, xs + [selector], runtime())
     chosen = [i for i, f in enumerate(flags) if f]
-    assert count == len(chosen) and count.dtype == np.int64
-    for x, y, qp in ((xs[0], ya, qps[0]), (xs[1], yb, qps[1])):
+    assert count == len(chosen) == floats_count(op, node, qps, xs, flags) and count.dtype == np.int64
+    floats = op.forward_float(node, [qps[0].dequantize(xs[0]), qps[1].dequantize(xs[1]), flags.astype(np.float32)])
+    for x, y, qp, y_f in ((xs[0], ya, qps[0], floats[0]), (xs[1], yb, qps[1], floats[1])):
         def source(o, x=x):
             if o[axis] >= len(chosen):
                 return None
@@ -226,5 +231,18 @@ def test_filter_packs_selected_slices_and_counts(axis, quantized_selector):
             s[axis] = chosen[o[axis]]
             return tuple(s)
         np.testing.assert_array_equal(y, _by_index(x, x.shape, source, qp.zero_point[0]))
-        float_y = op.forward_float(node, [qps[0].dequantize(xs[0]), qps[1].dequantize(xs[1]), flags.astype(np.float32)])
-        np.testing.assert_array_equal(float_y[0 if x is xs[0] else 1], _by_index(qp.dequantize(x), x.shape, source, 0.0))
+        np.testing.assert_array_equal(y_f, _by_index(qp.dequantize(x), x.shape, source, 0.0))
+
+
+@pytest.mark.parametrize("op_type,consts", [
+    ("Tile", [np.array([2], np.int64)]),
+    ("Expand", [np.array([2, 3], np.int64)]),
+    ("Reshape", [np.array([3, 1], np.int64)]),
+])
+def test_float_forwards_keep_index_tensors_exact(op_type, consts):
+    """A shape subgraph moves int64 indices through these ops at run time: no float32 round trip."""
+    big = np.array([2 ** 40 + 1, -7, 2 ** 53 + 3], np.int64)
+    node = Node("n", op_type, ["x", "c"], ["y"])
+    y = get_op(op_type).forward_float(node, [big] + consts)[0]
+    assert y.dtype == np.int64
+    assert set(y.ravel().tolist()) == set(big.tolist())
