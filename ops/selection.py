@@ -164,13 +164,18 @@ def one_hot(node: Node, indices: np.ndarray, depth: int, off, on) -> np.ndarray:
     return np.where(hot, on, off)
 
 
-def _index_values(value, qp: Optional[QParams], what: str) -> np.ndarray:
-    """Raw integer indices, or float / code indices that hold integers (codes only with scale 1, zp 0)."""
+def _check_index_qparams(qp: Optional[QParams], what: str) -> None:
+    """Index codes are the indices: scale 1, zero point 0 (whitepaper 4.13)."""
+    if qp is not None and (qp.per_channel or float(qp.scale[0]) != 1.0 or int(qp.zero_point[0]) != 0):
+        raise QuantizationError(f"{what} is an index: it must be quantized with scale 1 and zero point 0 "
+                                f"(whitepaper 4.13)")
+
+
+def _index_values(value, what: str) -> np.ndarray:
+    """Raw integer indices, or float / code indices that hold integers."""
     if value is None:
         raise ValueError(f"{what} is required")
     value = np.asarray(value)
-    if qp is not None and (qp.per_channel or float(qp.scale[0]) != 1.0 or int(qp.zero_point[0]) != 0):
-        raise ValueError(f"{what} is an index: it must be quantized with scale 1 and zero point 0 (whitepaper 4.13)")
     if not np.issubdtype(value.dtype, np.integer):
         if np.any(value != np.round(value)):
             raise ValueError(f"{what} must hold integers")
@@ -189,12 +194,14 @@ class OneHot(OpDef):
         values = np.asarray(inputs[2], dtype=np.float32).ravel()
         if values.size != 2:
             raise ValueError(f"input 2 (values) must hold [off, on], got {values.size} values")
-        indices = _index_values(inputs[0], None, "input 0 (indices)")
-        depth = int(_index_values(inputs[1], None, "input 1 (depth)").ravel()[0])
+        indices = _index_values(inputs[0], "input 0 (indices)")
+        depth = int(_index_values(inputs[1], "input 1 (depth)").ravel()[0])
         return [one_hot(node, indices, depth, values[0], values[1]).astype(np.float32)]
 
     def quantize(self, ctx: QuantizeContext) -> QuantizedOneHot:
         in_qp = list(ctx.in_qparams) + [None] * (3 - len(ctx.in_qparams))
+        _check_index_qparams(in_qp[0], "input 0 (indices)")
+        _check_index_qparams(in_qp[1], "input 1 (depth)")
         if 2 not in ctx.constants:
             values_qp = in_qp[2]
             if not isinstance(values_qp, QParams):
@@ -211,8 +218,8 @@ class OneHot(OpDef):
         return QuantizedOneHot(ctx.node, in_qp, [y_qp], y_qp.quantize(values))
 
     def forward_int(self, q: QuantizedOneHot, inputs, runtime: IntRuntime):
-        indices = _index_values(inputs[0], q.in_qparams[0], "input 0 (indices)")
-        depth = int(_index_values(inputs[1], q.in_qparams[1], "input 1 (depth)").ravel()[0])
+        indices = _index_values(inputs[0], "input 0 (indices)")
+        depth = int(_index_values(inputs[1], "input 1 (depth)").ravel()[0])
         off_on = q.off_on if q.off_on is not None else np.asarray(optional_input(inputs, 2)).ravel()
         if off_on.size != 2:
             raise ValueError(f"input 2 (values) must hold [off, on], got {off_on.size} values")

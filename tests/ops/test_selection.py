@@ -148,9 +148,10 @@ def test_one_hot_index_codes_need_scale_one():
     rng = np.random.default_rng(2)
     node = Node("o", "OneHot", ["i", "d", "v"], ["y"])
     idx_qp = random_qparams(rng, 0.0, 10.0, 8)
-    q = get_op("OneHot").quantize(context(node, [idx_qp, None, None], [None], {2: np.array([0.0, 1.0])}))
-    with pytest.raises(ValueError, match="scale 1"):
-        get_op("OneHot").forward_int(q, [np.array([1], np.uint8), np.array(3), None], runtime())
+    with pytest.raises(QuantizationError, match="scale 1"):
+        get_op("OneHot").quantize(context(node, [idx_qp, None, None], [None], {2: np.array([0.0, 1.0])}))
+    with pytest.raises(ValueError, match="must hold integers"):
+        get_op("OneHot").forward_float(node, [np.array([1.5]), np.array(3), np.array([0.0, 1.0])])
 
 
 def test_index_outputs_run_in_integers_end_to_end():
