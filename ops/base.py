@@ -87,3 +87,10 @@ def normalize_axes(axes: Sequence[int], rank: int) -> list[int]:
 def centered(x: np.ndarray, qp: QParams) -> np.ndarray:
     """x_q - zp_x as int64 (per-tensor zero point)."""
     return np.asarray(x).astype(np.int64) - int(qp.zero_point[0])
+
+
+def float_or_index(x) -> np.ndarray:
+    """A float forward's data input: float32, except integer and bool tensors (indices and shapes moved by a
+    layout op in a shape subgraph), which keep their dtype."""
+    x = np.asarray(x)
+    return x if x.dtype.kind in "iub" else x.astype(np.float32)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ops.base import activation_qparams, int_list, normalize_axes, optional_input
+from ops.base import activation_qparams, float_or_index, int_list, normalize_axes, optional_input
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 
@@ -32,8 +32,8 @@ class _Layout(OpDef):
         raise NotImplementedError
 
     def forward_float(self, node, inputs):
-        x = np.asarray(inputs[0], dtype=np.float32)
-        return [np.asarray(y, dtype=np.float32) for y in self.apply(node, x, inputs)]
+        x = float_or_index(inputs[0])
+        return [np.asarray(y, dtype=x.dtype) for y in self.apply(node, x, inputs)]
 
     def quantize(self, ctx: QuantizeContext) -> QuantizedNode:
         x_qp = activation_qparams(ctx)

@@ -17,7 +17,10 @@ MaxPool (4.43) and GlobalMaxPool: s_y = s_x and zp_y = zp_x (the rule overrides 
 
     y_q[p] = max over the window of x_q          (padding never wins)
 
-exactly (LSB bound 0). The optional Indices output of MaxPool is not supported.
+exactly (LSB bound 0). MaxPool's optional Indices output (whitepaper 4.44, MaxPoolingWithArgMax) is int64
+without qparams: the flat index into the input of each window's first maximum in scan order (row-major
+(n*C + c)*H*W + h*W + w, or column-major over the spatial axes with storage_order=1); the codes order the
+elements as the floats do, so the indices are exact too.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ops.base import activation_qparams, centered
 from ops.mean_requant import QuantizedMean, quantize_mean
-from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
+from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 
 
@@ -127,9 +130,46 @@ def _spatial_input(x) -> np.ndarray:
 
 def _quantize_max(ctx: QuantizeContext) -> QuantizedNode:
     node = ctx.node
-    if len(node.outputs) > 1 and node.outputs[1]:
-        raise QuantizationError("the Indices output is not supported")
     return QuantizedNode(node, list(ctx.in_qparams), [activation_qparams(ctx)] + [None] * (len(node.outputs) - 1))
+
+
+def max_with_indices(x: np.ndarray, g: PoolGeometry, storage_order: int, fill) -> tuple[np.ndarray, np.ndarray]:
+    """The window maxima and, int64 (N, C, *out), the flat input index of each window's first maximum in scan
+    order. One pass of elementwise maxima over the kernel taps (strided views), one of comparisons; a tap in
+    the padding never counts, even when `fill` equals the window's real maximum."""
+    nd = len(g.kernel)
+    win = windows(x, g, fill)
+    spatial = x.shape[2:]
+    taps = list(np.ndindex(*g.kernel))
+    top = win[(Ellipsis,) + taps[0]].copy()
+    for tap in taps[1:]:
+        np.maximum(top, win[(Ellipsis,) + tap], out=top)
+    starts = [(np.arange(o) * s - b).reshape((-1,) + (1,) * (nd - 1 - a))
+              for a, (o, s, b) in enumerate(zip(g.out, g.strides, g.pads_begin))]
+    first = np.full(top.shape, -1, dtype=np.int64)
+    for t, tap in enumerate(taps):
+        inside = np.ones((1,) * nd, dtype=bool)
+        for a in range(nd):
+            position = starts[a] + tap[a] * g.dilations[a]
+            inside = inside & (position >= 0) & (position < spatial[a])
+        np.copyto(first, t, where=(first < 0) & inside & (win[(Ellipsis,) + tap] == top))
+    tap_of = np.unravel_index(first, g.kernel)
+    flat = np.zeros(first.shape, dtype=np.int64)
+    for a in (range(nd) if storage_order == 0 else reversed(range(nd))):
+        flat = flat * spatial[a] + starts[a] + tap_of[a] * g.dilations[a]
+    plane = np.arange(x.shape[0] * x.shape[1], dtype=np.int64).reshape(x.shape[:2] + (1,) * nd)
+    return top, plane * int(np.prod(spatial, dtype=np.int64)) + flat
+
+
+def _max_pool(node: Node, x: np.ndarray, fill) -> list[np.ndarray]:
+    """MaxPool's outputs: the window maxima, and their indices when the node asks for them."""
+    g = pool_geometry(node, x.shape[2:])
+    if len(node.outputs) > 1 and node.outputs[1]:
+        storage_order = int(node.attr("storage_order", 0))
+        if storage_order not in (0, 1):
+            raise ValueError(f"storage_order must be 0 or 1, got {storage_order}")
+        return list(max_with_indices(x, g, storage_order, fill))
+    return [windows(x, g, fill).max(axis=tuple(range(-len(g.kernel), 0)))]
 
 
 @register
@@ -195,19 +235,20 @@ class MaxPool(OpDef):
     int_types = "any -> same as input"
     keeps_input_qparams = True
 
+    def index_outputs(self, node):
+        return frozenset({1})
+
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)
         _spatial_input(x)
-        g = pool_geometry(node, x.shape[2:])
-        return [windows(x, g, -np.inf).max(axis=tuple(range(-len(g.kernel), 0)))]
+        return _max_pool(node, x, -np.inf)
 
     def quantize(self, ctx: QuantizeContext) -> QuantizedNode:
         return _quantize_max(ctx)
 
     def forward_int(self, q: QuantizedNode, inputs, runtime: IntRuntime):
         x = _spatial_input(inputs[0])
-        g = pool_geometry(q.node, x.shape[2:])
-        return [windows(x, g, np.iinfo(x.dtype).min).max(axis=tuple(range(-len(g.kernel), 0)))]
+        return _max_pool(q.node, x, np.iinfo(x.dtype).min)
 
 
 @register

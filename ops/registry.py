@@ -105,11 +105,11 @@ class OpDef:
     def weight_role(self, node: Node) -> Optional[WeightRole]:
         return None
 
-    def index_outputs(self, node: Node) -> frozenset[int]:
-        return frozenset()
-
     def bias_role(self, node: Node) -> Optional[BiasRole]:
         return None
+
+    def index_outputs(self, node: Node) -> frozenset[int]:
+        return frozenset()
 
     def clip_range(self, node: Node, constant: ConstantLookup) -> Optional[tuple[float, float]]:
         return None
