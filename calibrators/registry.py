@@ -20,6 +20,7 @@ from calibrators.histogram import DEFAULT_BINS
 from calibrators.statistics import Stat, TensorStatistics
 
 _REGISTRY: dict = {}
+_ALIASES: dict[str, str] = {}  # another name a person types -> the registered name
 _SPELLING = re.compile(r"^(?P<number>\d+(?:\.\d*)?|\.\d+)?(?P<name>[a-z_]+)$")
 
 
@@ -64,10 +65,13 @@ class Calibrator(ABC):
         """(rmin, rmax) per channel from collectors that `compute` has checked are present."""
 
 
-def register_calibrator(name: str, param: Optional[str] = None, param_required: bool = False, usage: str = ""):
-    """Class decorator: register a `Calibrator` subclass under `name` (lower case letters and '_')."""
-    if not re.fullmatch(r"[a-z_]+", name):
-        raise ValueError(f"calibrator name must be lower case letters or '_', got {name!r}")
+def register_calibrator(name: str, param: Optional[str] = None, param_required: bool = False, usage: str = "",
+                        aliases: tuple[str, ...] = ()):
+    """Class decorator: register a `Calibrator` subclass under `name` (lower case letters and '_') and its
+    `aliases` (other names a person types, e.g. `nstd` for `std`)."""
+    for spelled in (name, *aliases):
+        if not re.fullmatch(r"[a-z_]+", spelled):
+            raise ValueError(f"calibrator name must be lower case letters or '_', got {spelled!r}")
 
     def decorate(cls):
         if not (isinstance(cls, type) and issubclass(cls, Calibrator)):
@@ -78,14 +82,30 @@ def register_calibrator(name: str, param: Optional[str] = None, param_required: 
         cls.name, cls.param, cls.param_required = name, param, param_required
         cls.usage = usage or name
         _REGISTRY[name] = cls
+        for alias in aliases:
+            _ALIASES[alias] = name
         return cls
 
     return decorate
 
 
 def available_calibrators() -> list:
-    """How to spell each registered calibrator, e.g. ['extrema', 'kld', 'mean', 'mse', 'Nstd', 'Ppercentile']."""
+    """How to spell each registered calibrator, e.g. ['extrema', 'kld', 'mean (0.9mean: moving average)', ...]."""
     return [_REGISTRY[n].usage for n in sorted(_REGISTRY)]
+
+
+def describe_calibrators() -> list[str]:
+    """One line per calibrator: how to spell it and what range it gives (the first line of its module's
+    docstring, after the spelling it starts with)."""
+    import sys
+
+    lines = []
+    for name in sorted(_REGISTRY):
+        cls = _REGISTRY[name]
+        doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()
+        meaning = doc[0].split(": ", 1)[-1] if doc else ""
+        lines.append(f"{cls.usage}: {meaning}")
+    return lines
 
 
 def get_calibrator(spec: Union[str, Calibrator], **options) -> Calibrator:
@@ -98,7 +118,7 @@ def get_calibrator(spec: Union[str, Calibrator], **options) -> Calibrator:
     if not isinstance(spec, str):
         raise ValueError(f"calibrator name must be a string, got {spec!r}")
     match = _SPELLING.match(spec.strip().lower())
-    cls = _REGISTRY.get(match.group("name")) if match else None
+    cls = _REGISTRY.get(_ALIASES.get(match.group("name"), match.group("name"))) if match else None
     if cls is None:
         raise ValueError(f"unknown calibrator {spec!r}; available: {', '.join(available_calibrators())}")
     number = match.group("number")

@@ -16,6 +16,7 @@ from calibrators import (
     required_stats,
 )
 from calibrators.histogram import DEFAULT_BINS
+from calibrators.registry import describe_calibrators
 from calibrators.methods.kld import kld_sweep
 from ptq.core.qparams import compute_qparams
 
@@ -74,14 +75,25 @@ def test_parse_names():
     ]:
         assert get_calibrator(spelling).spelling == spelling
         assert get_calibrator(get_calibrator(spelling).spelling) == get_calibrator(spelling)
-    assert set(available_calibrators()) >= {"extrema", "kld", "mean", "mse", "Nstd", "Ppercentile"}
+    assert [available_calibrators()[k].split()[0] for k in range(6)] == [
+        "extrema", "kld", "mean", "mse", "percentile", "nstd"]
+
+
+def test_names_a_person_types():
+    """`nstd` and `percentile` alone take their defaults (3, 99.99); any case; `4std`, `99.9percentile`."""
+    assert get_calibrator("nstd") == get_calibrator("3std") == get_calibrator("NStd") == get_calibrator("std")
+    assert get_calibrator("4std").n == 4.0
+    assert get_calibrator("percentile") == get_calibrator("99.99percentile") == get_calibrator("Percentile")
+    assert get_calibrator("99.9percentile").percent == 99.9
+    lines = describe_calibrators()
+    assert len(lines) == len(available_calibrators()) and all(": " in line for line in lines)
+    assert any(line.startswith("nstd") and "standard deviations" in line for line in lines)
 
 
 @pytest.mark.parametrize(
     "spec, message",
     [
         ("median", "unknown calibrator 'median'; available: extrema, kld"),
-        ("std", "needs a number"),
         ("3kld", "takes no number"),
         ("-3std", "unknown calibrator"),
         ("0std", "positive"),

@@ -28,7 +28,7 @@ def batch_weights(batches: int, momentum: Optional[float]) -> np.ndarray:
     return w
 
 
-@register_calibrator("mean", param="momentum", usage="mean")
+@register_calibrator("mean", param="momentum", usage="mean (0.9mean: moving average)")
 @dataclass(frozen=True)
 class Mean(Calibrator):
     """Weighted mean of per-batch min/max; `momentum` None = plain average, m in (0, 1) = EMA."""

@@ -1,4 +1,4 @@
-"""`Nstd` (e.g. `3std`, `2.5std`): mean -+ N standard deviations, clipped to the observed min/max.
+"""`nstd` (N = 3) or `Nstd` (e.g. `2.5std`): mean -+ N standard deviations, clipped to the observed min/max.
 
     rmin = max(mean - N * std, min(x)),   rmax = min(mean + N * std, max(x))
 
@@ -7,7 +7,6 @@ std is the population standard deviation (ddof = 0), from the streaming Chan/Wel
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -15,12 +14,12 @@ from calibrators.registry import Calibrator, register_calibrator
 from calibrators.statistics import Stat
 
 
-@register_calibrator("std", param="n", param_required=True, usage="Nstd")
+@register_calibrator("std", param="n", usage="nstd (3std, 2.5std)", aliases=("nstd",))
 @dataclass(frozen=True)
 class NStd(Calibrator):
     """mean -+ n * std, clipped to the observed range."""
 
-    n: Optional[float] = None
+    n: float = 3.0
     needs = frozenset({Stat.MOMENTS})
 
     def __post_init__(self):

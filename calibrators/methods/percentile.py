@@ -1,4 +1,4 @@
-"""`Ppercentile` (e.g. `99.99percentile`): each side's percentile, read off the signed histogram.
+"""`percentile` (P = 99.99) or `Ppercentile` (e.g. `99.9percentile`): each side's percentile P, read off the signed histogram.
 
     rmin ~= np.percentile(x, 100 - P),   rmax ~= np.percentile(x, P)       (per channel)
 
@@ -10,7 +10,6 @@ the observed min/max.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -34,12 +33,12 @@ def histogram_quantile(signed_counts: np.ndarray, width: np.ndarray, q: float) -
     return (k - half + frac) * width
 
 
-@register_calibrator("percentile", param="percent", param_required=True, usage="Ppercentile")
+@register_calibrator("percentile", param="percent", usage="percentile (99.99percentile, 99.9percentile)")
 @dataclass(frozen=True)
 class Percentile(Calibrator):
     """[percentile 100 - P, percentile P] of x per channel, from the histogram."""
 
-    percent: Optional[float] = None
+    percent: float = 99.99
     needs = frozenset({Stat.HISTOGRAM})
 
     def __post_init__(self):

@@ -10,7 +10,12 @@ HELP = "calibrate a model on a folder of images; write <stem>.quant.json and <st
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from calibrators.registry import describe_calibrators
     from ptq.pipeline import DEFAULT_CALIBRATOR, DEFAULT_WEIGHT_CALIBRATOR
+
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "calibrators (names are case-insensitive; a number in front sets the parameter):\n" + "\n".join(
+        f"  {line}" for line in describe_calibrators())
 
     parser.add_argument("model", help="the float ONNX model (never modified)")
     parser.add_argument("--images", required=True, help="folder of calibration images (searched recursively)")
@@ -18,8 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     cal = parser.add_argument_group("calibration")
     cal.add_argument("--calibrator", default=DEFAULT_CALIBRATOR,
-                     help=f"activation calibrator: extrema, mean, Nstd (3std), Ppercentile (99.99percentile), "
-                          f"kld, mse (default: {DEFAULT_CALIBRATOR})")
+                     help=f"activation calibrator, e.g. extrema, mean, nstd, 4std, percentile, 99.9percentile, "
+                          f"kld, mse; all listed below (default: {DEFAULT_CALIBRATOR})")
     cal.add_argument("--weight-calibrator", default=DEFAULT_WEIGHT_CALIBRATOR,
                      help=f"weight calibrator (default: {DEFAULT_WEIGHT_CALIBRATOR})")
     cal.add_argument("--bits", type=int, default=8, help="activation bits, 2-16 (default: 8)")
