@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+INTERRUPTED = 130  # the shell's exit status for a command stopped by Ctrl-C (128 + SIGINT)
+
+
 def one_blas_thread() -> None:
     """OPENBLAS_NUM_THREADS=1 unless the user chose a value; effective only before numpy is first imported
     (building the parser imports it). The integer graph's matmuls are small, and OpenBLAS's second thread
@@ -45,6 +48,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (UserError, ValueError, FileNotFoundError) as exc:
         print(f"ptq {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # outputs are written atomically: nothing half-written is left behind
+        print(f"ptq {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -142,6 +142,9 @@ def _summary(report: Report) -> str:
         if "labelled" in c:
             rows.append(("accuracy (float / int)",
                          f"{c['float_accuracy']:.3f} / {c['int_accuracy']:.3f} over {c['labelled']} labelled images"))
+        else:
+            rows.append(("accuracy", "no labels (a labels file, or every image named NAME_LABEL): agreement "
+                                     "with float only"))
     if report.float_nodes:
         rows.append((f"{len(report.float_nodes)} node(s) ran in float",
                      "; ".join(f"{n} ({report.float_reasons[n]})" if n in report.float_reasons else n

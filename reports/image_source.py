@@ -38,7 +38,7 @@ class ImageSet:
             raise ValueError(f"no image files in {images}")
         if limit is not None and limit <= 0:
             raise ValueError(f"--num-images must be positive, got {limit}")
-        return cls(files, preprocess, LabelResolver.from_option(labels_file), limit)
+        return cls(files, preprocess, LabelResolver.from_option(labels_file, files), limit)
 
     @property
     def expected(self) -> int:

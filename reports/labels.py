@@ -2,7 +2,9 @@
 
 File-name rule: the label is the integer after the last `_` or `-` of the stem, e.g.
 `imagenet_00_243.jpg` -> 243, `cat-7.png` -> 7. A stem without such a suffix (`cat.jpg`, `img42.jpg`) has no
-label: a bare trailing number is too often a sequence number to be trusted.
+label: a bare trailing number is too often a sequence number to be trusted. The rule applies only when every
+image of the set is named that way: in a folder of unlabelled photos one that happens to end in `_512` is
+not a labelled image.
 
 Labels file (`--labels FILE`), one of:
 - JSON: an object mapping file names (or stems) to integer labels;
@@ -88,8 +90,14 @@ class LabelResolver:
         self.labels = labels
 
     @classmethod
-    def from_option(cls, labels_file: Optional[Union[str, Path]]) -> "LabelResolver":
-        return cls(load_labels(labels_file) if labels_file else None)
+    def from_option(cls, labels_file: Optional[Union[str, Path]], files=()) -> "LabelResolver":
+        """The labels file's labels; without one, the file-name labels when every one of `files` has one (or
+        when no file list is given), else no labels at all."""
+        if labels_file:
+            return cls(load_labels(labels_file))
+        if all(label_from_filename(f) is not None for f in files):
+            return cls(None)
+        return cls({})
 
     def __call__(self, image: Union[str, Path]) -> Optional[int]:
         path = Path(image)

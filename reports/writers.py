@@ -80,6 +80,8 @@ def summary_text(report: Report, top: int = 5) -> str:
         line = f"top-1 agreement {c['top1_agreement']:.3f}  top-5 agreement {c['top5_agreement']:.3f}"
         if "labelled" in c:
             line += f"  accuracy float {c['float_accuracy']:.3f} int {c['int_accuracy']:.3f} ({c['labelled']} labelled)"
+        else:
+            line += "  (no labels: agreement with float only)"
         lines.append(line)
     if report.float_nodes:
         lines.append(f"float nodes: {', '.join(report.float_nodes)}")

@@ -29,6 +29,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ptq.pipeline import calibrate, input_spec
 from ptq.cli import main as cli_main
+from tiny_models import conv_relu_gemm
 from ops.registry import QuantizeOptions, bias_role
 from ptq.executor import ExecutorOptions, prepare
 from ptq.core.graph import load_model
@@ -344,12 +345,12 @@ def test_cli_run_skips_undecodable_images(se_net, tmp_path, capsys):
     rng = np.random.default_rng(3)
     for k in range(2):
         Image.fromarray(rng.integers(0, 256, (12, 10, 3), dtype=np.uint8)).save(images / f"img_{k}.png")
-    (images / "broken.jpg").write_bytes(b"not a jpeg")
+    (images / "broken_9.jpg").write_bytes(b"not a jpeg")  # labelled like the others: labels stay on
     status = cli_main(["run", str(tmp_path / "se.onnx"), "--quant", str(tmp_path / "se.quant.json"),
                        "--images", str(images), "--top", "3"])
     out = capsys.readouterr().out
     assert status == 0
-    assert "broken.jpg: skipped (cannot decode image" in out
+    assert "broken_9.jpg: skipped (cannot decode image" in out
     assert "2 image(s) in integers" in out and ", 1 skipped" in out
     rows = [line for line in out.splitlines() if line.startswith("img_")]
     assert len(rows) == 2
@@ -373,3 +374,19 @@ def test_integer_graph_and_qdq_export_quantize_every_bias_identically(effnet):
         np.testing.assert_array_equal(step.quantized.bias.ravel(), codes.astype(np.int64), err_msg=step.node.name)
         compared += 1
     assert compared == sum(1 for n in effnet.prepared.graph.nodes if bias_role(n) is not None) > 40
+
+
+def test_ctrl_c_prints_one_line_and_exits_130(tmp_path, capsys, monkeypatch):
+    """Ctrl-C anywhere in a command: one line on stderr, exit status 130, no traceback, no output written."""
+    import ptq.pipeline
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ptq.pipeline, "calibrate", interrupted)
+    model = tmp_path / "m.onnx"
+    onnx.save(conv_relu_gemm(), str(model))
+    code = cli_main(["calibrate", str(model), "--images", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert code == 130
+    assert capsys.readouterr().err == "ptq calibrate: interrupted\n"
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -171,3 +171,17 @@ def test_update_overwriting_the_test_array_gives_the_same_sums():
     overwritten.update(x, scratch, overwrite_test=True)
     assert vars(kept) == vars(overwritten)
     assert np.array_equal(scratch, x - y)  # the difference was written over the test tensor
+
+
+def test_file_name_labels_only_when_every_image_has_one(tmp_path):
+    """A folder of unlabelled photos where one file happens to end in `_512` has no labels at all."""
+    from reports.labels import LabelResolver
+
+    mixed = [tmp_path / "holiday.jpg", tmp_path / "scan_512.jpg"]
+    resolver = LabelResolver.from_option(None, mixed)
+    assert [resolver(f) for f in mixed] == [None, None]
+    labelled = [tmp_path / "a_3.jpg", tmp_path / "b-17.png"]
+    resolver = LabelResolver.from_option(None, labelled)
+    assert [resolver(f) for f in labelled] == [3, 17]
+    (tmp_path / "labels.txt").write_text("holiday.jpg 5\n")
+    assert LabelResolver.from_option(tmp_path / "labels.txt", mixed)(mixed[0]) == 5

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     from ptq.core.graph import load_model
     from ptq.images import load_image
     from ptq.quant_table import load_quant_table
-    from reports.labels import label_from_filename
+    from reports.labels import LabelResolver
 
     if args.top <= 0:
         raise ValueError(f"--top must be positive, got {args.top}")
@@ -131,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     pre = _preprocess(args, table.options.preprocess)
     spec = input_spec(graph, pre)
     files = _image_files(args.images)
+    labels = LabelResolver.from_option(None, files)
     prepared = prepare(graph, table, float_nodes=args.float_nodes, backend=args.backend,
                        options=ExecutorOptions(strict=args.strict))
     tally = Tally()
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
             tally.overflows[node] = tally.overflows.get(node, 0) + count
         ranked = top_k(softmax(result.outputs[graph.outputs[0]].reshape(-1)), args.top)
         print(f"{path.name}: " + "  ".join(f"{c}:{p:.4f}" for c, p in ranked))
-        label = label_from_filename(path)
+        label = labels(path)
         if label is not None:
             tally.labelled += 1
             tally.correct += int(ranked[0][0] == label)
