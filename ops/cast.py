@@ -64,6 +64,10 @@ class Cast(OpDef):
         to, _ = _target(node)
         return frozenset({0}) if to in INDEX_TARGETS else frozenset()
 
+    def is_noop(self, node):
+        """Between float types the codes pass unchanged."""
+        return _target(node)[0] in FLOAT_TARGETS
+
     def forward_float(self, node, inputs):
         _, dtype = _target(node)
         x = np.asarray(inputs[0])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ops.base import activation_qparams, float_or_index, int_list, normalize_axes, optional_input
-from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
+from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 
 
@@ -50,8 +50,40 @@ class Identity(_Layout):
 
     op_type = "Identity"
 
+    def is_noop(self, node):
+        return True
+
     def apply(self, node, x, inputs):
         return [x]
+
+
+@register
+class Dropout(_Layout):
+    """ONNX Dropout at inference (training_mode absent or false): y_q = x_q, output qparams = input's. The mask
+    output, when a model asks for it, is all True (nothing is dropped) and carries no qparams."""
+
+    op_type = "Dropout"
+
+    def is_noop(self, node):
+        return True
+
+    def index_outputs(self, node):
+        return frozenset({1}) if len(node.outputs) > 1 and node.outputs[1] else frozenset()
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedNode:
+        if len(ctx.node.inputs) > 2 and ctx.node.inputs[2]:
+            value = ctx.constants.get(2)
+            if value is None or bool(np.asarray(value)):
+                raise QuantizationError("training_mode must be a constant false at inference")
+        q = super().quantize(ctx)
+        q.out_qparams[1:] = [None] * (len(q.out_qparams) - 1)
+        return q
+
+    def forward_float(self, node, inputs):
+        return self.apply(node, float_or_index(inputs[0]), inputs)
+
+    def apply(self, node, x, inputs):
+        return [x, np.ones(x.shape, dtype=bool)][:len(node.outputs)]
 
 
 @register

@@ -87,6 +87,8 @@ class OpDef:
     - `clip_range(node, constant)`: the interval the op clamps its input to, when its output is its input
       clamped (Relu, Clip); calibration folds its input's range to it;
     - `keeps_input_qparams`: the output takes input 0's qparams by rule (data movement, max pooling);
+    - `is_noop(node)`: the output holds exactly the input's codes (Identity, inference Dropout, a Cast between
+      float types): reports name the layer the node feeds instead of giving it a row of its own;
     - `index_outputs(node)`: the outputs that are indices or booleans (int64/bool as in ONNX: Equal, Cast to
       an integer type, ArgMax): they have no qparams (`None` in `out_qparams`), and the executor runs the
       op's `forward_int` on quantized inputs and passes those outputs on as they are.
@@ -110,6 +112,9 @@ class OpDef:
 
     def index_outputs(self, node: Node) -> frozenset[int]:
         return frozenset()
+
+    def is_noop(self, node: Node) -> bool:
+        return False
 
     def clip_range(self, node: Node, constant: ConstantLookup) -> Optional[tuple[float, float]]:
         return None

@@ -76,9 +76,12 @@ def evaluate(
     if not outputs:
         raise ValueError(f"no graph output of the model is quantized ({prepared.graph.outputs})")
     specs = layer_specs(prepared, graph.activations) if layers else []
-    wanted = list(dict.fromkeys([s.name for s in specs] + outputs))
-    runner = float_reference(graph, wanted)
     steps = sorted({s.step for s in specs if s.step is not None})
+    # the isolated runs read every quantized input of those steps, no-op outputs included (they get no row)
+    in_float_model = set(graph.activations)
+    read = [i for k in steps for i in prepared.steps[k].node.inputs if i in prepared.qparams and i in in_float_model]
+    wanted = list(dict.fromkeys([s.name for s in specs] + outputs + read))
+    runner = float_reference(graph, wanted)
     ev = Evaluation(
         layers=specs,
         qparams=dict(prepared.qparams),

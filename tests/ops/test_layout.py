@@ -1,4 +1,4 @@
-"""ops/layout.py: Identity, Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Split, Slice.
+"""ops/layout.py: Identity, Dropout, Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Split, Slice.
 
 (a) forward_int equals a numpy reference on the codes written here; (b) the dequantized output equals
 onnxruntime's float output on the dequantized input exactly (LSB bound 0), forward_float equals onnxruntime,
@@ -42,6 +42,23 @@ def _check_layout(op_type, shape, attrs, consts, reference, opset=17, outputs=1,
             assert y.dtype == x.dtype
             np.testing.assert_array_equal(y, ref)
             np.testing.assert_array_equal(x_qp.dequantize(y), want)
+
+
+@covers("Dropout", check=Check.INT_REFERENCE)
+@covers("Dropout", check=Check.ONNXRUNTIME)
+def test_dropout_at_inference_passes_codes_and_reports_no_row():
+    """Inference Dropout is the identity on codes (ORT agrees); its mask output is all True, without qparams;
+    it is a no-op, so reports name the layer it feeds, not it."""
+    _check_layout("Dropout", (2, 3), {}, {}, lambda x: [x])
+    node = Node("drop", "Dropout", ["x"], ["y", "mask"])
+    qp = random_qparams(np.random.default_rng(1), -1.0, 1.0)
+    q = get_op("Dropout").quantize(context(node, [qp], [qp, None]))
+    assert q.out_qparams == [qp, None] and get_op("Dropout").index_outputs(node) == frozenset({1})
+    x = random_codes(np.random.default_rng(2), qp, (2, 3))
+    y, mask = get_op("Dropout").forward_int(q, [x], runtime())
+    np.testing.assert_array_equal(y, x)
+    assert mask.dtype == bool and mask.all()
+    assert get_op("Dropout").is_noop(node) and get_op("Identity").is_noop(node) and not get_op("Relu").is_noop(node)
 
 
 @covers("Identity", check=Check.INT_REFERENCE)
