@@ -93,7 +93,7 @@ class Clip(OpDef):
 
     op_type = "Clip"
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
-    section = "4.11"
+    section = "4.11/4.55"  # 4.55 Relu6 is Clip(0, 6)
     absorbable = True
 
     def clip_range(self, node, constant):

@@ -231,7 +231,7 @@ class MaxPool(OpDef):
     """ONNX MaxPool (pads, auto_pad, strides, dilations, ceil_mode): y_q = window max of x_q, qparams = input's."""
 
     op_type = "MaxPool"
-    section = "4.43"
+    section = "4.43/4.44"  # 4.44 MaxPoolingWithArgMax: the optional Indices output
     int_types = "any -> same as input"
     keeps_input_qparams = True
 
