@@ -49,6 +49,7 @@ class Identity(_Layout):
     """ONNX Identity: y_q = x_q, output qparams = input's."""
 
     op_type = "Identity"
+    lsb_bound = 0.0
 
     def apply(self, node, x, inputs):
         return [x]
@@ -59,6 +60,7 @@ class Reshape(_Layout):
     """ONNX Reshape (0 copies the input dimension unless allowzero=1, -1 is inferred): y_q = reshape(x_q)."""
 
     op_type = "Reshape"
+    lsb_bound = 0.0
 
     def apply(self, node, x, inputs):
         shape = int_list(node, inputs, 1, "shape")
@@ -79,6 +81,7 @@ class Flatten(_Layout):
     """ONNX Flatten: (d_0 * ... * d_{axis-1}, d_axis * ... * d_{n-1})."""
 
     op_type = "Flatten"
+    lsb_bound = 0.0
 
     def apply(self, node, x, inputs):
         axis = int(node.attr("axis", 1))
@@ -95,6 +98,7 @@ class Squeeze(_Layout):
     """ONNX Squeeze: drop the given size-1 axes (all size-1 axes when none are given)."""
 
     op_type = "Squeeze"
+    lsb_bound = 0.0
 
     def apply(self, node, x, inputs):
         axes = int_list(node, inputs, 1, "axes")
@@ -112,6 +116,7 @@ class Unsqueeze(_Layout):
     """ONNX Unsqueeze: insert size-1 axes at the given positions of the output."""
 
     op_type = "Unsqueeze"
+    lsb_bound = 0.0
 
     def apply(self, node, x, inputs):
         axes = int_list(node, inputs, 1, "axes")
@@ -125,6 +130,7 @@ class Transpose(_Layout):
     """ONNX Transpose (default perm: reversed axes). Whitepaper 4.77."""
 
     op_type = "Transpose"
+    lsb_bound = 0.0
     section = "4.77"
 
     def apply(self, node, x, inputs):
@@ -141,6 +147,7 @@ class Split(_Layout):
     smaller when `num_outputs` does not divide the axis, opset 18). Whitepaper 4.71."""
 
     op_type = "Split"
+    lsb_bound = 0.0
     section = "4.71"
 
     def apply(self, node, x, inputs):
@@ -164,6 +171,7 @@ class Slice(_Layout):
     Whitepaper 4.65."""
 
     op_type = "Slice"
+    lsb_bound = 0.0
     section = "4.65"
 
     def apply(self, node, x, inputs):
