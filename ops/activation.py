@@ -58,6 +58,7 @@ class Relu(OpDef):
     """ONNX Relu; output qparams from the quant table (unsigned per 4.54) or the input's. See module docstring."""
 
     op_type = "Relu"
+    lsb_bound = 0.51  # 0.5 + |y_q - zp_y| * 2^-(mbits-1) or less, 8-bit
     int_types = "int8/uint8/int16 -> uint8/uint16 (4.54) or the input's type"
     section = "4.54"
     absorbable = True
@@ -92,8 +93,9 @@ class Clip(OpDef):
     """ONNX Clip (bounds as constant inputs or attributes). Formula and LSB bound: module docstring."""
 
     op_type = "Clip"
+    lsb_bound = 0.51  # 0.5 + |y_q - zp_y| * 2^-(mbits-1) or less, 8-bit
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
-    section = "4.11"
+    section = "4.11/4.55"  # 4.55 Relu6 is Clip(0, 6)
     absorbable = True
 
     def clip_range(self, node, constant):
@@ -124,6 +126,7 @@ class LeakyRelu(OpDef):
     """ONNX LeakyRelu (alpha, default 0.01) with two multipliers. Formula and LSB bound: module docstring."""
 
     op_type = "LeakyRelu"
+    lsb_bound = 0.51  # 0.5 + |y_q - zp_y| * 2^-(mbits-1) or less, 8-bit
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
     section = "4.39"
     absorbable = True
@@ -149,6 +152,7 @@ class PRelu(OpDef):
     negative-side multiplier per slope value. Formula and LSB bound: module docstring."""
 
     op_type = "PRelu"
+    lsb_bound = 0.51  # 0.5 + |y_q - zp_y| * 2^-(mbits-1) or less, 8-bit
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
     section = "4.52"
     granularity = "per-channel slope"

@@ -45,6 +45,7 @@ class AddSoftmax(OpDef):
     """ai.ptq AddSoftmax: softmax(x + b) along `axis` (default -1). Formula and LSB bound: module docstring."""
 
     op_type = "AddSoftmax"
+    lsb_bound = 2.0  # 1 + Q * s_x / 4 with s_x <= 1/64 (8-bit scores within +-2)
     domain = "ai.ptq"
     section = "4.66 (Softmax, with the mask added in the scores' LSB)"
     int_types = "int8/uint8/int16 + constant or int8/uint8/int16 -> uint8/uint16"

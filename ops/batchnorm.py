@@ -57,6 +57,7 @@ class BatchNormalization(OpDef):
     """ONNX BatchNormalization (inference; constant scale, bias, mean, var). Formula and LSB bound: module docstring."""
 
     op_type = "BatchNormalization"
+    lsb_bound = 1.0
     section = "4.5"
     granularity = "per-channel 16-bit weights"
     int_types = "int8/uint8/int16 x int16 -> int48 acc"

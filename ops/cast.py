@@ -57,6 +57,7 @@ class Cast(OpDef):
     """ONNX Cast. Integer rules and bounds per target type: module docstring."""
 
     op_type = "Cast"
+    lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.10"
     int_types = "int8/uint8/int16 -> same (to float) or int/bool (to index); int/bool -> int8/uint8/int16"
 

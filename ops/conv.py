@@ -145,6 +145,7 @@ class Conv(OpDef):
     or LeakyRelu (attrs `activation`, `activation_params`). Formula and LSB bound: module docstring."""
 
     op_type = "Conv"
+    lsb_bound = 1.0
     section = "4.14/4.22/4.35"
     granularity = "per-channel weights"
     absorbs_activation = True
@@ -214,6 +215,7 @@ class ConvTranspose(OpDef):
     """
 
     op_type = "ConvTranspose"
+    lsb_bound = 1.0
     section = "4.15"
     granularity = "per-channel weights"
 

@@ -55,6 +55,7 @@ class Div(OpDef):
     """ONNX Div (broadcasting). Integer formulas and LSB bounds: module docstring."""
 
     op_type = "Div"
+    lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.23"
     int_types = "int8/uint8/int16 / constant or int8/uint8/int16 -> int8/uint8/int16"
 

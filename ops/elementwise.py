@@ -106,6 +106,7 @@ class Add(_AddSub):
     """ONNX Add (broadcasting). Integer formula and LSB bound: module docstring."""
 
     op_type = "Add"
+    lsb_bound = 0.6
     section = "4.24"
     sign = 1
 
@@ -115,6 +116,7 @@ class Sub(_AddSub):
     """ONNX Sub (broadcasting): Add with the second input's rescaled value subtracted (module docstring)."""
 
     op_type = "Sub"
+    lsb_bound = 0.6
     section = "4.28"
     sign = -1
 
@@ -124,6 +126,7 @@ class Mul(OpDef):
     """ONNX Mul (broadcasting). Integer formula and LSB bound: module docstring."""
 
     op_type = "Mul"
+    lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.27"
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
 

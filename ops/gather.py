@@ -106,6 +106,7 @@ class Gather(_Gathering):
     """ONNX Gather (axis): y = take(x, indices, axis). Module docstring."""
 
     op_type = "Gather"
+    lsb_bound = 0.0
     section = "4.33"
 
     def gather(self, node, x, indices):
@@ -122,6 +123,7 @@ class GatherND(_Gathering):
     = indices.shape[-1]; each index tuple selects x[batch..., i_0, ..., i_{r-1}]. Module docstring."""
 
     op_type = "GatherND"
+    lsb_bound = 0.0
     section = "4.34"
 
     def gather(self, node, x, indices):
@@ -175,6 +177,7 @@ class UpsampleByIndex(OpDef):
     """ai.ptq UpsampleByIndex: ONNX MaxUnpool on the codes, zeros as zp_x (module docstring). Whitepaper 4.78."""
 
     op_type = "UpsampleByIndex"
+    lsb_bound = 0.0
     domain = "ai.ptq"
     section = "4.78"
     int_types = "any (indices int64) -> same as input"

@@ -24,6 +24,7 @@ class Gelu(_LutOp):
     """ONNX Gelu (opset 20) as a lookup table (module docstring)."""
 
     op_type = "Gelu"
+    lsb_bound = 0.5
     section = "3.3.2.2 (LUT; no chapter 4 entry)"
 
     def function(self, node) -> LutFunction:

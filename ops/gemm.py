@@ -84,6 +84,7 @@ class Gemm(OpDef):
     Formula and LSB bound: module docstring."""
 
     op_type = "Gemm"
+    lsb_bound = 1.0
     section = "4.32"
     granularity = "per-channel weights"
     int_types = "int8/uint8/int16 x int8/int16 -> int32 (48 for 16-bit) acc"
@@ -173,6 +174,7 @@ class MatMul(OpDef):
     both zero points folded. Formula and LSB bound: module docstring."""
 
     op_type = "MatMul"
+    lsb_bound = 1.0
     section = "4.42"
     granularity = "per-channel constant B; per-tensor activations"
     int_types = "int8/uint8/int16 x int8/uint8/int16 -> int32 (48 for 16-bit) acc"

@@ -53,6 +53,7 @@ class Histogram(OpDef):
     docstring). Whitepaper 4.37."""
 
     op_type = "Histogram"
+    lsb_bound = 0.0
     domain = "ai.ptq"
     section = "4.37"
     int_types = "int8/uint8/int16 -> int64 counts"

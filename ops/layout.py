@@ -49,6 +49,7 @@ class Identity(_Layout):
     """ONNX Identity: y_q = x_q, output qparams = input's."""
 
     op_type = "Identity"
+    lsb_bound = 0.0
 
     def is_noop(self, node):
         return True
@@ -91,6 +92,7 @@ class Reshape(_Layout):
     """ONNX Reshape (0 copies the input dimension unless allowzero=1, -1 is inferred): y_q = reshape(x_q)."""
 
     op_type = "Reshape"
+    lsb_bound = 0.0
 
     def apply(self, node, x, inputs):
         shape = int_list(node, inputs, 1, "shape")
@@ -111,6 +113,7 @@ class Flatten(_Layout):
     """ONNX Flatten: (d_0 * ... * d_{axis-1}, d_axis * ... * d_{n-1})."""
 
     op_type = "Flatten"
+    lsb_bound = 0.0
 
     def apply(self, node, x, inputs):
         axis = int(node.attr("axis", 1))
@@ -127,6 +130,7 @@ class Squeeze(_Layout):
     """ONNX Squeeze: drop the given size-1 axes (all size-1 axes when none are given)."""
 
     op_type = "Squeeze"
+    lsb_bound = 0.0
 
     def apply(self, node, x, inputs):
         axes = int_list(node, inputs, 1, "axes")
@@ -144,6 +148,7 @@ class Unsqueeze(_Layout):
     """ONNX Unsqueeze: insert size-1 axes at the given positions of the output."""
 
     op_type = "Unsqueeze"
+    lsb_bound = 0.0
 
     def apply(self, node, x, inputs):
         axes = int_list(node, inputs, 1, "axes")
@@ -157,6 +162,7 @@ class Transpose(_Layout):
     """ONNX Transpose (default perm: reversed axes). Whitepaper 4.77."""
 
     op_type = "Transpose"
+    lsb_bound = 0.0
     section = "4.77"
 
     def apply(self, node, x, inputs):
@@ -173,6 +179,7 @@ class Split(_Layout):
     smaller when `num_outputs` does not divide the axis, opset 18). Whitepaper 4.71."""
 
     op_type = "Split"
+    lsb_bound = 0.0
     section = "4.71"
 
     def apply(self, node, x, inputs):
@@ -196,6 +203,7 @@ class Slice(_Layout):
     Whitepaper 4.65."""
 
     op_type = "Slice"
+    lsb_bound = 0.0
     section = "4.65"
 
     def apply(self, node, x, inputs):

@@ -109,6 +109,7 @@ class Equal(_Compare):
     """ONNX Equal on the common integer grid (module docstring)."""
 
     op_type = "Equal"
+    lsb_bound = 0.0
     compare = staticmethod(np.equal)
 
 
@@ -117,6 +118,7 @@ class Greater(_Compare):
     """ONNX Greater on the common integer grid (module docstring)."""
 
     op_type = "Greater"
+    lsb_bound = 0.0
     compare = staticmethod(np.greater)
 
 
@@ -125,6 +127,7 @@ class GreaterOrEqual(_Compare):
     """ONNX GreaterOrEqual on the common integer grid (module docstring)."""
 
     op_type = "GreaterOrEqual"
+    lsb_bound = 0.0
     compare = staticmethod(np.greater_equal)
 
 
@@ -133,6 +136,7 @@ class Less(_Compare):
     """ONNX Less on the common integer grid (module docstring)."""
 
     op_type = "Less"
+    lsb_bound = 0.0
     compare = staticmethod(np.less)
 
 
@@ -141,6 +145,7 @@ class LessOrEqual(_Compare):
     """ONNX LessOrEqual on the common integer grid (module docstring)."""
 
     op_type = "LessOrEqual"
+    lsb_bound = 0.0
     compare = staticmethod(np.less_equal)
 
 
@@ -176,6 +181,7 @@ class And(_BoolOp):
     """ONNX And (bool, broadcasting)."""
 
     op_type = "And"
+    lsb_bound = 0.0
     apply = staticmethod(np.logical_and)
 
 
@@ -184,6 +190,7 @@ class Or(_BoolOp):
     """ONNX Or (bool, broadcasting)."""
 
     op_type = "Or"
+    lsb_bound = 0.0
     apply = staticmethod(np.logical_or)
 
 
@@ -192,6 +199,7 @@ class Xor(_BoolOp):
     """ONNX Xor (bool, broadcasting)."""
 
     op_type = "Xor"
+    lsb_bound = 0.0
     apply = staticmethod(np.logical_xor)
 
 
@@ -200,6 +208,7 @@ class Not(_BoolOp):
     """ONNX Not (bool)."""
 
     op_type = "Not"
+    lsb_bound = 0.0
     apply = staticmethod(np.logical_not)
 
 
@@ -215,6 +224,7 @@ class Where(OpDef):
     """ONNX Where: bool condition, both branches requantized to the output grid (module docstring)."""
 
     op_type = "Where"
+    lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.79"
     int_types = "bool, int8/uint8/int16, int8/uint8/int16 -> int8/uint8/int16"
 

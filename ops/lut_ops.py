@@ -71,6 +71,7 @@ class Sigmoid(_LutOp):
     """ONNX Sigmoid as a lookup table (module docstring)."""
 
     op_type = "Sigmoid"
+    lsb_bound = 0.5
     section = "4.62"
 
     def function(self, node) -> LutFunction:
@@ -82,6 +83,7 @@ class Tanh(_LutOp):
     """ONNX Tanh as a lookup table (module docstring)."""
 
     op_type = "Tanh"
+    lsb_bound = 0.5
     section = "4.74"
 
     def function(self, node) -> LutFunction:
@@ -93,6 +95,7 @@ class HardSwish(_LutOp):
     """ONNX HardSwish, x * max(0, min(1, x / 6 + 1/2)), as a lookup table (module docstring)."""
 
     op_type = "HardSwish"
+    lsb_bound = 0.5
     section = "4.36"
 
     def function(self, node) -> LutFunction:
@@ -104,6 +107,7 @@ class HardSigmoid(_LutOp):
     """ONNX HardSigmoid, max(0, min(1, alpha * x + beta)) (defaults 0.2, 0.5), as a lookup table."""
 
     op_type = "HardSigmoid"
+    lsb_bound = 0.5
     section = "3.3.2.2 (LUT; no chapter 4 entry)"
 
     def function(self, node) -> LutFunction:

@@ -82,6 +82,7 @@ class Max(_Extremum):
     """ONNX Max (variadic, broadcasting): each input requantized to the output grid, then max (module docstring)."""
 
     op_type = "Max"
+    lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.25"
     reduce_fn = staticmethod(np.maximum)
 
@@ -91,5 +92,6 @@ class Min(_Extremum):
     """ONNX Min (variadic, broadcasting): each input requantized to the output grid, then min (module docstring)."""
 
     op_type = "Min"
+    lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.26"
     reduce_fn = staticmethod(np.minimum)

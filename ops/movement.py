@@ -106,6 +106,7 @@ class DepthToSpace(_Movement):
     """ONNX DepthToSpace (blocksize b, mode DCR or CRD): (N, C, H, W) -> (N, C/b^2, H*b, W*b). Whitepaper 4.21."""
 
     op_type = "DepthToSpace"
+    lsb_bound = 0.0
     section = "4.21"
 
     def apply(self, node, x, inputs, zero):
@@ -129,6 +130,7 @@ class SpaceToDepth(_Movement):
     """ONNX SpaceToDepth (blocksize b): (N, C, H, W) -> (N, C*b^2, H/b, W/b). Whitepaper 4.70."""
 
     op_type = "SpaceToDepth"
+    lsb_bound = 0.0
     section = "4.70"
 
     def apply(self, node, x, inputs, zero):
@@ -145,6 +147,7 @@ class Tile(_Movement):
     """ONNX Tile: input 1 holds the repeat count of every axis. Whitepaper 4.75."""
 
     op_type = "Tile"
+    lsb_bound = 0.0
     section = "4.75"
 
     def apply(self, node, x, inputs, zero):
@@ -159,6 +162,7 @@ class Expand(_Movement):
     """ONNX Expand: broadcast to np.broadcast_shapes(x.shape, shape) (input 1). Whitepaper 4.75 (Tile's rule)."""
 
     op_type = "Expand"
+    lsb_bound = 0.0
     section = "4.75"
 
     def apply(self, node, x, inputs, zero):
@@ -178,6 +182,7 @@ class ReverseSequence(_Movement):
     reversed, the rest copied. Whitepaper 4.59."""
 
     op_type = "ReverseSequence"
+    lsb_bound = 0.0
     section = "4.59"
 
     def apply(self, node, x, inputs, zero):
@@ -200,6 +205,7 @@ class BatchToSpace(_Movement):
     """ai.ptq BatchToSpace (NCHW, `block_size`, `crops`): module docstring. Whitepaper 4.7."""
 
     op_type = "BatchToSpace"
+    lsb_bound = 0.0
     domain = PTQ_DOMAIN
     section = "4.7"
 
@@ -222,6 +228,7 @@ class SpaceToBatch(_Movement):
     (module docstring). Whitepaper 4.69."""
 
     op_type = "SpaceToBatch"
+    lsb_bound = 0.0
     domain = PTQ_DOMAIN
     section = "4.69"
 
@@ -242,6 +249,7 @@ class BatchToDepth(_Movement):
     """ai.ptq BatchToDepth (NCHW, `block_size` b): (N*b, C, H, W) -> (N, b*C, H, W). Whitepaper 4.6."""
 
     op_type = "BatchToDepth"
+    lsb_bound = 0.0
     domain = PTQ_DOMAIN
     section = "4.6"
 
@@ -259,6 +267,7 @@ class DataStride(_Movement):
     docstring. Whitepaper 4.20."""
 
     op_type = "DataStride"
+    lsb_bound = 0.0
     domain = PTQ_DOMAIN
     section = "4.20"
 
@@ -286,6 +295,7 @@ class Repeat(_Movement):
     """ai.ptq Repeat: numpy.repeat(x, repeats (input 1), axis); no axis: the flattened input. Whitepaper 4.56."""
 
     op_type = "Repeat"
+    lsb_bound = 0.0
     domain = PTQ_DOMAIN
     section = "4.56"
 
@@ -321,6 +331,7 @@ class Filter(OpDef):
     (module docstring). Whitepaper 4.31."""
 
     op_type = "Filter"
+    lsb_bound = 0.0
     domain = PTQ_DOMAIN
     section = "4.31"
     int_types = "any (selector: integers or codes) -> same as input, int64 count"

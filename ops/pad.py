@@ -74,6 +74,7 @@ class Pad(OpDef):
     """ONNX Pad. Integer formula and LSB bound: module docstring."""
 
     op_type = "Pad"
+    lsb_bound = 0.5
     section = "4.50"
     keeps_input_qparams = True
     int_types = "any -> same as input"

@@ -178,6 +178,7 @@ class AveragePool(OpDef):
     Integer formula and LSB bound: module docstring."""
 
     op_type = "AveragePool"
+    lsb_bound = 0.51  # 0.5 + |y_q - zp_y| * 2^-(mbits-1) or less, 8-bit
     section = "4.4"
     int_types = "int8/uint8/int16/uint16 -> int8/uint8/int16/uint16"
 
@@ -208,6 +209,7 @@ class GlobalAveragePool(OpDef):
     """ONNX GlobalAveragePool: the mean over all spatial axes (count = their product), module docstring."""
 
     op_type = "GlobalAveragePool"
+    lsb_bound = 0.51  # 0.5 + |y_q - zp_y| * 2^-(mbits-1) or less, 8-bit
     section = "4.4"
     int_types = "int8/uint8/int16/uint16 -> int8/uint8/int16/uint16"
 
@@ -231,7 +233,8 @@ class MaxPool(OpDef):
     """ONNX MaxPool (pads, auto_pad, strides, dilations, ceil_mode): y_q = window max of x_q, qparams = input's."""
 
     op_type = "MaxPool"
-    section = "4.43"
+    lsb_bound = 0.0
+    section = "4.43/4.44"  # 4.44 MaxPoolingWithArgMax: the optional Indices output
     int_types = "any -> same as input"
     keeps_input_qparams = True
 
@@ -256,6 +259,7 @@ class GlobalMaxPool(OpDef):
     """ONNX GlobalMaxPool: y_q = max of x_q over all spatial axes, qparams = input's (4.43)."""
 
     op_type = "GlobalMaxPool"
+    lsb_bound = 0.0
     section = "4.43"
     int_types = "any -> same as input"
     keeps_input_qparams = True

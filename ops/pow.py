@@ -75,6 +75,7 @@ class Pow(OpDef):
     """ONNX Pow (broadcasting). Integer formulas and LSB bounds: module docstring."""
 
     op_type = "Pow"
+    lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.51"
     int_types = "int8/uint8/int16 ^ const, int8/uint8 ^ int8/uint8/int16/int64 -> int8/uint8/int16"
 

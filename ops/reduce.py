@@ -37,6 +37,7 @@ class ReduceMean(OpDef):
     """ONNX ReduceMean. Integer formula and LSB bound: module docstring."""
 
     op_type = "ReduceMean"
+    lsb_bound = 0.51  # 0.5 + |y_q - zp_y| * 2^-(mbits-1) or less, 8-bit
     section = "4.53"
     int_types = "int8/uint8/int16/uint16 -> int8/uint8/int16/uint16"
 

@@ -108,6 +108,7 @@ class ReduceMax(_DataMovementReduce):
     """ONNX ReduceMax: y_q = max of x_q over the axes, input qparams (module docstring)."""
 
     op_type = "ReduceMax"
+    lsb_bound = 0.0
 
     def reduce(self, x, axes, keep):
         return x.max(axis=axes, keepdims=keep)
@@ -118,6 +119,7 @@ class ReduceMin(_DataMovementReduce):
     """ONNX ReduceMin: y_q = min of x_q over the axes, input qparams (module docstring)."""
 
     op_type = "ReduceMin"
+    lsb_bound = 0.0
 
     def reduce(self, x, axes, keep):
         return x.min(axis=axes, keepdims=keep)
@@ -135,6 +137,7 @@ class ReduceSum(OpDef):
     """ONNX ReduceSum (axes as input from opset 13). Integer formula and LSB bound: module docstring."""
 
     op_type = "ReduceSum"
+    lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.53"
     int_types = "int8/uint8/int16 -> int32 acc -> int8/uint8/int16"
 
@@ -161,6 +164,7 @@ class ReduceL2(OpDef):
     """ONNX ReduceL2, sqrt(sum x^2), with an integer square root. Formula and LSB bound: module docstring."""
 
     op_type = "ReduceL2"
+    lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.53"
     int_types = "int8/uint8/int16 -> int64 acc -> int8/uint8/int16"
 
@@ -204,6 +208,7 @@ class ReduceProd(OpDef):
     """ONNX ReduceProd with a requantized running product. Formula and LSB bound: module docstring."""
 
     op_type = "ReduceProd"
+    lsb_bound = 0.55  # three factors: 0.5 + 3 * 2^8 * 2^-(mbits-1)
     section = "4.53"
     int_types = "int8/uint8/int16 -> int64 running product -> int8/uint8/int16"
 
@@ -291,6 +296,7 @@ class Moments(OpDef):
     """ai.ptq Moments: mean and variance over `axes` (TensorFlow's tf.nn.moments). Module docstring."""
 
     op_type = "Moments"
+    lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     domain = "ai.ptq"
     section = "4.46"
     int_types = "int8/uint8/int16 -> int8/uint8/int16 mean, uint8/uint16 variance"

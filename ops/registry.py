@@ -91,7 +91,11 @@ class OpDef:
       float types): reports name the layer the node feeds instead of giving it a row of its own;
     - `index_outputs(node)`: the outputs that are indices or booleans (int64/bool as in ONNX: Equal, Cast to
       an integer type, ArgMax): they have no qparams (`None` in `out_qparams`), and the executor runs the
-      op's `forward_int` on quantized inputs and passes those outputs on as they are.
+      op's `forward_int` on quantized inputs and passes those outputs on as they are;
+    - `lsb_bound`: the largest error, in output LSBs, that the conformance harness (`ptq.conformance`: one-node
+      graph, 8-bit codes, calibrated on random data) allows between the integer output and the float op run on
+      the dequantized inputs, as the op's docstring states it; 0 = exact (index and bool outputs always are);
+      None = not stated.
     """
 
     op_type: ClassVar[str]
@@ -103,6 +107,7 @@ class OpDef:
     absorbable: ClassVar[bool] = False
     absorbs_batchnorm: ClassVar[bool] = False
     keeps_input_qparams: ClassVar[bool] = False
+    lsb_bound: ClassVar[Optional[float]] = None
 
     def weight_role(self, node: Node) -> Optional[WeightRole]:
         return None

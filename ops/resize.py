@@ -276,6 +276,7 @@ class Resize(OpDef):
     """ONNX Resize (opset >= 11 inputs X, roi, scales, sizes). Formulas and LSB bounds: module docstring."""
 
     op_type = "Resize"
+    lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.58"
     int_types = "int8/uint8/int16/uint16 -> int8/uint8/int16/uint16"
 

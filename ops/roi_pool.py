@@ -109,6 +109,7 @@ class MaxRoiPool(OpDef):
     """ONNX MaxRoiPool (pooled_shape, spatial_scale): bin maxima of the codes (module docstring). Whitepaper 4.45."""
 
     op_type = "MaxRoiPool"
+    lsb_bound = 0.0
     section = "4.45"
     int_types = "any (rois: codes or constant) -> same as input"
     keeps_input_qparams = True

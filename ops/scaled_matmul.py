@@ -30,6 +30,7 @@ class ScaledMatMul(MatMul):
     """ai.ptq ScaledMatMul: alpha * (A @ B), A and B activations. Formula and LSB bound: module docstring."""
 
     op_type = "ScaledMatMul"
+    lsb_bound = 1.0
     domain = "ai.ptq"
     section = "4.42 (MatMul with the constant factor folded into M/2^N)"
     granularity = "per-tensor activations"

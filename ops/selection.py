@@ -105,6 +105,7 @@ class ArgMax(_ArgExtreme):
     """ONNX ArgMax on the codes (module docstring). Whitepaper 4.2."""
 
     op_type = "ArgMax"
+    lsb_bound = 0.0
     largest = True
 
 
@@ -113,6 +114,7 @@ class ArgMin(_ArgExtreme):
     """ONNX ArgMin on the codes (module docstring). Whitepaper 4.3."""
 
     op_type = "ArgMin"
+    lsb_bound = 0.0
     section = "4.3"
     largest = False
 
@@ -123,6 +125,7 @@ class TopK(OpDef):
     indices are int64 without qparams. Whitepaper 4.76."""
 
     op_type = "TopK"
+    lsb_bound = 0.0
     section = "4.76"
     int_types = "any -> same as input, int64 indices"
     keeps_input_qparams = True
@@ -187,6 +190,7 @@ class OneHot(OpDef):
     """ONNX OneHot (axis): on/off values quantized with the output's qparams (module docstring). Whitepaper 4.49."""
 
     op_type = "OneHot"
+    lsb_bound = 0.5
     section = "4.49"
     int_types = "indices, depth: integers -> int8/uint8/int16"
 
@@ -252,6 +256,7 @@ class InTopK(OpDef):
     """ai.ptq InTopK (k): is each target among the top k predictions (module docstring). Whitepaper 4.38."""
 
     op_type = "InTopK"
+    lsb_bound = 0.0
     domain = "ai.ptq"
     section = "4.38"
     int_types = "any (targets: integers) -> bool"
@@ -301,6 +306,7 @@ class CTCGreedyDecoder(OpDef):
     (module docstring). Whitepaper 4.19."""
 
     op_type = "CTCGreedyDecoder"
+    lsb_bound = 0.0
     domain = "ai.ptq"
     section = "4.19"
     int_types = "any (lengths: integers) -> int64"

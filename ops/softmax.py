@@ -88,6 +88,7 @@ class Softmax(OpDef):
     """ONNX Softmax (both opset semantics) in integers. Formula and LSB bound: module docstring."""
 
     op_type = "Softmax"
+    lsb_bound = 1.0
     section = "4.66"
     int_types = "int8/uint8/int16 -> uint8/uint16"
 
@@ -112,6 +113,7 @@ class LogSoftmax(OpDef):
     """ONNX LogSoftmax (both opset semantics) in integers. Formula and LSB bound: module docstring."""
 
     op_type = "LogSoftmax"
+    lsb_bound = 1.0
     section = "4.66"
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
 
@@ -136,6 +138,7 @@ class Hardmax(OpDef):
     """ONNX Hardmax (both opset semantics): the first maximum of the codes. Exact (module docstring)."""
 
     op_type = "Hardmax"
+    lsb_bound = 0.0
     int_types = "any -> int8/uint8/int16 (codes of 0 and 1)"
 
     def forward_float(self, node, inputs):

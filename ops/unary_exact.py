@@ -46,6 +46,7 @@ class Abs(OpDef):
     """ONNX Abs: y_q = |x_q - zp_x| on the unsigned grid of the input's scale (module docstring)."""
 
     op_type = "Abs"
+    lsb_bound = 0.0
     section = "4.1"
     int_types = "int8/uint8/int16 -> uint8/uint8/uint16"
 
@@ -65,6 +66,7 @@ class Neg(OpDef):
     """ONNX Neg: y_q = qmin + qmax - x_q on the mirrored input grid (module docstring)."""
 
     op_type = "Neg"
+    lsb_bound = 0.0
     section = "4.47"
     int_types = "int8/uint8/int16 -> same as input"
 
@@ -87,6 +89,7 @@ class Sign(OpDef):
     """ONNX Sign: y_q = sign(x_q - zp_x) with s_y = 1, zp_y = 0 (module docstring)."""
 
     op_type = "Sign"
+    lsb_bound = 0.0
     section = "4.64"
     int_types = "int8/uint8/int16 -> int8"
 
@@ -106,6 +109,7 @@ class CRelu(OpDef):
     """ai.ptq CRelu: Concat(Relu(x), Relu(-x)) along `axis` (default 1); exact on |x_c|'s grid (module docstring)."""
 
     op_type = "CRelu"
+    lsb_bound = 0.0
     domain = "ai.ptq"
     section = "4.17"
     int_types = "int8/uint8/int16 -> uint8/uint8/uint16"
@@ -143,6 +147,7 @@ class Square(OpDef):
     """ai.ptq Square, y = x^2: x_c^2 requantized by M / 2^N ~= s_x^2 / s_y (module docstring)."""
 
     op_type = "Square"
+    lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     domain = "ai.ptq"
     section = "4.73"
     int_types = "int8/uint8/int16 -> int8/uint8/int16"

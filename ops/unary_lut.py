@@ -70,6 +70,7 @@ class Exp(_TableOp):
     """ONNX Exp as a lookup table (module docstring)."""
 
     op_type = "Exp"
+    lsb_bound = 0.5
     section = "4.30"
     lut_name = "exp"
 
@@ -79,6 +80,7 @@ class Log(_TableOp):
     """ONNX Log as a lookup table; input of at most 10 bits (module docstring)."""
 
     op_type = "Log"
+    lsb_bound = 0.5
     section = "4.40"
     singular_at_zero = True
     int_types = "int8/uint8 -> int8/uint8/int16"
@@ -90,6 +92,7 @@ class Erf(_TableOp):
     """ONNX Erf as a lookup table (odd: a half table for a symmetric input)."""
 
     op_type = "Erf"
+    lsb_bound = 0.5
     section = "3.3.2.2 (LUT; no chapter 4 entry)"
     lut_name = "erf"
 
@@ -99,6 +102,7 @@ class Sin(_TableOp):
     """ONNX Sin as a lookup table (odd: a half table for a symmetric input)."""
 
     op_type = "Sin"
+    lsb_bound = 0.5
     section = "4.63"
     lut_name = "sin"
 
@@ -108,6 +112,7 @@ class Cos(_TableOp):
     """ONNX Cos as a lookup table (even: a half table for a symmetric input)."""
 
     op_type = "Cos"
+    lsb_bound = 0.5
     section = "4.16"
     lut_name = "cos"
 
@@ -117,6 +122,7 @@ class Sqrt(_TableOp):
     """ONNX Sqrt as a lookup table; input of at most 10 bits (module docstring)."""
 
     op_type = "Sqrt"
+    lsb_bound = 0.5
     section = "4.72"
     singular_at_zero = True
     int_types = "int8/uint8 -> int8/uint8/int16"
@@ -128,6 +134,7 @@ class Rsqrt(_TableOp):
     """ai.ptq Rsqrt, y = 1 / sqrt(x), as a lookup table; input of at most 10 bits (module docstring)."""
 
     op_type = "Rsqrt"
+    lsb_bound = 0.5
     domain = "ai.ptq"
     section = "4.60"
     singular_at_zero = True
@@ -140,6 +147,7 @@ class Softplus(_TableOp):
     """ONNX Softplus, log(1 + e^x), as a lookup table."""
 
     op_type = "Softplus"
+    lsb_bound = 0.5
     section = "4.67"
     lut_name = "softplus"
 
@@ -149,6 +157,7 @@ class BNLL(_TableOp):
     """ai.ptq BNLL (Caffe): x + log(1 + e^-x) for x > 0, else log(1 + e^x); that is log(1 + e^x), as a table."""
 
     op_type = "BNLL"
+    lsb_bound = 0.5
     domain = "ai.ptq"
     section = "4.9"
     lut_name = "bnll"
@@ -159,6 +168,7 @@ class Softsign(_TableOp):
     """ONNX Softsign, x / (1 + |x|), as a lookup table (odd: a half table for a symmetric input)."""
 
     op_type = "Softsign"
+    lsb_bound = 0.5
     section = "4.68"
     lut_name = "softsign"
 
@@ -168,6 +178,7 @@ class Elu(_TableOp):
     """ONNX Elu, x for x > 0 else alpha * (e^x - 1) (alpha = 1 by default), as a lookup table."""
 
     op_type = "Elu"
+    lsb_bound = 0.5
     section = "4.29"
 
     def function(self, node) -> LutFunction:
@@ -180,6 +191,7 @@ class Selu(_TableOp):
     """ONNX Selu, gamma * (x for x > 0 else alpha * (e^x - 1)), as a lookup table."""
 
     op_type = "Selu"
+    lsb_bound = 0.5
     section = "4.61"
 
     def function(self, node) -> LutFunction:
