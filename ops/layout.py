@@ -64,6 +64,7 @@ class Dropout(_Layout):
     output, when a model asks for it, is all True (nothing is dropped) and carries no qparams."""
 
     op_type = "Dropout"
+    lsb_bound = 0.0
 
     def is_noop(self, node):
         return True
