@@ -112,8 +112,30 @@ class NumpyBackend:
     # accumulate per tap instead of an im2col matmul; a backend emulating hardware sets this False.
     direct_depthwise = True
 
+    # The ops run their numpy kernels (the reference for the compiled ones).
+    compiled = False
+
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return exact_matmul(a, b)
 
 
-DEFAULT_BACKEND = NumpyBackend()
+class CompiledBackend(NumpyBackend):
+    """The default backend: `NumpyBackend`'s exact dot products, with the ops' hot loops (grouped and
+    depthwise convolution, the requant epilogue, elementwise, pooling, lookup tables) run as the compiled
+    kernels of `ops.compiled`, which give the same integers as the numpy kernels."""
+
+    name = "compiled"
+    compiled = True
+
+
+BACKENDS = {"compiled": CompiledBackend, "numpy": NumpyBackend}
+
+
+def backend_named(name: str) -> NumpyBackend:
+    """The backend of a `--backend` name: `compiled` (the default) or `numpy` (the reference kernels)."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
+    return BACKENDS[name]()
+
+
+DEFAULT_BACKEND = CompiledBackend()

@@ -1,0 +1,231 @@
+"""Compiled grouped (and depthwise) 2-D convolution with the requant epilogue fused.
+
+Per image n, output channel m of group g = m // (M / G), output position (oh, ow), with Cg = C / G input
+channels per group and the centered weight w = w_q - zp_w (int32):
+
+    A[n, m, oh, ow] = sum_{ci < Cg, kh, kw} (x_q[n, g*Cg + ci, oh*sh + kh*dh - pt, ow*sw + kw*dw - pl] - zp_x)
+                                             * w[m, ci, kh, kw]  +  b_q[m]
+    y_q[n, m, oh, ow] = epilogue(A) (`ops.compiled.requant`: saturation if unproven, M/2^N, zp, clamp)
+
+Taps that fall in the padding contribute (zp_x - zp_x) * w = 0, which is the numpy path's padding with the
+code zp_x followed by its zero-point fold (sum x w - zp_x sum w): the same integer A. The sum runs in int32
+when Cg * kh * kw * max|x_q - zp_x| * max|w| < 2^31 proves it exact (the wrapped int32 multiply-add is then
+the true sum), else in int64. 1-D convolutions run as 2-D ones of height 1.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numba
+import numpy as np
+
+from ops.compiled.requant import pack_stage, requant_row
+
+# Grouped convolutions with more input channels per group than this go through BLAS instead.
+MAX_DIRECT_GROUP_CHANNELS = 8
+
+
+@numba.njit(cache=True, nogil=True)
+def _ow_range(off, sw, width, ow_count):
+    """The output columns ow with 0 <= ow * sw + off < width."""
+    lo = 0 if off >= 0 else (-off + sw - 1) // sw
+    hi = (width - off + sw - 1) // sw if width > off else 0
+    return lo, min(hi, ow_count)
+
+
+@numba.njit(cache=True, nogil=True)
+def _grouped_rows(x, w, zx, n, m, cin0, oh, sh, sw, dh, dw, pt, pl, row):
+    """row[ow] = sum_{ci, kh, kw} (x[n, cin0 + ci, ih, iw] - zx) * w[m, ci, kh, kw] over the taps inside x."""
+    height = x.shape[2]
+    width = x.shape[3]
+    row[:] = 0
+    for ci in range(w.shape[1]):
+        for kh in range(w.shape[2]):
+            ih = oh * sh + kh * dh - pt
+            if ih < 0 or ih >= height:
+                continue
+            xrow = x[n, cin0 + ci, ih]
+            for kw in range(w.shape[3]):
+                wv = w[m, ci, kh, kw]
+                off = kw * dw - pl
+                lo, hi = _ow_range(off, sw, width, row.shape[0])
+                for ow in range(lo, hi):
+                    row[ow] += (xrow[ow * sw + off] - zx) * wv
+
+
+@numba.njit(cache=True, nogil=True)
+def conv_grouped(x, w, zx, groups, sh, sw, dh, dw, pt, pl, bias, prm, lim, row, out) -> int:
+    """out = epilogue(grouped conv of x (N, C, H, W) with w (M, C/G, KH, KW) + bias); returns overflows."""
+    per_group = w.shape[0] // groups
+    cg = w.shape[1]
+    over = 0
+    for n in range(out.shape[0]):
+        for m in range(out.shape[1]):
+            cin0 = (m // per_group) * cg
+            for oh in range(out.shape[2]):
+                _grouped_rows(x, w, zx, n, m, cin0, oh, sh, sw, dh, dw, pt, pl, row)
+                over += requant_row(row, bias[m], m, prm, lim, out[n, m, oh])
+    return over
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def conv_grouped_parallel(x, w, zx, groups, sh, sw, dh, dw, pt, pl, bias, prm, lim, rows, out) -> int:
+    """`conv_grouped` with the output channels shared among threads (`rows`: one scratch row per channel)."""
+    per_group = w.shape[0] // groups
+    cg = w.shape[1]
+    counts = np.zeros(out.shape[1], dtype=np.int64)
+    for n in range(out.shape[0]):
+        for m in numba.prange(out.shape[1]):
+            cin0 = (m // per_group) * cg
+            for oh in range(out.shape[2]):
+                _grouped_rows(x, w, zx, n, m, cin0, oh, sh, sw, dh, dw, pt, pl, rows[m])
+                counts[m] += requant_row(rows[m], bias[m], m, prm, lim, out[n, m, oh])
+    return counts.sum()
+
+
+@numba.njit(cache=True, nogil=True)
+def _centered_plane(x, n, c, zx, pt, pl, plane) -> None:
+    """plane[pt + i, pl + j] = x[n, c, i, j] - zx as int32; the border (padding) stays 0."""
+    for i in range(x.shape[2]):
+        for j in range(x.shape[3]):
+            plane[i + pt, j + pl] = np.int32(x[n, c, i, j]) - np.int32(zx)
+
+
+@numba.njit(cache=True, nogil=True)
+def depthwise_rows(x, w, zx, sh, sw, dh, dw, pt, pl, bias, prm, lim, plane, row, out) -> int:
+    """Depthwise conv (w: (M, KH, KW), input channel m // (M / C)) of x (N, C, H, W), one output row at a
+    time over a zero-bordered centered plane; out (N, M, OH * OW). Long rows: wide, shallow layers."""
+    mult = w.shape[0] // x.shape[1]
+    ow_count = row.shape[0]
+    oh_count = out.shape[2] // ow_count
+    over = 0
+    plane[:, :] = 0
+    for n in range(x.shape[0]):
+        for m in range(w.shape[0]):
+            if m % mult == 0:
+                _centered_plane(x, n, m // mult, zx, pt, pl, plane)
+            for oh in range(oh_count):
+                row[:] = 0
+                for kh in range(w.shape[1]):
+                    prow = plane[oh * sh + kh * dh]
+                    for kw in range(w.shape[2]):
+                        wv = w[m, kh, kw]
+                        start = kw * dw
+                        if sw == 1:
+                            src = prow[start:start + ow_count]
+                            for j in range(ow_count):
+                                row[j] += src[j] * wv
+                        else:
+                            for j in range(ow_count):
+                                row[j] += prow[start + j * sw] * wv
+                over += requant_row(row, bias[m], m, prm, lim, out[n, m, oh * ow_count:(oh + 1) * ow_count])
+    return over
+
+
+@numba.njit(cache=True, nogil=True)
+def depthwise_channels_last(x, w, zx, sh, sw, dh, dw, pt, pl, bias, prm, lim, ow_count, xl, wl, acc, out) -> int:
+    """Depthwise conv as `depthwise_rows`, channels innermost: xl (Hp, Wp, M) the centered input repeated per
+    multiplier with a zero border, wl (KH, KW, M), acc (OH * OW, M). Long channel loops: deep, small layers."""
+    mult = w.shape[0] // x.shape[1]
+    channels = w.shape[0]
+    over = 0
+    xl[:, :, :] = 0
+    for m in range(channels):
+        for kh in range(w.shape[1]):
+            for kw in range(w.shape[2]):
+                wl[kh, kw, m] = w[m, kh, kw]
+    for n in range(x.shape[0]):
+        for i in range(x.shape[2]):
+            for j in range(x.shape[3]):
+                dst = xl[i + pt, j + pl]
+                for m in range(channels):
+                    dst[m] = np.int32(x[n, m // mult, i, j]) - np.int32(zx)
+        for p in range(acc.shape[0]):
+            oh = p // ow_count
+            ow = p % ow_count
+            a = acc[p]
+            a[:] = 0
+            for kh in range(w.shape[1]):
+                for kw in range(w.shape[2]):
+                    src = xl[oh * sh + kh * dh, ow * sw + kw * dw]
+                    wr = wl[kh, kw]
+                    for m in range(channels):
+                        a[m] += src[m] * wr[m]
+        for m in range(channels):
+            over += requant_row(acc[:, m], bias[m], m, prm, lim, out[n, m])
+    return over
+
+
+# Output rows shorter than this run channels-last (measured on EfficientNet-Lite0's layers).
+CHANNELS_LAST_BELOW = 48
+
+
+def _depthwise(x, wk, zx, strides, dilations, pads, bias, packed, out_hw, acc_dtype, out):
+    """Run one of the two depthwise kernels on (N, C, H, W) codes into out (N, M, OH, OW)."""
+    kh, kw = wk.shape[2:]
+    hp = max(x.shape[2] + pads[0], (out_hw[0] - 1) * strides[0] + (kh - 1) * dilations[0] + 1)
+    wp = max(x.shape[3] + pads[1], (out_hw[1] - 1) * strides[1] + (kw - 1) * dilations[1] + 1)
+    w3 = wk.reshape(wk.shape[0], kh, kw)
+    args = (x, w3, zx, strides[0], strides[1], dilations[0], dilations[1], pads[0], pads[1], bias, packed[0],
+            packed[1])
+    out3 = out.reshape(out.shape[0], out.shape[1], -1)
+    if out_hw[1] < CHANNELS_LAST_BELOW:
+        channels = wk.shape[0]
+        return depthwise_channels_last(*args, out_hw[1], np.empty((hp, wp, channels), dtype=acc_dtype),
+                                       np.empty((kh, kw, channels), dtype=acc_dtype),
+                                       np.empty((out_hw[0] * out_hw[1], channels), dtype=acc_dtype), out3)
+    return depthwise_rows(*args, np.empty((hp, wp), dtype=acc_dtype), np.empty(out_hw[1], dtype=acc_dtype), out3)
+
+
+# Below this many multiply-adds a second thread costs more than it saves (bench/executor.py, 2 cores).
+PARALLEL_MIN_MACS = 1 << 62
+
+
+def conv2d_grouped(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tuple[np.ndarray, int]]:
+    """(output codes, overflow count) of a grouped Conv (`ops.conv.QuantizedConv` q, resolved geometry);
+    None when the convolution is not one this kernel covers (not 1-D/2-D, groups of many channels, a
+    stage not laid out per channel)."""
+    w = q.weight
+    groups = q.groups
+    if x.ndim not in (3, 4) or groups == 1 or w.shape[1] > MAX_DIRECT_GROUP_CHANNELS:
+        return None
+    if x.dtype.kind not in "iu" or x.dtype.itemsize > 2:
+        return None
+    if x.ndim == 3:  # (N, C, W) as (N, C, 1, W)
+        x = x[:, :, None, :]
+        w = w[:, :, None, :]
+        pads = (0, geom.pads_begin[0], 0, geom.pads_end[0])
+        strides, dilations, kernel = (1,) + geom.strides, (1,) + geom.dilations, (1,) + geom.kernel
+    else:
+        pads = geom.pads_begin + geom.pads_end
+        strides, dilations, kernel = geom.strides, geom.dilations, geom.kernel
+    n, c, height, width = x.shape
+    channels = w.shape[0]
+    if c != groups * w.shape[1] or channels % groups:
+        return None
+    out_hw = [(size + pads[i] + pads[i + 2] - ((k - 1) * d + 1)) // s + 1
+              for i, (size, k, s, d) in enumerate(zip((height, width), kernel, strides, dilations))]
+    if min(out_hw) < 1:
+        return None
+    packed = pack_stage(q.stage, channels, acc_bits)
+    if packed is None:
+        return None
+    zx = int(q.in_qparams[0].zero_point[0])
+    info = np.iinfo(x.dtype)
+    x_dev = max(int(info.max) - zx, zx - int(info.min))
+    terms = int(np.prod(w.shape[1:]))
+    acc_dtype = np.int32 if terms * x_dev * q.weight_absmax < (1 << 31) else np.int64
+    wk = np.ascontiguousarray(w, dtype=acc_dtype)
+    x = np.ascontiguousarray(x)
+    out = np.empty((n, channels, out_hw[0], out_hw[1]), dtype=q.stage.dtype)
+    args = (x, wk, zx, groups, strides[0], strides[1], dilations[0], dilations[1], pads[0], pads[1],
+            q.bias, packed[0], packed[1])
+    if w.shape[1] == 1:
+        over = _depthwise(x, wk, zx, strides, dilations, pads, q.bias, packed, out_hw, acc_dtype, out)
+    elif out.size * terms >= PARALLEL_MIN_MACS:
+        over = conv_grouped_parallel(*args, np.empty((channels, out_hw[1]), dtype=acc_dtype), out)
+    else:
+        over = conv_grouped(*args, np.empty(out_hw[1], dtype=acc_dtype), out)
+    if len(geom.kernel) == 1:
+        out = out[:, :, 0, :]
+    return out, int(over)
