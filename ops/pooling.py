@@ -27,6 +27,7 @@ from functools import partial
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ops import compiled
 from ops.common import QuantizedMean, activation_qparams, centered, quantize_mean
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
@@ -162,7 +163,13 @@ class AveragePool(OpDef):
         x = _integer(node, inputs[0])
         g = pool_geometry(node, x.shape[2:])
         nd = len(g.kernel)
-        acc = windows(centered(x, q.in_qparams[0], node), g, 0).sum(axis=tuple(range(-nd, 0)))
+        acc = None
+        if compiled.enabled(runtime):
+            from ops.compiled.pooling import window_sums_2d
+
+            acc = window_sums_2d(x, int(q.in_qparams[0].zero_point[0]), g)
+        if acc is None:
+            acc = windows(centered(x, q.in_qparams[0], node), g, 0).sum(axis=tuple(range(-nd, 0)))
         counts = window_counts(g, x.shape[2:], bool(node.attr("count_include_pad", 0)))
         return [q.mean.apply(acc, counts, partial(runtime.record_overflow, node))]
 
@@ -210,6 +217,12 @@ class MaxPool(OpDef):
     def forward_int(self, q: QuantizedNode, inputs, runtime: IntRuntime):
         x = _integer(q.node, inputs[0])
         g = pool_geometry(q.node, x.shape[2:])
+        if compiled.enabled(runtime):
+            from ops.compiled.pooling import max_pool_2d
+
+            y = max_pool_2d(x, g)
+            if y is not None:
+                return [y]
         return [windows(x, g, np.iinfo(x.dtype).min).max(axis=tuple(range(-len(g.kernel), 0)))]
 
 
