@@ -169,8 +169,10 @@ class Conv(OpDef):
         geom = conv_geometry(q.node.attrs, x.shape[2:], q.weight.shape[2:])
         if compiled.enabled(runtime):
             from ops.compiled.depthwise import conv2d_grouped
+            from ops.compiled.pointwise import conv_dense
 
-            done = conv2d_grouped(x, q, geom, None if q.acc.safe else q.acc.bits)
+            kernel = conv_dense if q.groups == 1 else conv2d_grouped
+            done = kernel(x, q, geom, None if q.acc.safe else q.acc.bits)
             if done is not None:
                 runtime.record_overflow(q.node, done[1])
                 return [done[0]]

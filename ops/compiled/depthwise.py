@@ -84,40 +84,46 @@ def conv_grouped_parallel(x, w, zx, groups, sh, sw, dh, dw, pt, pl, bias, prm, l
 
 
 @numba.njit(cache=True, nogil=True)
-def _centered_plane(x, n, c, zx, pt, pl, plane) -> None:
-    """plane[pt + i, pl + j] = x[n, c, i, j] - zx as int32; the border (padding) stays 0."""
+def _centered_phases(x, n, c, zx, pt, pl, phases) -> None:
+    """The zero-bordered centered plane p[pt + i, pl + j] = x[n, c, i, j] - zx, stored by column phase of the
+    stride s: phases[r, i, q] = p[i, q * s + r], so that every tap reads a contiguous run."""
+    stride = phases.shape[0]
     for i in range(x.shape[2]):
+        r0 = pl % stride  # the phase and index of column pl + j, stepped without a division per element
+        q0 = pl // stride
         for j in range(x.shape[3]):
-            plane[i + pt, j + pl] = np.int32(x[n, c, i, j]) - np.int32(zx)
+            phases[r0, i + pt, q0] = np.int32(x[n, c, i, j]) - np.int32(zx)
+            r0 += 1
+            if r0 == stride:
+                r0 = 0
+                q0 += 1
 
 
 @numba.njit(cache=True, nogil=True)
-def depthwise_rows(x, w, zx, sh, sw, dh, dw, pt, pl, bias, prm, lim, plane, row, out) -> int:
+def depthwise_rows(x, w, zx, sh, dh, dw, pt, pl, bias, prm, lim, phases, row, out) -> int:
     """Depthwise conv (w: (M, KH, KW), input channel m // (M / C)) of x (N, C, H, W), one output row at a
-    time over a zero-bordered centered plane; out (N, M, OH * OW). Long rows: wide, shallow layers."""
+    time over the zero-bordered centered plane split in column phases of the stride (`_centered_phases`);
+    out (N, M, OH * OW). Long rows: wide, shallow layers."""
     mult = w.shape[0] // x.shape[1]
+    sw = phases.shape[0]
     ow_count = row.shape[0]
     oh_count = out.shape[2] // ow_count
     over = 0
-    plane[:, :] = 0
+    phases[:, :, :] = 0
     for n in range(x.shape[0]):
         for m in range(w.shape[0]):
             if m % mult == 0:
-                _centered_plane(x, n, m // mult, zx, pt, pl, plane)
+                _centered_phases(x, n, m // mult, zx, pt, pl, phases)
             for oh in range(oh_count):
                 row[:] = 0
                 for kh in range(w.shape[1]):
-                    prow = plane[oh * sh + kh * dh]
+                    ih = oh * sh + kh * dh
                     for kw in range(w.shape[2]):
                         wv = w[m, kh, kw]
                         start = kw * dw
-                        if sw == 1:
-                            src = prow[start:start + ow_count]
-                            for j in range(ow_count):
-                                row[j] += src[j] * wv
-                        else:
-                            for j in range(ow_count):
-                                row[j] += prow[start + j * sw] * wv
+                        src = phases[start % sw, ih, start // sw:start // sw + ow_count]
+                        for j in range(ow_count):
+                            row[j] += src[j] * wv
                 over += requant_row(row, bias[m], m, prm, lim, out[n, m, oh * ow_count:(oh + 1) * ow_count])
     return over
 
@@ -135,11 +141,12 @@ def depthwise_channels_last(x, w, zx, sh, sw, dh, dw, pt, pl, bias, prm, lim, ow
             for kw in range(w.shape[2]):
                 wl[kh, kw, m] = w[m, kh, kw]
     for n in range(x.shape[0]):
-        for i in range(x.shape[2]):
-            for j in range(x.shape[3]):
-                dst = xl[i + pt, j + pl]
-                for m in range(channels):
-                    dst[m] = np.int32(x[n, m // mult, i, j]) - np.int32(zx)
+        for c in range(x.shape[1]):
+            for i in range(x.shape[2]):
+                for j in range(x.shape[3]):
+                    v = np.int32(x[n, c, i, j]) - np.int32(zx)
+                    for k in range(mult):
+                        xl[i + pt, j + pl, c * mult + k] = v
         for p in range(acc.shape[0]):
             oh = p // ow_count
             ow = p % ow_count
@@ -174,7 +181,9 @@ def _depthwise(x, wk, zx, strides, dilations, pads, bias, packed, out_hw, acc_dt
         return depthwise_channels_last(*args, out_hw[1], np.empty((hp, wp, channels), dtype=acc_dtype),
                                        np.empty((kh, kw, channels), dtype=acc_dtype),
                                        np.empty((out_hw[0] * out_hw[1], channels), dtype=acc_dtype), out3)
-    return depthwise_rows(*args, np.empty((hp, wp), dtype=acc_dtype), np.empty(out_hw[1], dtype=acc_dtype), out3)
+    phases = np.empty((strides[1], hp, -(-wp // strides[1])), dtype=acc_dtype)
+    return depthwise_rows(x, w3, zx, strides[0], dilations[0], dilations[1], pads[0], pads[1], bias, packed[0],
+                          packed[1], phases, np.empty(out_hw[1], dtype=acc_dtype), out3)
 
 
 # Below this many multiply-adds a second thread costs more than it saves (bench/executor.py, 2 cores).

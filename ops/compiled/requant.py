@@ -15,6 +15,7 @@ shift exactly as `requantize` folds it. The callers bound |A| * M within int64 a
 """
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import numba
@@ -26,10 +27,23 @@ M, N, K, NEG_M, NEG_N, NEG_K, PRE = range(7)
 LO, HI, SAT_LO, SAT_HI, CHECK, HAS_NEG = range(6)
 
 
+# packed parameters by (id(stage), channels, acc_bits), dropped when the stage is garbage-collected
+_PACKED: dict = {}
+
+
 def pack_stage(stage, channels: int, acc_bits: Optional[int] = None) -> Optional[tuple[np.ndarray, np.ndarray]]:
     """(per-channel int64 params (7, C), int64 scalars (6,)) of an `ops.linear.OutputStage` for an accumulator
     with `channels` channels, saturated to `acc_bits` (None: no check); None when a parameter is not laid
-    out per channel (length 1 or C) and the numpy path must run."""
+    out per channel (length 1 or C) and the numpy path must run. Cached per stage (stages are not changed
+    once the quantize rule has built them)."""
+    key = (id(stage), channels, acc_bits)
+    if key not in _PACKED:
+        _PACKED[key] = _pack(stage, channels, acc_bits)
+        weakref.finalize(stage, _PACKED.pop, key, None)
+    return _PACKED[key]
+
+
+def _pack(stage, channels: int, acc_bits: Optional[int]) -> Optional[tuple[np.ndarray, np.ndarray]]:
     arrays = [stage.m, stage.n]
     if stage.neg_m is not None:
         arrays += [stage.neg_m, stage.neg_n, stage.neg_sign]
@@ -108,6 +122,13 @@ def _finish_parallel(acc, offset, prm, lim, out) -> int:
     return counts.sum()
 
 
+def finish_channels(acc: np.ndarray, offset: np.ndarray, packed, out: np.ndarray) -> int:
+    """out (O, C, I) = the epilogue of acc (O, C, I; integers, or floats holding exact integers) + offset[c]
+    with `pack_stage`'s parameters; returns the overflow count."""
+    kernel = _finish_parallel if acc.size >= PARALLEL_MIN_ELEMENTS else _finish
+    return int(kernel(acc, offset, packed[0], packed[1], out))
+
+
 # Below this many elements a second thread costs more than it saves (bench/executor.py, 2 cores).
 PARALLEL_MIN_ELEMENTS = 1 << 62
 
@@ -148,9 +169,7 @@ def finish(acc: np.ndarray, offset, stage, acc_bits: Optional[int]) -> Optional[
     outer = int(np.prod(acc.shape[:axis], dtype=np.int64)) if axis is not None else 1
     acc3 = acc.reshape(outer, channels, -1)
     out = np.empty(acc.shape, dtype=stage.dtype)
-    kernel = _finish_parallel if acc.size >= PARALLEL_MIN_ELEMENTS else _finish
-    over = kernel(acc3, off, packed[0], packed[1], out.reshape(acc3.shape))
-    return out, int(over)
+    return out, finish_channels(acc3, off, packed, out.reshape(acc3.shape))
 
 
 def _offset_axis(shape: tuple[int, ...], ndim: int) -> Optional[int]:
