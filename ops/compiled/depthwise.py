@@ -19,7 +19,7 @@ from typing import Optional
 import numba
 import numpy as np
 
-from ops.compiled.requant import pack_stage, requant_row
+from ops.compiled.requant import pack_stage, requant_positions, requant_row
 
 # Grouped convolutions with more input channels per group than this go through BLAS instead.
 MAX_DIRECT_GROUP_CHANNELS = 8
@@ -158,8 +158,7 @@ def depthwise_channels_last(x, w, zx, sh, sw, dh, dw, pt, pl, bias, prm, lim, ow
                     wr = wl[kh, kw]
                     for m in range(channels):
                         a[m] += src[m] * wr[m]
-        for m in range(channels):
-            over += requant_row(acc[:, m], bias[m], m, prm, lim, out[n, m])
+        over += requant_positions(acc, bias, prm, lim, out[n])
     return over
 
 

@@ -103,6 +103,28 @@ def requant_row(acc, offset, c, prm, lim, out) -> int:
 
 
 @numba.njit(cache=True, nogil=True)
+def requant_positions(acc, offset, prm, lim, out) -> int:
+    """out[c, p] = the epilogue of acc[p, c] + offset[c] (a channels-last accumulator into a channels-first
+    output); returns the overflow count. The common case runs along the channels, with their parameters."""
+    if lim[CHECK] != 0 or lim[HAS_NEG] != 0 or np.any(prm[PRE] != 0):
+        over = 0
+        for c in range(acc.shape[1]):
+            over += requant_row(acc[:, c], offset[c], c, prm, lim, out[c])
+        return over
+    lo = lim[LO]
+    hi = lim[HI]
+    m = prm[M]
+    n = prm[N]
+    k = prm[K]
+    for p in range(acc.shape[0]):
+        a = acc[p]
+        for c in range(acc.shape[1]):
+            y = ((np.int64(a[c]) + offset[c]) * m[c] + k[c]) >> n[c]
+            out[c, p] = min(max(y, lo), hi)
+    return 0
+
+
+@numba.njit(cache=True, nogil=True)
 def _finish(acc, offset, prm, lim, out) -> int:
     over = 0
     for o in range(acc.shape[0]):
