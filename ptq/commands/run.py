@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="node names, output tensor names or op types to run in float (dequantize -> float op -> quantize)",
     )
+    parser.add_argument("--backend", choices=("compiled", "numpy"), default="compiled",
+                        help="integer kernels: compiled (numba, the default) or numpy (the reference; same codes)")
     pre = parser.add_argument_group("preprocessing (default: what the quant table was calibrated with)")
     pre.add_argument("--config", help="JSON file with preprocessing keys (mean, std, resize, crop_ratio, bgr, layout)")
     pre.add_argument("--mean", help="per-channel mean in pixel units, e.g. 123.675,116.28,103.53")
@@ -109,6 +111,7 @@ def _print_summary(tally: Tally, float_nodes) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ops.backend import backend_named
     from ptq.pipeline import input_spec
     from ptq.executor import prepare
     from ptq.float_run import image_input
@@ -127,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     pre = _preprocess(args, table.options.preprocess)
     spec = input_spec(graph, pre)
     files = _image_files(args.images)
-    prepared = prepare(graph, table, float_nodes=args.float_nodes)
+    prepared = prepare(graph, table, float_nodes=args.float_nodes, backend=backend_named(args.backend))
     tally = Tally()
     for path in files:
         try:
