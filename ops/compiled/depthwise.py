@@ -68,21 +68,6 @@ def conv_grouped(x, w, zx, groups, sh, sw, dh, dw, pt, pl, bias, prm, lim, row, 
     return over
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def conv_grouped_parallel(x, w, zx, groups, sh, sw, dh, dw, pt, pl, bias, prm, lim, rows, out) -> int:
-    """`conv_grouped` with the output channels shared among threads (`rows`: one scratch row per channel)."""
-    per_group = w.shape[0] // groups
-    cg = w.shape[1]
-    counts = np.zeros(out.shape[1], dtype=np.int64)
-    for n in range(out.shape[0]):
-        for m in numba.prange(out.shape[1]):
-            cin0 = (m // per_group) * cg
-            for oh in range(out.shape[2]):
-                _grouped_rows(x, w, zx, n, m, cin0, oh, sh, sw, dh, dw, pt, pl, rows[m])
-                counts[m] += requant_row(rows[m], bias[m], m, prm, lim, out[n, m, oh])
-    return counts.sum()
-
-
 @numba.njit(cache=True, nogil=True)
 def _centered_phases(x, n, c, zx, pt, pl, phases) -> None:
     """The zero-bordered centered plane p[pt + i, pl + j] = x[n, c, i, j] - zx, stored by column phase of the
@@ -185,10 +170,6 @@ def _depthwise(x, wk, zx, strides, dilations, pads, bias, packed, out_hw, acc_dt
                           packed[1], phases, np.empty(out_hw[1], dtype=acc_dtype), out3)
 
 
-# Below this many multiply-adds a second thread costs more than it saves (bench/executor.py, 2 cores).
-PARALLEL_MIN_MACS = 1 << 62
-
-
 def conv2d_grouped(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tuple[np.ndarray, int]]:
     """(output codes, overflow count) of a grouped Conv (`ops.conv.QuantizedConv` q, resolved geometry);
     None when the convolution is not one this kernel covers (not 1-D/2-D, groups of many channels, a
@@ -230,8 +211,6 @@ def conv2d_grouped(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[
             q.bias, packed[0], packed[1])
     if w.shape[1] == 1:
         over = _depthwise(x, wk, zx, strides, dilations, pads, q.bias, packed, out_hw, acc_dtype, out)
-    elif out.size * terms >= PARALLEL_MIN_MACS:
-        over = conv_grouped_parallel(*args, np.empty((channels, out_hw[1]), dtype=acc_dtype), out)
     else:
         over = conv_grouped(*args, np.empty(out_hw[1], dtype=acc_dtype), out)
     if len(geom.kernel) == 1:

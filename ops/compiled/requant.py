@@ -133,26 +133,10 @@ def _finish(acc, offset, prm, lim, out) -> int:
     return over
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _finish_parallel(acc, offset, prm, lim, out) -> int:
-    rows = acc.shape[0] * acc.shape[1]
-    counts = np.zeros(rows, dtype=np.int64)
-    for r in numba.prange(rows):
-        o = r // acc.shape[1]
-        c = r % acc.shape[1]
-        counts[r] = requant_row(acc[o, c], offset[c], c, prm, lim, out[o, c])
-    return counts.sum()
-
-
 def finish_channels(acc: np.ndarray, offset: np.ndarray, packed, out: np.ndarray) -> int:
     """out (O, C, I) = the epilogue of acc (O, C, I; integers, or floats holding exact integers) + offset[c]
     with `pack_stage`'s parameters; returns the overflow count."""
-    kernel = _finish_parallel if acc.size >= PARALLEL_MIN_ELEMENTS else _finish
-    return int(kernel(acc, offset, packed[0], packed[1], out))
-
-
-# Below this many elements a second thread costs more than it saves (bench/executor.py, 2 cores).
-PARALLEL_MIN_ELEMENTS = 1 << 62
+    return int(_finish(acc, offset, packed[0], packed[1], out))
 
 
 def _channel_offset(offset, shape: tuple[int, ...], axis: Optional[int]) -> Optional[np.ndarray]:
