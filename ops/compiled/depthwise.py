@@ -103,6 +103,14 @@ def depthwise_rows(x, w, zx, sh, dh, dw, pt, pl, bias, prm, lim, phases, row, ou
                 row[:] = 0
                 for kh in range(w.shape[1]):
                     ih = oh * sh + kh * dh
+                    if w.shape[2] == 3:  # a whole kernel row per pass over the row accumulators
+                        s0 = phases[0, ih, :]
+                        s1 = phases[dw % sw, ih, dw // sw:]
+                        s2 = phases[2 * dw % sw, ih, 2 * dw // sw:]
+                        w0, w1, w2 = w[m, kh, 0], w[m, kh, 1], w[m, kh, 2]
+                        for j in range(ow_count):
+                            row[j] += s0[j] * w0 + s1[j] * w1 + s2[j] * w2
+                        continue
                     for kw in range(w.shape[2]):
                         wv = w[m, kh, kw]
                         start = kw * dw
@@ -138,11 +146,26 @@ def depthwise_channels_last(x, w, zx, sh, sw, dh, dw, pt, pl, bias, prm, lim, ow
             a = acc[p]
             a[:] = 0
             for kh in range(w.shape[1]):
-                for kw in range(w.shape[2]):
-                    src = xl[oh * sh + kh * dh, ow * sw + kw * dw]
-                    wr = wl[kh, kw]
+                xrow = xl[oh * sh + kh * dh]
+                wrow = wl[kh]
+                col = ow * sw
+                if w.shape[2] == 3:  # a whole kernel row per pass over the accumulators
+                    s0, s1, s2 = xrow[col], xrow[col + dw], xrow[col + 2 * dw]
+                    w0, w1, w2 = wrow[0], wrow[1], wrow[2]
                     for m in range(channels):
-                        a[m] += src[m] * wr[m]
+                        a[m] += s0[m] * w0[m] + s1[m] * w1[m] + s2[m] * w2[m]
+                elif w.shape[2] == 5:
+                    s0, s1, s2, s3, s4 = (xrow[col], xrow[col + dw], xrow[col + 2 * dw], xrow[col + 3 * dw],
+                                          xrow[col + 4 * dw])
+                    w0, w1, w2, w3, w4 = wrow[0], wrow[1], wrow[2], wrow[3], wrow[4]
+                    for m in range(channels):
+                        a[m] += s0[m] * w0[m] + s1[m] * w1[m] + s2[m] * w2[m] + s3[m] * w3[m] + s4[m] * w4[m]
+                else:
+                    for kw in range(w.shape[2]):
+                        src = xrow[col + kw * dw]
+                        wr = wrow[kw]
+                        for m in range(channels):
+                            a[m] += src[m] * wr[m]
         over += requant_positions(acc, bias, prm, lim, out[n])
     return over
 
