@@ -20,6 +20,8 @@ from typing import Optional
 
 import numba
 import numpy as np
+from numba import types
+from numba.extending import overload
 
 # rows of the packed per-channel parameters
 M, N, K, NEG_M, NEG_N, NEG_K, PRE = range(7)
@@ -68,6 +70,20 @@ def _pack(stage, channels: int, acc_bits: Optional[int]) -> Optional[tuple[np.nd
     return prm, lim
 
 
+def _as_int64(value):
+    """An accumulator element as int64 (compiled through the overload below)."""
+    return np.int64(value)
+
+
+@overload(_as_int64)
+def _as_int64_typed(value):
+    # float32 accumulators hold exact integers below 2^24 (the BLAS bound): through int32 the conversion
+    # vectorizes (AVX2 has no float-to-int64 vector conversion)
+    if isinstance(value, types.Float) and value.bitwidth == 32:
+        return lambda value: np.int64(np.int32(value))
+    return lambda value: np.int64(value)
+
+
 @numba.njit(cache=True, nogil=True)
 def requant_row(acc, offset, c, prm, lim, out) -> int:
     """out[i] = the epilogue (module docstring) of acc[i] + offset for channel c; returns the overflow count."""
@@ -78,14 +94,14 @@ def requant_row(acc, offset, c, prm, lim, out) -> int:
     k = prm[K, c]
     if lim[CHECK] == 0 and lim[HAS_NEG] == 0 and prm[PRE, c] == 0:  # the common case: a tight loop
         for i in range(acc.shape[0]):
-            y = ((np.int64(acc[i]) + offset) * m + k) >> n
+            y = ((_as_int64(acc[i]) + offset) * m + k) >> n
             out[i] = min(max(y, lo), hi)
         return 0
     over = 0
     p = prm[PRE, c]
     pk = (np.int64(1) << p) >> 1
     for i in range(acc.shape[0]):
-        a = np.int64(acc[i]) + offset
+        a = _as_int64(acc[i]) + offset
         if lim[CHECK] != 0:
             if a < lim[SAT_LO]:
                 a = lim[SAT_LO]
