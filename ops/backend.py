@@ -13,7 +13,9 @@ when B < 2^31 (half the bytes for the requant that follows), int64 otherwise. Th
 true extrema of the operands unless the caller passes smaller-or-equal known bounds (`a_absmax`,
 `b_absmax`), which saves a pass over a large im2col matrix.
 
-`NumpyBackend` is the default `DotBackend`; a packed-DSP emulation can replace it without touching the ops.
+`NumpyBackend` is the reference `DotBackend` (numpy kernels in the ops); `CompiledBackend`, the default, has
+the same dot products and lets the ops run their compiled kernels (`ops.compiled`, same integers); a
+packed-DSP emulation can replace either without touching the ops.
 Its `direct_depthwise = True` lets Conv run depthwise layers as an exact per-tap integer multiply-accumulate
 (`ops.conv_kernels`) instead of an im2col matmul; a backend without the attribute gets every dot product.
 

@@ -14,12 +14,14 @@ the true sum), else in int64. 1-D convolutions run as 2-D ones of height 1.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numba
 import numpy as np
 
 from ops.compiled.requant import pack_stage, requant_positions, requant_row
+from ops.compiled.scratch import scratch
 
 # Grouped convolutions with more input channels per group than this go through BLAS instead.
 MAX_DIRECT_GROUP_CHANNELS = 8
@@ -185,12 +187,12 @@ def _depthwise(x, wk, zx, strides, dilations, pads, bias, packed, out_hw, acc_dt
     out3 = out.reshape(out.shape[0], out.shape[1], -1)
     if out_hw[1] < CHANNELS_LAST_BELOW:
         channels = wk.shape[0]
-        return depthwise_channels_last(*args, out_hw[1], np.empty((hp, wp, channels), dtype=acc_dtype),
-                                       np.empty((kh, kw, channels), dtype=acc_dtype),
-                                       np.empty((out_hw[0] * out_hw[1], channels), dtype=acc_dtype), out3)
-    phases = np.empty((strides[1], hp, -(-wp // strides[1])), dtype=acc_dtype)
+        return depthwise_channels_last(*args, out_hw[1], scratch("dw_planes", (hp, wp, channels), acc_dtype),
+                                       scratch("dw_weights", (kh, kw, channels), acc_dtype),
+                                       scratch("dw_acc", (out_hw[0] * out_hw[1], channels), acc_dtype), out3)
+    phases = scratch("dw_phases", (strides[1], hp, -(-wp // strides[1])), acc_dtype)
     return depthwise_rows(x, w3, zx, strides[0], dilations[0], dilations[1], pads[0], pads[1], bias, packed[0],
-                          packed[1], phases, np.empty(out_hw[1], dtype=acc_dtype), out3)
+                          packed[1], phases, scratch("dw_row", (out_hw[1],), acc_dtype), out3)
 
 
 def conv2d_grouped(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tuple[np.ndarray, int]]:
@@ -225,7 +227,7 @@ def conv2d_grouped(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[
     zx = int(q.in_qparams[0].zero_point[0])
     info = np.iinfo(x.dtype)
     x_dev = max(int(info.max) - zx, zx - int(info.min))
-    terms = int(np.prod(w.shape[1:]))
+    terms = math.prod(w.shape[1:])
     acc_dtype = np.int32 if terms * x_dev * q.weight_absmax < (1 << 31) else np.int64
     wk = np.ascontiguousarray(w, dtype=acc_dtype)
     x = np.ascontiguousarray(x)

@@ -12,6 +12,7 @@ instead of a separate int32 pass. Deeper products (int64 matmul) run the numpy p
 """
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Optional
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from ops.backend import dtype_absmax, matmul_method
 from ops.compiled.requant import finish_channels, pack_stage
+from ops.compiled.scratch import scratch
 from ops.conv_kernels import im2col, pad_input
 
 # (float weight (M, K), offset (M,)) by (id(q), float type), dropped with the quantized node
@@ -40,7 +42,7 @@ def conv_dense(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tupl
     if q.groups != 1 or x.dtype.kind not in "iu":
         return None
     channels = q.weight.shape[0]
-    k = int(np.prod(q.weight.shape[1:]))
+    k = math.prod(q.weight.shape[1:])
     method = matmul_method(k, dtype_absmax(x), q.weight_absmax)
     packed = pack_stage(q.stage, channels, acc_bits)
     if method == "int64" or packed is None:
@@ -56,7 +58,9 @@ def conv_dense(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tupl
         xp = pad_input(x, geom, zx)
         cols = im2col(xp, geom)
         out_spatial = geom.padded_out_shape(xp.shape[2:])
-    acc = np.matmul(weight, cols.astype(ftype))  # (N, M, P), exact integers
+    operand = scratch("gemm_operand", cols.shape, ftype)
+    np.copyto(operand, cols, casting="unsafe")  # integer codes: exact in the float type
+    acc = np.matmul(weight, operand, out=scratch("gemm_result", (n, channels, cols.shape[-1]), ftype))
     out = np.empty((n, channels) + tuple(out_spatial), dtype=q.stage.dtype)
     over = finish_channels(acc, offset, packed, out.reshape(acc.shape))
     return out, over

@@ -15,6 +15,7 @@ shift exactly as `requantize` folds it. The callers bound |A| * M within int64 a
 """
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Optional
 
@@ -188,7 +189,7 @@ def finish(acc: np.ndarray, offset, stage, acc_bits: Optional[int]) -> Optional[
     packed = pack_stage(stage, channels, acc_bits)
     if off is None or packed is None:
         return None
-    outer = int(np.prod(acc.shape[:axis], dtype=np.int64)) if axis is not None else 1
+    outer = math.prod(acc.shape[:axis]) if axis is not None else 1
     acc3 = acc.reshape(outer, channels, -1)
     out = np.empty(acc.shape, dtype=stage.dtype)
     return out, finish_channels(acc3, off, packed, out.reshape(acc3.shape))
