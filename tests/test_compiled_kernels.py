@@ -305,3 +305,36 @@ def test_the_compiled_kernels_cover_the_cases_they_claim():
     assert add_sub_codes(inputs[0], inputs[1], (0, 0), q.m, q.n, q.shift, 1, y_qp) is not None
     assert add_sub_codes(np.zeros((2, 3), np.int8), np.zeros((3,), np.int8), (0, 0), q.m, q.n, q.shift, 1,
                          y_qp) is None
+
+
+@pytest.mark.parametrize("nonzero, want", [(1032, np.float32), (1100, np.float64)])
+def test_dense_conv_at_the_float_exactness_bound(nonzero, want):
+    """A 2000-deep pointwise convolution whose weight rows have `nonzero` taps of 127 (the rest 0) on inputs
+    of -127: the dot product is -127 * 127 * nonzero, next to 2^24 (odd products: partial sums past 2^24
+    would round in float32). The compiled GEMM picks float32 while 128 (the int8 bound) * row L1 norm
+    <= 2^24, float64 above; the bias cancels the sum and the requant factor is exactly 1, so an accumulator
+    one unit off would change the output code."""
+    from ops.compiled.pointwise import FLOAT32_EXACT, _row_l1, conv_dense
+    from ops.conv_kernels import conv_geometry
+
+    depth = 2000
+    w_f = np.zeros((2, depth, 1, 1), dtype=np.float32)
+    w_f[:, :nonzero] = 1.0
+    w_qp = QParams(scale=1 / 127, zero_point=0, bits=8, signed=True, narrow=True)
+    x_qp = QParams(scale=1 / 64, zero_point=0, bits=8, signed=True)
+    x = np.full((1, depth, 2, 3), -127, dtype=np.int8)
+    x[0, :7, 1, 2] = 127  # one position with another sum
+    s_acc = float(np.float32(x_qp.scale[0]) * np.float32(w_qp.scale[0]))
+    y_qp = QParams(scale=s_acc, zero_point=0, bits=16, signed=True)
+    b_f = np.array([127 * 127 * nonzero + 5, 127 * 127 * nonzero - 9], dtype=np.float64) * s_acc
+    node = Node("pw", "Conv", ["x", "w", "b"], ["y"], {})
+    op = get_op("Conv")
+    q = op.quantize(context(node, [x_qp, w_qp, None], [y_qp], {1: w_f, 2: b_f.astype(np.float32)}))
+    assert (q.stage.m[0], q.stage.n[0]) == (1 << 14, 14)  # M / 2^N = 1
+    assert (128 * _row_l1(q) <= FLOAT32_EXACT) == (want is np.float32)
+    geom = conv_geometry(q.node.attrs, x.shape[2:], q.weight.shape[2:])
+    assert conv_dense(x, q, geom, None if q.acc.safe else q.acc.bits) is not None
+    y = _both(op, q, [x, w_f, b_f.astype(np.float32)])[0]
+    acc = -127 * 127 * nonzero + q.bias.reshape(1, 2, 1, 1)
+    assert np.abs(acc).max() < 1000  # the sums land near zero, where every unit shows
+    np.testing.assert_array_equal(y[:, :, 0, 0], acc[:, :, 0, 0])

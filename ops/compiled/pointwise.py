@@ -5,35 +5,49 @@
 
 cols are the raw input codes (the input itself for a pointwise 1x1 convolution, else `ops.conv_kernels.im2col`
 of the input padded with zp_x), w the centered weight w_q - zp_w; the zero-point fold is the numpy path's.
-The GEMM runs in float32 when K * max|x_q| * max|w| < 2^24, in float64 below 2^53 (the exactness bound of
-`ops.backend`: every partial sum is an integer the float type represents, whatever the summation order), so
-the float result holds the exact integer dot product; the epilogue converts it to int64 as it reads it,
-instead of a separate int32 pass. Deeper products (int64 matmul) run the numpy path.
+The GEMM runs in float32 when max|x_q| * max_m sum_k |w[m, k]| <= 2^24, in float64 up to 2^53: every
+partial sum of a row's products, in whatever order the BLAS adds them, is an integer of magnitude at most
+that bound, which the float type represents exactly (the bound of `ops.backend`, with the weight rows' L1
+norms in place of K * max|w|: far tighter for real weights, so that deep layers stay in float32). The float
+result is then the exact integer dot product; the epilogue converts it to int64 as it reads it, instead of
+a separate int32 pass. Larger bounds (int64 matmul) run the numpy path.
 """
 from __future__ import annotations
 
-import math
 import weakref
 from typing import Optional
 
 import numpy as np
 
-from ops.backend import dtype_absmax, matmul_method
+from ops.backend import dtype_absmax
 from ops.compiled.requant import finish_channels, pack_stage
 from ops.compiled.scratch import scratch
 from ops.conv_kernels import im2col, pad_input
 
-# (float weight (M, K), offset (M,)) by (id(q), float type), dropped with the quantized node
+FLOAT32_EXACT = 1 << 24
+FLOAT64_EXACT = 1 << 53
+# (float weight (M, K), offset (M,)) by (id(q), float type), and the rows' largest L1 norm by id(q);
+# dropped with the quantized node
 _OPERANDS: dict = {}
 
 
-def _operands(q, ftype, zx: int) -> tuple[np.ndarray, np.ndarray]:
-    key = (id(q), ftype)
+def _cached(key, q, make):
     if key not in _OPERANDS:
-        weight = np.ascontiguousarray(q.weight.reshape(q.weight.shape[0], -1), dtype=ftype)
-        _OPERANDS[key] = (weight, (q.bias - zx * q.weight_sum).astype(np.int64))
+        _OPERANDS[key] = make()
         weakref.finalize(q, _OPERANDS.pop, key, None)
     return _OPERANDS[key]
+
+
+def _operands(q, ftype, zx: int) -> tuple[np.ndarray, np.ndarray]:
+    return _cached((id(q), ftype), q, lambda: (
+        np.ascontiguousarray(q.weight.reshape(q.weight.shape[0], -1), dtype=ftype),
+        (q.bias - zx * q.weight_sum).astype(np.int64)))
+
+
+def _row_l1(q) -> int:
+    """max_m sum_k |w[m, k]| of the centered weight."""
+    return _cached((id(q), "l1"), q, lambda: int(
+        np.abs(q.weight.reshape(q.weight.shape[0], -1).astype(np.int64)).sum(axis=1).max()))
 
 
 def conv_dense(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tuple[np.ndarray, int]]:
@@ -42,12 +56,11 @@ def conv_dense(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tupl
     if q.groups != 1 or x.dtype.kind not in "iu":
         return None
     channels = q.weight.shape[0]
-    k = math.prod(q.weight.shape[1:])
-    method = matmul_method(k, dtype_absmax(x), q.weight_absmax)
+    bound = dtype_absmax(x) * _row_l1(q)
     packed = pack_stage(q.stage, channels, acc_bits)
-    if method == "int64" or packed is None:
+    if bound > FLOAT64_EXACT or packed is None:
         return None
-    ftype = np.float32 if method == "float32" else np.float64
+    ftype = np.float32 if bound <= FLOAT32_EXACT else np.float64
     zx = int(q.in_qparams[0].zero_point[0])
     weight, offset = _operands(q, ftype, zx)
     n = x.shape[0]
