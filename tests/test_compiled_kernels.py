@@ -168,7 +168,7 @@ def _linear(op_type, seed, **kw):
     if op_type == "Gemm":
         a_f = rng.normal(size=(5, 7)).astype(np.float32)
         w_f = rng.normal(size=(7, 4)).astype(np.float32)
-        b_f = rng.normal(size=4).astype(np.float32)
+        b_f = rng.normal(size=(5, 4) if seed == 3 else 4).astype(np.float32)  # a 2-D C: the numpy path
         a_qp = random_qparams(rng, float(a_f.min()), float(a_f.max()), 8)
         w_qp = random_qparams(rng, w_f.min(0), w_f.max(0), 8, signed=True, axis=1) if seed % 2 else \
             random_qparams(rng, float(w_f.min()), float(w_f.max()), 8, signed=True)

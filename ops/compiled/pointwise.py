@@ -1,10 +1,11 @@
-"""Dense (groups = 1) convolution as one exact float BLAS GEMM with the requant epilogue fused after it.
+"""Dense (groups = 1) convolution and Gemm as one exact float BLAS GEMM with the requant epilogue fused after it.
 
     A[n, m, p] = sum_k w[m, k] * cols[n, k, p]  +  (b_q[m] - zp_x * sum_k w[m, k])
     y_q[n, m, p] = epilogue(A)      (`ops.compiled.requant`: saturation if unproven, M/2^N, zp, clamp)
 
 cols are the raw input codes (the input itself for a pointwise 1x1 convolution, else `ops.conv_kernels.im2col`
 of the input padded with zp_x), w the centered weight w_q - zp_w; the zero-point fold is the numpy path's.
+Gemm is the same with A (M, K) @ w (K, N) and the output channels along N.
 The GEMM runs in float32 when max|x_q| * max_m sum_k |w[m, k]| <= 2^24, in float64 up to 2^53: every
 partial sum of a row's products, in whatever order the BLAS adds them, is an integer of magnitude at most
 that bound, which the float type represents exactly (the bound of `ops.backend`, with the weight rows' L1
@@ -20,7 +21,7 @@ from typing import Optional
 import numpy as np
 
 from ops.backend import dtype_absmax
-from ops.compiled.requant import finish_channels, pack_stage
+from ops.compiled.requant import finish, finish_channels, pack_stage
 from ops.compiled.scratch import scratch
 from ops.conv_kernels import im2col, pad_input
 
@@ -45,9 +46,31 @@ def _operands(q, ftype, zx: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _row_l1(q) -> int:
-    """max_m sum_k |w[m, k]| of the centered weight."""
+    """max_m sum_k |w[m, k]| of a convolution's centered weight (M, K...)."""
     return _cached((id(q), "l1"), q, lambda: int(
         np.abs(q.weight.reshape(q.weight.shape[0], -1).astype(np.int64)).sum(axis=1).max()))
+
+
+def _column_l1(q) -> int:
+    """max_n sum_k |w[k, n]| of a Gemm's centered weight (K, N)."""
+    return _cached((id(q), "l1"), q, lambda: int(np.abs(q.weight.astype(np.int64)).sum(axis=0).max()))
+
+
+def gemm_dense(a: np.ndarray, q, acc_bits: Optional[int]) -> Optional[tuple[np.ndarray, int]]:
+    """(output codes, overflow count) of a Gemm (`ops.gemm.QuantizedGemm` q) on A (M, K) codes; None when
+    the bound needs int64 or the bias is not one value per output column."""
+    if a.ndim != 2 or a.dtype.kind not in "iu" or np.ndim(q.bias) > 1:
+        return None
+    bound = dtype_absmax(a) * _column_l1(q)
+    if bound > FLOAT64_EXACT:
+        return None
+    ftype = np.float32 if bound <= FLOAT32_EXACT else np.float64
+    za = int(q.in_qparams[0].zero_point[0])
+    weight = _cached((id(q), ftype), q, lambda: np.ascontiguousarray(q.weight, dtype=ftype))
+    operand = scratch("gemm_operand", a.shape, ftype)
+    np.copyto(operand, a, casting="unsafe")
+    acc = np.matmul(operand, weight, out=scratch("gemm_result", (a.shape[0], weight.shape[1]), ftype))
+    return finish(acc, q.bias - za * q.weight_sum, q.stage, acc_bits)
 
 
 def conv_dense(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tuple[np.ndarray, int]]:

@@ -175,9 +175,10 @@ def _channel_offset(offset, shape: tuple[int, ...], axis: Optional[int]) -> Opti
 def finish(acc: np.ndarray, offset, stage, acc_bits: Optional[int]) -> Optional[tuple[np.ndarray, int]]:
     """(output codes, overflow count) of the accumulator `acc + offset` through `stage` (an
     `ops.linear.OutputStage`), saturated to `acc_bits` first unless None; None when the layout is not one
-    this kernel covers (non-integer or non-contiguous acc, an offset varying along another axis)."""
+    this kernel covers (non-contiguous acc, an offset varying along another axis). `acc` is int32, int64, or
+    a float BLAS result proven to hold exact integers (`ops.compiled.pointwise`)."""
     acc = np.asarray(acc)
-    if acc.dtype not in (np.int32, np.int64) or acc.ndim == 0 or not acc.flags.c_contiguous:
+    if acc.dtype not in (np.int32, np.int64, np.float32, np.float64) or acc.ndim == 0 or not acc.flags.c_contiguous:
         return None
     axis = stage.axis % acc.ndim if stage.axis is not None and stage.m.size > 1 else None
     if axis is None and offset is not None and np.size(offset) > 1:
