@@ -75,15 +75,16 @@ def _centered_phases(x, n, c, zx, pt, pl, phases) -> None:
     """The zero-bordered centered plane p[pt + i, pl + j] = x[n, c, i, j] - zx, stored by column phase of the
     stride s: phases[r, i, q] = p[i, q * s + r], so that every tap reads a contiguous run."""
     stride = phases.shape[0]
-    for i in range(x.shape[2]):
-        r0 = pl % stride  # the phase and index of column pl + j, stepped without a division per element
-        q0 = pl // stride
-        for j in range(x.shape[3]):
-            phases[r0, i + pt, q0] = np.int32(x[n, c, i, j]) - np.int32(zx)
-            r0 += 1
-            if r0 == stride:
-                r0 = 0
-                q0 += 1
+    width = x.shape[3]
+    for r in range(stride):
+        j0 = (r - pl) % stride  # the first input column j whose padded column pl + j is in phase r
+        q0 = (j0 + pl) // stride
+        count = (width - j0 + stride - 1) // stride if width > j0 else 0
+        for i in range(x.shape[2]):
+            src = x[n, c, i]
+            dst = phases[r, i + pt]
+            for t in range(count):  # a branch-free strided copy
+                dst[q0 + t] = np.int32(src[j0 + t * stride]) - np.int32(zx)
 
 
 @numba.njit(cache=True, nogil=True)
