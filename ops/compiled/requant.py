@@ -24,6 +24,7 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
+INT32_MAX = (1 << 31) - 1
 # rows of the packed per-channel parameters
 M, N, K, NEG_M, NEG_N, NEG_K, PRE = range(7)
 # entries of the packed scalars
@@ -93,9 +94,13 @@ def requant_row(acc, offset, c, prm, lim, out) -> int:
     m = prm[M, c]
     n = prm[N, c]
     k = prm[K, c]
-    if lim[CHECK] == 0 and lim[HAS_NEG] == 0 and prm[PRE, c] == 0:  # the common case: a tight loop
+    if lim[CHECK] == 0 and lim[HAS_NEG] == 0 and prm[PRE, c] == 0 and m <= INT32_MAX:
+        # the common case, a tight loop: acc * M + (offset * M + k), the offset folded as `requantize` does;
+        # M as a sign-extended int32 lets a 32x32->64-bit SIMD multiply do it for int32 accumulators
+        m32 = np.int64(np.int32(m))
+        k_row = offset * m + k
         for i in range(acc.shape[0]):
-            y = ((_as_int64(acc[i]) + offset) * m + k) >> n
+            y = (_as_int64(acc[i]) * m32 + k_row) >> n
             out[i] = min(max(y, lo), hi)
         return 0
     over = 0
@@ -132,11 +137,11 @@ def requant_positions(acc, offset, prm, lim, out) -> int:
     hi = lim[HI]
     m = prm[M]
     n = prm[N]
-    k = prm[K]
+    k_row = offset * m + prm[K]
     for p in range(acc.shape[0]):
         a = acc[p]
         for c in range(acc.shape[1]):
-            y = ((np.int64(a[c]) + offset[c]) * m[c] + k[c]) >> n[c]
+            y = (_as_int64(a[c]) * m[c] + k_row[c]) >> n[c]
             out[c, p] = min(max(y, lo), hi)
     return 0
 
