@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ops.backend import CompiledBackend, NumpyBackend
+from ops.backend import NumpyBackend
 from ptq.cli import main as cli_main
 from ptq.core.graph import load_model
 from ptq.executor import prepare

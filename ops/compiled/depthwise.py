@@ -11,6 +11,7 @@ Taps that fall in the padding contribute (zp_x - zp_x) * w = 0, which is the num
 code zp_x followed by its zero-point fold (sum x w - zp_x sum w): the same integer A. The sum runs in int32
 when Cg * kh * kw * max|x_q - zp_x| * max|w| < 2^31 proves it exact (the wrapped int32 multiply-add is then
 the true sum), else in int64. 1-D convolutions run as 2-D ones of height 1.
+The same integers as the numpy path, so the LSB bound stated in `ops.conv` holds unchanged.
 """
 from __future__ import annotations
 

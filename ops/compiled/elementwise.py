@@ -12,6 +12,7 @@ Mul (M/2^N ~= s_a s_b / s_y):
 
 the integers of the numpy path (`shift_round` and `requantize` of `ptq.core.requant`). Operands of the same
 shape, or one of them a single value; other broadcasts run the numpy path.
+The same integers as the numpy path, so the LSB bound stated in `ops.elementwise` holds unchanged.
 """
 from __future__ import annotations
 

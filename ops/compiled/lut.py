@@ -8,6 +8,7 @@
     y_q   = clamp(y, qmin_y, qmax_y) in the output dtype
 
 Codes outside [qmin_x, qmax_x] are counted and refused, as the numpy lookup refuses them.
+The same integers as the numpy path, so the LSB bound stated in `ops.lut_ops` holds unchanged.
 """
 from __future__ import annotations
 

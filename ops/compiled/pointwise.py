@@ -12,6 +12,7 @@ that bound, which the float type represents exactly (the bound of `ops.backend`,
 norms in place of K * max|w|: far tighter for real weights, so that deep layers stay in float32). The float
 result is then the exact integer dot product; the epilogue converts it to int64 as it reads it, instead of
 a separate int32 pass. Larger bounds (int64 matmul) run the numpy path.
+The same integers as the numpy path, so the LSB bound stated in `ops.conv`, `ops.gemm` holds unchanged.
 """
 from __future__ import annotations
 

@@ -7,6 +7,7 @@
 
 The average's requant (`ops.common.MeanRequant`: saturation, one (M, N) per window count) follows in numpy
 on the int64 sums, as in the numpy path.
+The same integers as the numpy path, so the LSB bound stated in `ops.pooling` holds unchanged.
 """
 from __future__ import annotations
 

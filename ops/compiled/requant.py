@@ -12,6 +12,7 @@ Per element of output channel c, with A = acc + offset[c] in int64 (`OutputStage
 
 int64 arithmetic, round half up, arithmetic shift; zp * 2^N is a multiple of 2^N, so it passes through the
 shift exactly as `requantize` folds it. The callers bound |A| * M within int64 as the numpy path does.
+The same integers as the numpy path, so the LSB bound stated in `ops.linear` holds unchanged.
 """
 from __future__ import annotations
 
