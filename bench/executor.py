@@ -1,13 +1,16 @@
-"""Benchmark: ptq's integer executor against onnxruntime float on EfficientNet-Lite0, same images.
+"""Benchmark: ptq's integer executor, compiled and numpy backends, against onnxruntime float, same images.
 
-    python3 bench/executor.py [--model M] [--quant Q.json] [--images DIR] [--repeat R] [--profile-top K]
+    python3 bench/executor.py [--model M] [--quant Q.json] [--images DIR] [--input-shape input:1,3,320,320]
+                              [--backend compiled numpy] [--repeat R] [--profile-top K]
 
-Without `--quant` the model is calibrated first (on examples/calib; not timed). Prints the mean time per
-image of `IntegerGraph.run` (outputs-only memory mode, as plain inference runs) and of onnxruntime CPU
-sessions on the float model (default threads, and one thread as ptq's kernels use: OPENBLAS_NUM_THREADS=1
-unless set, as the `ptq` command runs), the ratios, the integer time by op type, and cProfile's top functions of the
-integer run by own time (the kernels). Both sides run on the same preprocessed images, after one warm-up
-run, alternating image by image (so a change in machine load hits both alike).
+Without `--quant` the model is calibrated first (on examples/calib, at `--input-shape` if given; not timed).
+Prints the mean warm time per image of `IntegerGraph.run` (outputs-only memory mode, as plain inference runs)
+for each backend and of onnxruntime CPU sessions on the float model (default threads, and one thread as
+ptq's kernels use: OPENBLAS_NUM_THREADS=1 unless set, as the `ptq` command runs), the ratios, the first run
+of a new process (`bench/first_run.py`: with an empty numba cache, i.e. compiling every kernel, and with the
+on-disk cache), the integer time by op type per backend, and cProfile's top functions of the first backend's
+run by own time. All runs see the same preprocessed images, after one warm-up run, alternating image by
+image (so a change in machine load hits them alike).
 """
 from __future__ import annotations
 
@@ -15,8 +18,11 @@ import argparse
 import cProfile
 import io
 import os
+import json
 import pstats
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,12 +35,13 @@ one_blas_thread()  # as the `ptq` command runs; before numpy is imported
 
 import numpy as np  # noqa: E402
 
+from ptq.backends import BACKEND_NAMES, get_backend  # noqa: E402
 from ptq.pipeline import calibrate, input_spec  # noqa: E402
 from ptq.executor import prepare  # noqa: E402
 from ptq.float_run import image_input  # noqa: E402
-from ptq.core.graph import load_model  # noqa: E402
+from ptq.core.graph import load_model, parse_input_shapes  # noqa: E402
 from ptq.images import ImageLog, Preprocess, load_image, select_files  # noqa: E402
-from ptq.quant_table import load_quant_table  # noqa: E402
+from ptq.quant_table import load_quant_table, save_quant_table  # noqa: E402
 
 
 def _images(folder: Path, graph, pre: Preprocess) -> list[np.ndarray]:
@@ -57,7 +64,7 @@ def _interleaved_times(fns: dict, samples: list[np.ndarray], repeat: int) -> dic
     return {key: total / (repeat * len(samples)) for key, total in totals.items()}
 
 
-def _ort_session(ort, model: str, threads: int):
+def _ort_session(ort, model: bytes, threads: int):
     """An onnxruntime CPU session (`threads` 0: its default, one per core). Idle intra-op threads otherwise
     spin for a while after each run, taking a core from the ptq run that follows."""
     options = ort.SessionOptions()
@@ -87,69 +94,112 @@ def _time_by_op(prepared, name: str, samples: list[np.ndarray]) -> dict[str, flo
     return {k: v / len(samples) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 
+def _first_runs(args, table, sample: np.ndarray) -> dict[str, dict[str, float]]:
+    """`bench/first_run.py` in new processes: the compiled backend with an empty numba cache (a cold
+    compile) and with the on-disk cache, and the numpy backend."""
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        quant, npy = Path(tmp) / "table.quant.json", Path(tmp) / "sample.npy"
+        save_quant_table(table, quant)
+        np.save(npy, sample)
+        command = [sys.executable, str(REPO / "bench" / "first_run.py"), args.model, str(quant), str(npy)]
+        command += [f"--input-shape={spec}" for spec in args.input_shape or []]
+        runs = [("compiled, empty cache", "compiled", {"NUMBA_CACHE_DIR": str(Path(tmp) / "numba")})]
+        runs += [(f"{backend}, cached" if backend == "compiled" else backend, backend, {})
+                 for backend in args.backend]
+        for label, backend, env in runs:
+            if backend not in args.backend:
+                continue
+            done = subprocess.run(command + ["--backend", backend], env={**os.environ, **env}, check=True,
+                                  capture_output=True, text=True)
+            results[label] = json.loads(done.stdout.strip().splitlines()[-1])
+    return results
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(REPO / "examples" / "efficientnet_lite0.onnx"))
     parser.add_argument("--quant", help="a .quant.json; default: calibrate on --calib first")
     parser.add_argument("--calib", default=str(REPO / "examples" / "calib"))
     parser.add_argument("--images", default=str(REPO.parent / "shared" / "assets" / "images" / "eval"))
+    parser.add_argument("--input-shape", action="append", metavar="NAME:D0,D1,..",
+                        help="fix the input shape (e.g. input:1,3,320,320), for ptq and onnxruntime alike")
+    parser.add_argument("--backend", nargs="+", default=["compiled", "numpy"], choices=BACKEND_NAMES,
+                        help="integer backends to time (default: both)")
     parser.add_argument("--repeat", type=int, default=1, help="passes over the images per measurement")
     parser.add_argument("--profile-top", type=int, default=15)
     args = parser.parse_args(argv)
 
     import onnxruntime as ort
 
-    graph = load_model(args.model)
+    shapes = parse_input_shapes(args.input_shape)
+    graph = load_model(args.model, shapes)
     if args.quant:
         table = load_quant_table(args.quant)
     else:
         print(f"calibrating {Path(args.model).name} on {args.calib} ...", flush=True)
-        table = calibrate(args.model, args.calib, write_qdq=False).table
+        table = calibrate(args.model, args.calib, write_qdq=False, input_shapes=shapes or None,
+                          progress=False).table
     pre = Preprocess(**table.options.preprocess) if table.options.preprocess else Preprocess()
     samples = _images(Path(args.images), graph, pre)
     name = image_input(graph)
 
+    first = _first_runs(args, table, samples[0])
     start = time.perf_counter()
-    prepared = prepare(graph, table)
-    prepare_s = time.perf_counter() - start
+    prepared = {b: prepare(graph, table, backend=get_backend(b)) for b in args.backend}
+    prepare_s = (time.perf_counter() - start) / len(args.backend)
 
-    sessions = {threads: _ort_session(ort, args.model, threads) for threads in (0, 1)}
-    times = _interleaved_times(
-        {
-            "ort": lambda x: sessions[0].run(None, {name: x}),
-            "ort1": lambda x: sessions[1].run(None, {name: x}),
-            "ptq": lambda x: prepared.run({name: x}, keep_all=False),
-        },
-        samples,
-        args.repeat,
-    )
-    t_ort, t_ort1, t_ptq = times["ort"], times["ort1"], times["ptq"]
+    model_bytes = graph.model.SerializeToString()  # the float model at the input shape ptq runs
+    sessions = {threads: _ort_session(ort, model_bytes, threads) for threads in (0, 1)}
+    fns = {"ort": lambda x: sessions[0].run(None, {name: x}), "ort1": lambda x: sessions[1].run(None, {name: x})}
+    for b, p in prepared.items():
+        fns[b] = (lambda p: lambda x: p.run({name: x}, keep_all=False))(p)
+    times = _interleaved_times(fns, samples, args.repeat)
+    t_ort, t_ort1 = times["ort"], times["ort1"]
 
-    print(f"images: {len(samples)} x {args.repeat} pass(es), model {Path(args.model).name}")
-    print(f"ptq prepare (rewrites + quantize rules): {1000 * prepare_s:.0f} ms, once")
-    print(f"onnxruntime {ort.__version__} float, CPUExecutionProvider, no spinning:")
-    print(f"  default threads : {1000 * t_ort:8.2f} ms/image")
-    print(f"  one thread      : {1000 * t_ort1:8.2f} ms/image")
-    print(f"ptq integer       : {1000 * t_ptq:8.2f} ms/image (backend {prepared.backend.name}, one thread, "
-          f"OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']})")
-    print(f"ratio ptq / onnxruntime float: {t_ptq / t_ort:.2f}x (default threads), {t_ptq / t_ort1:.2f}x (one thread)")
-    if prepared.float_nodes:
-        print(f"note: {len(prepared.float_nodes)} node(s) ran in float fallback: "
-              + ", ".join(f"{f.name} ({f.op_type})" for f in prepared.float_nodes))
+    shape = "x".join(str(d) for d in samples[0].shape)
+    print(f"images: {len(samples)} x {args.repeat} pass(es), model {Path(args.model).name}, input {shape}")
+    print(f"onnxruntime {ort.__version__} float, CPUExecutionProvider, no spinning; ptq on one thread "
+          f"(OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}); ptq prepare {1000 * prepare_s:.0f} ms once")
+    print("\n| warm, per image | ms | ptq / onnxruntime one thread | ptq / onnxruntime default threads |")
+    print("|---|---:|---:|---:|")
+    print(f"| onnxruntime float, default threads | {1000 * t_ort:.2f} | | |")
+    print(f"| onnxruntime float, one thread | {1000 * t_ort1:.2f} | | |")
+    for b in args.backend:
+        print(f"| ptq integer, `--backend {b}` | {1000 * times[b]:.2f} | {times[b] / t_ort1:.2f}x | "
+              f"{times[b] / t_ort:.2f}x |")
 
-    print("\ninteger time per image by op type:")
-    for op_type, seconds in _time_by_op(prepared, name, samples).items():
-        print(f"  {op_type:28s} {1000 * seconds:8.2f} ms")
+    print("\n| first run of a new process | prepare ms | first run ms | second run ms |")
+    print("|---|---:|---:|---:|")
+    for label, t in first.items():
+        print(f"| {label} | {1000 * t['prepare_s']:.0f} | {1000 * t['first_run_s']:.1f} | "
+              f"{1000 * t['second_run_s']:.1f} |")
+    for p in prepared.values():
+        if p.float_nodes:
+            print(f"note: {len(p.float_nodes)} node(s) ran in float fallback: "
+                  + ", ".join(f"{f.name} ({f.op_type})" for f in p.float_nodes))
+            break
 
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for x in samples:
-        prepared.run({name: x}, keep_all=False)
-    profiler.disable()
-    out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.profile_top)
-    print(f"\ncProfile of the integer run over {len(samples)} images, top {args.profile_top} by own time:")
-    print("\n".join(line for line in out.getvalue().splitlines() if line.strip() and not line.startswith("   Ordered")))
+    by_op = {b: _time_by_op(p, name, samples) for b, p in prepared.items()}
+    keys = sorted({k for t in by_op.values() for k in t}, key=lambda k: -max(t.get(k, 0.0) for t in by_op.values()))
+    print("\n| integer ms per image by op type | " + " | ".join(args.backend) + " |")
+    print("|---|" + "---:|" * len(args.backend))
+    for key in keys:
+        print(f"| {key} | " + " | ".join(f"{1000 * by_op[b].get(key, 0.0):.2f}" for b in args.backend) + " |")
+
+    if args.profile_top:
+        first_backend = args.backend[0]
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for x in samples:
+            prepared[first_backend].run({name: x}, keep_all=False)
+        profiler.disable()
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.profile_top)
+        print(f"\ncProfile of the {first_backend} integer run over {len(samples)} images, top {args.profile_top} "
+              "by own time:")
+        print("\n".join(line for line in out.getvalue().splitlines()
+                        if line.strip() and not line.startswith("   Ordered")))
     return 0
 
 

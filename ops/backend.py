@@ -13,7 +13,9 @@ when B < 2^31 (half the bytes for the requant that follows), int64 otherwise. Th
 true extrema of the operands unless the caller passes smaller-or-equal known bounds (`a_absmax`,
 `b_absmax`), which saves a pass over a large im2col matrix.
 
-`NumpyBackend` is the default `DotBackend`; a packed-DSP emulation can replace it without touching the ops.
+`NumpyBackend` is the reference `DotBackend` (numpy kernels in the ops); `CompiledBackend`, the default, has
+the same dot products and lets the ops run their compiled kernels (`ops.compiled`, same integers); a
+packed-DSP emulation can replace either without touching the ops.
 Its `direct_depthwise = True` lets Conv run depthwise layers as an exact per-tap integer multiply-accumulate
 (`ops.conv_kernels`) instead of an im2col matmul; a backend without the attribute gets every dot product.
 
@@ -112,8 +114,20 @@ class NumpyBackend:
     # accumulate per tap instead of an im2col matmul; a backend emulating hardware sets this False.
     direct_depthwise = True
 
+    # The ops run their numpy kernels (the reference for the compiled ones).
+    compiled = False
+
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return exact_matmul(a, b)
 
 
-DEFAULT_BACKEND = NumpyBackend()
+class CompiledBackend(NumpyBackend):
+    """The default backend: `NumpyBackend`'s exact dot products, with the ops' hot loops (grouped and
+    depthwise convolution, the requant epilogue, elementwise, pooling, lookup tables) run as the compiled
+    kernels of `ops.compiled`, which give the same integers as the numpy kernels."""
+
+    name = "compiled"
+    compiled = True
+
+
+DEFAULT_BACKEND = CompiledBackend()

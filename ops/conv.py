@@ -29,6 +29,7 @@ from typing import Optional
 
 import numpy as np
 
+from ops import compiled
 from ops.base import require_per_tensor, require_qparams
 from ops.backend import absmax, dtype_absmax
 from ops.conv_kernels import conv_geometry, conv_padded, conv_transpose_full, pad_input
@@ -176,6 +177,15 @@ class Conv(OpDef):
         _check_rank(x, q.weight.ndim)
         zx = int(q.in_qparams[0].zero_point[0])
         geom = conv_geometry(q.node.attrs, x.shape[2:], q.weight.shape[2:])
+        if compiled.enabled(runtime):
+            from ops.compiled.depthwise import conv2d_grouped
+            from ops.compiled.pointwise import conv_dense
+
+            kernel = conv_dense if q.groups == 1 else conv2d_grouped
+            done = kernel(x, q, geom, None if q.acc.safe else q.acc.bits)
+            if done is not None:
+                runtime.record_overflow(q.node, done[1])
+                return [done[0]]
         xp = pad_input(x, geom, zx)
         terms = int(np.prod(q.weight.shape[1:]))
         acc_dtype = _acc_dtype(terms, dtype_absmax(x), q.weight_absmax)

@@ -26,6 +26,7 @@ from typing import Optional
 
 import numpy as np
 
+from ops import compiled
 from ops.base import multiplier, require_per_tensor, require_qparams
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.qparams import QParams, compute_qparams
@@ -66,6 +67,15 @@ def _input_qparams(ctx: QuantizeContext) -> tuple[list[QParams], list[Optional[n
     return qps, codes
 
 
+def _codes(q: QuantizedElementwise, inputs) -> list[np.ndarray]:
+    """The two inputs' integer codes (constants from their quantized codes)."""
+    return [q.constant_codes[i] if q.constant_codes[i] is not None else np.asarray(inputs[i]) for i in (0, 1)]
+
+
+def _zero_points(q: QuantizedElementwise) -> tuple[int, int]:
+    return int(q.in_qparams[0].zero_point[0]), int(q.in_qparams[1].zero_point[0])
+
+
 def _operands(q: QuantizedElementwise, inputs) -> list[np.ndarray]:
     """The two inputs as centered int64 codes x_q - zp (constants from their quantized codes)."""
     out = []
@@ -93,6 +103,12 @@ class _AddSub(OpDef):
                                     m, n, COMMON_SHIFT)
 
     def forward_int(self, q: QuantizedElementwise, inputs, runtime: IntRuntime):
+        if compiled.enabled(runtime):
+            from ops.compiled.elementwise import add_sub_codes
+
+            y = add_sub_codes(*_codes(q, inputs), _zero_points(q), q.m, q.n, q.shift, self.sign, q.out_qparams[0])
+            if y is not None:
+                return [y]
         a, b = _operands(q, inputs)
         a_c = shift_round(a << q.shift, q.m[0], q.n[0])
         b_c = shift_round(b << q.shift, q.m[1], q.n[1])
@@ -143,6 +159,12 @@ class Mul(OpDef):
         return QuantizedElementwise(ctx.node, qps + list(ctx.in_qparams[2:]), [y_qp], (codes[0], codes[1]), m, n, 0)
 
     def forward_int(self, q: QuantizedElementwise, inputs, runtime: IntRuntime):
+        if compiled.enabled(runtime):
+            from ops.compiled.elementwise import mul_codes
+
+            y = mul_codes(*_codes(q, inputs), _zero_points(q), int(q.m[0]), int(q.n[0]), q.out_qparams[0])
+            if y is not None:
+                return [y]
         a, b = _operands(q, inputs)
         y_qp = q.out_qparams[0]
         return [requantize(a * b, q.m, q.n, y_qp.zero_point[0], y_qp.qmin, y_qp.qmax, dtype=y_qp.dtype)]

@@ -23,6 +23,7 @@ from typing import Optional
 
 import numpy as np
 
+from ops import compiled
 from ops.base import require_per_tensor, require_qparams
 from ops.backend import absmax
 from ops.linear import (
@@ -151,6 +152,13 @@ class Gemm(OpDef):
         if a.ndim != 2:
             raise ValueError(f"A must be 2-D, got shape {a.shape}")
         a = a.T if q.node.attr("transA", 0) else a
+        if compiled.enabled(runtime):
+            from ops.compiled.pointwise import gemm_dense
+
+            done = gemm_dense(a, q, None if q.acc.safe else q.acc.bits)
+            if done is not None:
+                runtime.record_overflow(q.node, done[1])
+                return [done[0]]
         za = int(q.in_qparams[0].zero_point[0])
         acc = runtime.backend.matmul(a, q.weight)
         return [finish_accumulator(acc, q.bias - za * q.weight_sum, q.acc, q.stage, q.node, runtime)]

@@ -27,6 +27,7 @@ from typing import Optional
 
 import numpy as np
 
+from ops import compiled
 from ops.base import multiplier
 from ops.registry import QuantizationError, QuantizeOptions, absorbable_ops
 from ptq.core.qparams import QParams
@@ -89,6 +90,13 @@ def finish_accumulator(acc: np.ndarray, offset, plan: AccumulatorPlan, stage: "O
     """Output codes of the accumulator `acc + offset` (`acc` of any integer dtype): saturated to `plan.bits`
     with overflows recorded, unless the plan proves no overflow can occur (the offset then folds into the
     requant constant)."""
+    if compiled.enabled(runtime):
+        from ops.compiled.requant import finish
+
+        done = finish(acc, offset, stage, None if plan.safe else plan.bits)
+        if done is not None:
+            runtime.record_overflow(node, done[1])
+            return done[0]
     if plan.safe:
         return stage.apply(acc, offset=offset)
     if offset is not None:

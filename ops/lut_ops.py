@@ -18,6 +18,7 @@ import numpy as np
 
 from lut.functions import FUNCTIONS, LutFunction
 from lut.table import MAX_FULL_TABLE_BITS, LookupTable, build_table
+from ops import compiled
 from ops.base import require_per_tensor, require_qparams
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 
@@ -63,6 +64,12 @@ class _LutOp(OpDef):
         return QuantizedLut(node, list(ctx.in_qparams), [y_qp], lut_within_budget(fn, x_qp, y_qp))
 
     def forward_int(self, q: QuantizedLut, inputs, runtime: IntRuntime):
+        if compiled.enabled(runtime):
+            from ops.compiled.lut import lookup
+
+            y = lookup(q.table, inputs[0])
+            if y is not None:
+                return [y]
         return [q.table.lookup(np.asarray(inputs[0]))]
 
 

@@ -30,6 +30,7 @@ from functools import partial
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ops import compiled
 from ops.base import activation_qparams, centered
 from ops.mean_requant import QuantizedMean, quantize_mean
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
@@ -199,7 +200,13 @@ class AveragePool(OpDef):
         x = _spatial_input(inputs[0])
         g = pool_geometry(node, x.shape[2:])
         nd = len(g.kernel)
-        acc = windows(centered(x, q.in_qparams[0]), g, 0).sum(axis=tuple(range(-nd, 0)))
+        acc = None
+        if compiled.enabled(runtime):
+            from ops.compiled.pooling import window_sums_2d
+
+            acc = window_sums_2d(x, int(q.in_qparams[0].zero_point[0]), g)
+        if acc is None:
+            acc = windows(centered(x, q.in_qparams[0]), g, 0).sum(axis=tuple(range(-nd, 0)))
         counts = window_counts(g, x.shape[2:], bool(node.attr("count_include_pad", 0)))
         return [q.mean.apply(acc, counts, partial(runtime.record_overflow, node))]
 
@@ -251,6 +258,12 @@ class MaxPool(OpDef):
 
     def forward_int(self, q: QuantizedNode, inputs, runtime: IntRuntime):
         x = _spatial_input(inputs[0])
+        if compiled.enabled(runtime) and not (len(q.node.outputs) > 1 and q.node.outputs[1]):
+            from ops.compiled.pooling import max_pool_2d
+
+            y = max_pool_2d(x, pool_geometry(q.node, x.shape[2:]))
+            if y is not None:
+                return [y]
         return _max_pool(q.node, x, np.iinfo(x.dtype).min)
 
 

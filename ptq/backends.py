@@ -1,6 +1,7 @@
-"""Dot-product backends by name, for `--backend` and `backend=`: the default exact-BLAS `numpy` backend and the
-packed-DSP48E2 emulations `dsp:int8` (WP486, two products per slice) and `dsp:int4` (WP521, four), each
-with `:naive` for plain bit-sliced lane extraction (no sign correction)."""
+"""Backends by name, for `--backend` and `backend=`: `compiled` (the default: exact BLAS dot products and the
+numba kernels of `ops.compiled`), `numpy` (the reference kernels, same codes), and the packed-DSP48E2
+emulations `dsp:int8` (WP486, two products per slice) and `dsp:int4` (WP521, four), each with `:naive` for
+plain bit-sliced lane extraction (no sign correction)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Union
@@ -8,16 +9,21 @@ from typing import TYPE_CHECKING, Union
 if TYPE_CHECKING:
     from ops.registry import DotBackend
 
-BACKEND_NAMES = ("numpy", "dsp:int8", "dsp:int4", "dsp:int8:naive", "dsp:int4:naive")
+BACKEND_NAMES = ("compiled", "numpy", "dsp:int8", "dsp:int4", "dsp:int8:naive", "dsp:int4:naive")
+DEFAULT_BACKEND_NAME = "compiled"
 
 
 def get_backend(name: Union[str, "DotBackend", None]) -> "DotBackend":
-    """A fresh backend for `name` (None: numpy); a backend object is returned as is."""
+    """A fresh backend for `name` (None: the default, compiled); a backend object is returned as is."""
     if name is not None and not isinstance(name, str):
         return name
     if name is not None and name not in BACKEND_NAMES:
         raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
-    if name is None or name == "numpy":
+    if name is None or name == "compiled":
+        from ops.backend import CompiledBackend
+
+        return CompiledBackend()
+    if name == "numpy":
         from ops.backend import NumpyBackend
 
         return NumpyBackend()

@@ -111,7 +111,6 @@ def _softmax(v: np.ndarray, axis: int) -> np.ndarray:
 
 
 def _cases() -> list[Case]:
-    shape4 = (1, 3, 4, 5)
     boxes = np.array([[[0, 0, 1, 1], [0, 0.1, 1, 1.1], [0, 0.9, 1, 1.9], [0, 3, 1, 4], [0.5, 0.5, 1.5, 1.5]]],
                      np.float32)
     cases = [

@@ -58,12 +58,12 @@ def require_integer_graph(args: argparse.Namespace, graph, table) -> None:
 
 def add_backend_argument(parser: argparse.ArgumentParser) -> None:
     """--backend: the dot product under Conv, ConvTranspose, Gemm and MatMul (`ptq.backends`)."""
-    from ptq.backends import BACKEND_NAMES
+    from ptq.backends import BACKEND_NAMES, DEFAULT_BACKEND_NAME
 
-    parser.add_argument("--backend", choices=BACKEND_NAMES, default="numpy",
-                        help="dot-product backend: numpy (exact BLAS, the default) or a packed-DSP48E2 emulation, "
-                        "dsp:int8 (2 MACs per DSP) or dsp:int4 (4 per DSP); ':naive' slices lanes without the sign "
-                        "correction")
+    parser.add_argument("--backend", choices=BACKEND_NAMES, default=DEFAULT_BACKEND_NAME,
+                        help="integer kernels: compiled (numba, the default), numpy (the reference; same codes), or "
+                        "a packed-DSP48E2 emulation of the dot products, dsp:int8 (2 MACs per DSP) or dsp:int4 (4 "
+                        "per DSP); ':naive' slices lanes without the sign correction")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

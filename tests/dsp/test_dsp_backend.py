@@ -105,7 +105,7 @@ def test_lane_accounting_counts_padding_and_short_chains():
 def test_get_backend_resolves_every_name_and_rejects_others():
     for name in BACKEND_NAMES:
         assert get_backend(name).name == name
-    assert get_backend(None).name == "numpy"
+    assert get_backend(None).name == "compiled"
     assert get_backend("dsp:int4").direct_depthwise is False
-    with pytest.raises(ValueError, match="unknown backend 'dsp:int2'; choose one of numpy, dsp:int8"):
+    with pytest.raises(ValueError, match="unknown backend 'dsp:int2'; choose one of compiled, numpy, dsp:int8"):
         get_backend("dsp:int2")

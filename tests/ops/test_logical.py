@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from op_testing import (
-    Check, context, covers, lsb_error, ort_single, random_codes, random_qparams, ref_requant, runtime,
+    Check, context, covers, lsb_error, random_codes, random_qparams, ref_requant, runtime,
 )
 from ops.logical import CONSTANT_FRACTION_BITS
 from ops.registry import QuantizationError, get_op

@@ -1,0 +1,18 @@
+"""Compiled integer kernels (numba), the hot loops of the default `compiled` backend.
+
+Each module holds a few `@numba.njit(cache=True)` kernels and the thin numpy wrapper an op calls; every
+kernel computes exactly the integers of the numpy reference path (`--backend numpy`), and its docstring
+states the formula. The ops consult `enabled(runtime)` at their hot call sites and fall back to the numpy
+path for any variant a kernel does not cover (a wrapper returns None then).
+
+Nothing here imports numba: the kernel modules are imported (and compiled, or loaded from numba's on-disk
+cache) on the first run that uses them, so `import ptq`, `import ops` and `ptq --help` stay cheap. numba
+keys a cached kernel on its own source file: `requant.py` holds the epilogue the other kernels call, so an
+edit to it alone needs the cache of its callers cleared (delete `ops/compiled/__pycache__`).
+"""
+from __future__ import annotations
+
+
+def enabled(runtime) -> bool:
+    """Whether the integer run `runtime` (an `ops.registry.IntRuntime`) uses the compiled kernels."""
+    return getattr(runtime.backend, "compiled", False) is True

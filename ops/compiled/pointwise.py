@@ -1,0 +1,103 @@
+"""Dense (groups = 1) convolution and Gemm as one exact float BLAS GEMM with the requant epilogue fused after it.
+
+    A[n, m, p] = sum_k w[m, k] * cols[n, k, p]  +  (b_q[m] - zp_x * sum_k w[m, k])
+    y_q[n, m, p] = epilogue(A)      (`ops.compiled.requant`: saturation if unproven, M/2^N, zp, clamp)
+
+cols are the raw input codes (the input itself for a pointwise 1x1 convolution, else `ops.conv_kernels.im2col`
+of the input padded with zp_x), w the centered weight w_q - zp_w; the zero-point fold is the numpy path's.
+Gemm is the same with A (M, K) @ w (K, N) and the output channels along N.
+The GEMM runs in float32 when max|x_q| * max_m sum_k |w[m, k]| <= 2^24, in float64 up to 2^53: every
+partial sum of a row's products, in whatever order the BLAS adds them, is an integer of magnitude at most
+that bound, which the float type represents exactly (the bound of `ops.backend`, with the weight rows' L1
+norms in place of K * max|w|: far tighter for real weights, so that deep layers stay in float32). The float
+result is then the exact integer dot product; the epilogue converts it to int64 as it reads it, instead of
+a separate int32 pass. Larger bounds (int64 matmul) run the numpy path.
+The same integers as the numpy path, so the LSB bound stated in `ops.conv`, `ops.gemm` holds unchanged.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+import numpy as np
+
+from ops.backend import dtype_absmax
+from ops.compiled.requant import finish, finish_channels, pack_stage
+from ops.compiled.scratch import scratch
+from ops.conv_kernels import im2col, pad_input
+
+FLOAT32_EXACT = 1 << 24
+FLOAT64_EXACT = 1 << 53
+# (float weight (M, K), offset (M,)) by (id(q), float type), and the rows' largest L1 norm by id(q);
+# dropped with the quantized node
+_OPERANDS: dict = {}
+
+
+def _cached(key, q, make):
+    if key not in _OPERANDS:
+        _OPERANDS[key] = make()
+        weakref.finalize(q, _OPERANDS.pop, key, None)
+    return _OPERANDS[key]
+
+
+def _operands(q, ftype, zx: int) -> tuple[np.ndarray, np.ndarray]:
+    return _cached((id(q), ftype), q, lambda: (
+        np.ascontiguousarray(q.weight.reshape(q.weight.shape[0], -1), dtype=ftype),
+        (q.bias - zx * q.weight_sum).astype(np.int64)))
+
+
+def _row_l1(q) -> int:
+    """max_m sum_k |w[m, k]| of a convolution's centered weight (M, K...)."""
+    return _cached((id(q), "l1"), q, lambda: int(
+        np.abs(q.weight.reshape(q.weight.shape[0], -1).astype(np.int64)).sum(axis=1).max()))
+
+
+def _column_l1(q) -> int:
+    """max_n sum_k |w[k, n]| of a Gemm's centered weight (K, N)."""
+    return _cached((id(q), "l1"), q, lambda: int(np.abs(q.weight.astype(np.int64)).sum(axis=0).max()))
+
+
+def gemm_dense(a: np.ndarray, q, acc_bits: Optional[int]) -> Optional[tuple[np.ndarray, int]]:
+    """(output codes, overflow count) of a Gemm (`ops.gemm.QuantizedGemm` q) on A (M, K) codes; None when
+    the bound needs int64 or the bias is not one value per output column."""
+    if a.ndim != 2 or a.dtype.kind not in "iu" or np.ndim(q.bias) > 1:
+        return None
+    bound = dtype_absmax(a) * _column_l1(q)
+    if bound > FLOAT64_EXACT:
+        return None
+    ftype = np.float32 if bound <= FLOAT32_EXACT else np.float64
+    za = int(q.in_qparams[0].zero_point[0])
+    weight = _cached((id(q), ftype), q, lambda: np.ascontiguousarray(q.weight, dtype=ftype))
+    operand = scratch("gemm_operand", a.shape, ftype)
+    np.copyto(operand, a, casting="unsafe")
+    acc = np.matmul(operand, weight, out=scratch("gemm_result", (a.shape[0], weight.shape[1]), ftype))
+    return finish(acc, q.bias - za * q.weight_sum, q.stage, acc_bits)
+
+
+def conv_dense(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tuple[np.ndarray, int]]:
+    """(output codes, overflow count) of a groups = 1 Conv (`ops.conv.QuantizedConv` q, resolved geometry);
+    None when the dot product needs int64 or the stage is not laid out per channel."""
+    if q.groups != 1 or x.dtype.kind not in "iu":
+        return None
+    channels = q.weight.shape[0]
+    bound = dtype_absmax(x) * _row_l1(q)
+    packed = pack_stage(q.stage, channels, acc_bits)
+    if bound > FLOAT64_EXACT or packed is None:
+        return None
+    ftype = np.float32 if bound <= FLOAT32_EXACT else np.float64
+    zx = int(q.in_qparams[0].zero_point[0])
+    weight, offset = _operands(q, ftype, zx)
+    n = x.shape[0]
+    if geom.is_pointwise:
+        cols = x.reshape(n, x.shape[1], -1)
+        out_spatial = x.shape[2:]
+    else:
+        xp = pad_input(x, geom, zx)
+        cols = im2col(xp, geom)
+        out_spatial = geom.padded_out_shape(xp.shape[2:])
+    operand = scratch("gemm_operand", cols.shape, ftype)
+    np.copyto(operand, cols, casting="unsafe")  # integer codes: exact in the float type
+    acc = np.matmul(weight, operand, out=scratch("gemm_result", (n, channels, cols.shape[-1]), ftype))
+    out = np.empty((n, channels) + tuple(out_spatial), dtype=q.stage.dtype)
+    over = finish_channels(acc, offset, packed, out.reshape(acc.shape))
+    return out, over

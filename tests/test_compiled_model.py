@@ -1,0 +1,57 @@
+"""EfficientNet-Lite0 on the 20 labelled eval photos: the compiled backend (the default) and the numpy
+reference backend give identical integer codes for every tensor of the graph, and the same overflow logs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ops.backend import NumpyBackend
+from ptq.cli import main as cli_main
+from ptq.core.graph import load_model
+from ptq.executor import prepare
+from ptq.images import ImageLog, Preprocess, load_image, select_files
+from ptq.pipeline import calibrate, input_spec
+
+
+@pytest.fixture(scope="module")
+def calibrated(model_path, calib_dir, tmp_path_factory):
+    return calibrate(model_path, calib_dir, tmp_path_factory.mktemp("compiled"), write_qdq=False)
+
+
+def test_efficientnet_codes_identical_on_both_backends(model_path, calibrated, eval_dir):
+    table = calibrated.table
+    graph = load_model(model_path)
+    pre = Preprocess(**table.options.preprocess)
+    spec = input_spec(graph, pre)
+    files = select_files(eval_dir, ImageLog())
+    assert len(files) == 20
+    reference = prepare(graph, table, backend=NumpyBackend())
+    compiled = prepare(graph, table)
+    assert compiled.backend.name == "compiled"
+    for path in files:
+        x = load_image(path, pre, spec)[None]
+        want = reference.run({"input": x})
+        got = compiled.run({"input": x})
+        assert set(got.tensors) == set(want.tensors)
+        for name, codes in want.tensors.items():
+            assert got.tensors[name].dtype == codes.dtype, name
+            np.testing.assert_array_equal(got.tensors[name], codes, err_msg=f"{path.name}: {name}")
+        assert got.overflows == want.overflows
+        np.testing.assert_array_equal(got.outputs["logits"], want.outputs["logits"])
+
+
+def test_cli_run_backend_choice_prints_the_same_classes(model_path, calibrated, eval_dir, capsys):
+    printed = {}
+    photo = select_files(eval_dir, ImageLog())[0]
+    for backend in ("numpy", "compiled"):
+        status = cli_main(["run", str(model_path), "--quant", str(calibrated.table_path), "--images", str(photo),
+                           "--top", "3", "--backend", backend])
+        assert status == 0
+        lines = capsys.readouterr().out.splitlines()
+        printed[backend] = [line for line in lines if "ms per image" not in line]
+    assert printed["numpy"] == printed["compiled"]
+    assert sum(line.startswith("top-1 accuracy") for line in printed["compiled"]) == 1
+    with pytest.raises(SystemExit):
+        cli_main(["run", str(model_path), "--quant", str(calibrated.table_path), "--images", str(eval_dir),
+                  "--backend", "fpga"])
+    assert "invalid choice: 'fpga'" in capsys.readouterr().err
