@@ -17,6 +17,8 @@ from reports.layers import qparams_summary
 
 
 def _safe(name: str) -> str:
+    """A file-name-safe form of a tensor name (`a/b:0` -> `a_b_0`); two names can share it, so file stems
+    also carry the tensor's position (index.json maps each tensor to its files)."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
@@ -56,8 +58,8 @@ def dump_tensors(graph: Graph, table: QuantTable, images, out_dir: Union[str, Pa
         floats = runner.run_dict(sample)
         ints = prepared.run({input_name: sample}).tensors
         files = {}
-        for spec in specs:
-            stem = f"img{k:03d}_{_safe(spec.name)}"
+        for position, spec in enumerate(specs):
+            stem = f"img{k:03d}_t{position:04d}_{_safe(spec.name)}"
             np.save(out / f"{stem}.float.npy", np.asarray(floats[spec.name]))
             np.save(out / f"{stem}.int.npy", ints[spec.name])
             files[spec.name] = {"float": f"{stem}.float.npy", "int": f"{stem}.int.npy"}
