@@ -88,6 +88,11 @@ def softmax_out_qparams(out_bits: int = 8) -> QParams:
     return QParams(scale=1.0 / ((1 << out_bits) - 1), zero_point=0, bits=out_bits, signed=False)
 
 
+def zero_entry_gap(in_scale: float) -> int:
+    """The smallest gap d whose table entry round(2^20 * exp(-d * in_scale)) is 0 (exp < 2^-21)."""
+    return int(np.ceil((EXP_ONE_BITS + 1) * np.log(2.0) / float(in_scale)))
+
+
 def exp_table(in_scale: float, codes: int) -> np.ndarray:
     """round(2^20 * exp(-d * in_scale)) for d = 0..codes-1, cut after the first zero entry (int32)."""
     d = np.arange(codes, dtype=np.float64)

@@ -11,20 +11,22 @@ Softmax's 2^20 exp table (`lut.softmax`, built from s_x):
     l_i = x_q[i] + b_x[i];  d_i = max_j l_j - l_i;  e_i = exp_table[min(d_i, len - 1)];  S = sum_i e_i
     y_q[i] = floor(e_i * Q / S) + (2 * (e_i * Q mod S) >= S),        Q = 2^B - 1
 
-A masked position (b ~ -1e4) lands far past the table's first zero entry: e_i = 0 exactly, as exp(-1e4) is 0
-in float. Output qparams as Softmax: unsigned B bits, scale 1 / Q, zero point 0.
+The table runs on to its first zero entry (gap ceil(ln(2^21) / s_x)), whatever the input's code range: a
+logit gap beyond the input range (a bias of a few units) reads its true exp, and a masked position
+(b ~ -1e4) lands past the first zero entry: e_i = 0 exactly, as exp(-1e4) is 0 in float. Output qparams as Softmax: unsigned B bits, scale 1 / Q, zero point 0.
 LSB bound vs the float softmax(x + b) on the dequantized x (and b): Softmax's (<= 1 LSB for 8-bit outputs)
 plus the bias rounding eps per logit -- 0.5 * s_x (constant b), 0.5 * s_x + |b_c| * s_b * 2^-(mbits-1)
 (activation b) -- which moves each output by at most eps / 2: 1 + Q * s_x / 4 LSB for a constant b.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-from lut.softmax import INT32_ROW_LIMIT, MAX_ROW, SoftmaxKernel, build_softmax
+from lut.softmax import INT32_ROW_LIMIT, MAX_ROW, SoftmaxKernel, build_softmax, exp_table, zero_entry_gap
 from ops.base import multiplier, require_per_tensor, require_qparams
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 from ptq.core.requant import INT32_MAX, requantize
@@ -62,6 +64,8 @@ class AddSoftmax(OpDef):
         proposal = ctx.out_qparams[0] if ctx.out_qparams else None
         kernel = build_softmax(x_qp, proposal.bits if proposal is not None else 8, int(ctx.node.attr("axis", -1)))
         s_x = float(x_qp.scale[0])
+        # a bias spreads the logits past the input's code range: the table must run on to its first zero entry
+        kernel = dataclasses.replace(kernel, exp_table=exp_table(s_x, zero_entry_gap(s_x) + 1))
         if 1 in ctx.constants:
             b = np.asarray(ctx.constants[1], dtype=np.float64)
             codes = np.clip(np.rint(b / s_x), -BIAS_CODE_LIMIT, BIAS_CODE_LIMIT).astype(np.int64)
