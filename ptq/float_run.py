@@ -45,6 +45,13 @@ def image_input(graph: Graph) -> str:
     return float_inputs[0]
 
 
+def sample_input(graph: Graph) -> str:
+    """The one graph input that arrays of samples are fed to, of any dtype (token ids for an embedding)."""
+    if len(graph.inputs) != 1:
+        raise ModelError(f"samples feed a model with one input, this one has {graph.inputs}")
+    return graph.inputs[0]
+
+
 @dataclass
 class FloatRunner:
     """An onnxruntime session that returns the listed activations for a batch of model inputs."""
@@ -61,7 +68,7 @@ class FloatRunner:
         """`intra_op_threads`: onnxruntime's intra-op pool size (None: its default, one thread per core)."""
         import onnxruntime as ort  # imported lazily: it is slow to import
 
-        name = image_input(graph)
+        name = sample_input(graph)
         batch_dim = graph.tensors[name].shape[0]
         if batch_dim not in (None, 0, 1):
             raise ModelError(f"input {name!r} has a fixed batch of {batch_dim}; ptq needs batch 1 or a dynamic batch")

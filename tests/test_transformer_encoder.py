@@ -2,9 +2,8 @@
 plus positions, LayerNorms in the decomposed ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add form,
 multi-head attention with Softmax, a GELU MLP (x * 0.5 * (1 + erf(x / sqrt 2))), residual Adds -- calibrated
 on random data, runs with zero float nodes and agrees with onnxruntime's float run (cosine >= 0.99), with
-and without a -1e4 padding mask on the attention scores.
-
-The token embedding is a graph input (the embedding table's Gather is not registered in this branch)."""
+and without a -1e4 padding mask on the attention scores, from embeddings or from int64 token ids through an
+embedding Gather."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,13 +16,14 @@ from ptq.executor import NodeKind, prepare
 from ptq.pipeline import calibrate
 from test_transformer_rewrites import decomposed_layer_norm
 
-T, D, H, FF = 8, 32, 4, 64
+T, D, H, FF, VOCAB = 8, 32, 4, 64, 50
 DH = D // H
 
 
-def encoder_block(rng, padding_mask: bool = False) -> onnx.ModelProto:
+def encoder_block(rng, padding_mask: bool = False, token_ids: bool = False) -> onnx.ModelProto:
     """One BERT-style block; with `padding_mask`, the last two tokens are masked out of the attention
-    (an additive -1e4 on their keys, broadcast over heads and queries)."""
+    (an additive -1e4 on their keys, broadcast over heads and queries); with `token_ids`, the input is int64
+    token ids looked up in a constant embedding table (Gather)."""
     init: dict[str, np.ndarray] = {
         "pos": rng.normal(0, 0.3, (T, D)), "two": np.float32(2.0), "eps": np.float32(1e-5),
         "sqrt_dh": np.float32(np.sqrt(DH)), "sqrt2": np.float32(np.sqrt(2.0)), "one": np.float32(1.0),
@@ -47,6 +47,9 @@ def encoder_block(rng, padding_mask: bool = False) -> onnx.ModelProto:
                 helper.make_node("Transpose", [f"{out}_r"], [out], perm=perm, name=out)]
 
     nodes = [helper.make_node("Add", ["embeddings", "pos"], ["x0"], name="add_pos")]
+    if token_ids:
+        init["table"] = rng.normal(0, 1, (VOCAB, D))
+        nodes.insert(0, helper.make_node("Gather", ["table", "ids"], ["embeddings"], axis=0, name="embed"))
     nodes += decomposed_layer_norm("x0", "x1", "ln0", "ln0_gamma", "ln0_beta")
     nodes += linear("x1", "q", "q") + linear("x1", "k", "k") + linear("x1", "v", "v")
     nodes += heads("q", "qh", [0, 2, 1, 3]) + heads("k", "kt", [0, 2, 3, 1]) + heads("v", "vh", [0, 2, 1, 3])
@@ -78,7 +81,8 @@ def encoder_block(rng, padding_mask: bool = False) -> onnx.ModelProto:
     nodes += decomposed_layer_norm("res2", "out", "ln2", "ln2_gamma", "ln2_beta")
     graph = helper.make_graph(
         nodes, "encoder",
-        [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["N", T, D])],
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", T]) if token_ids else
+         helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["N", T, D])],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", T, D])],
         [numpy_helper.from_array(v if v.dtype == np.int64 else np.asarray(v, np.float32), k) for k, v in init.items()],
     )
@@ -111,3 +115,21 @@ def test_encoder_block_runs_in_integers_and_matches_float(padding_mask):
         got = graph.run({"embeddings": sample[None]}).outputs["out"].ravel().astype(np.float64)
         cosine = got @ want / (np.linalg.norm(got) * np.linalg.norm(want))
         assert cosine >= 0.99
+
+
+def test_encoder_block_from_token_ids_through_an_embedding_gather():
+    """Token ids (int64) in: the embedding Gather runs in integers on the quantized table, the ids stay exact
+    index tensors, and the block agrees with float."""
+    rng = np.random.default_rng(1)
+    model = encoder_block(rng, token_ids=True)
+    calib = rng.integers(0, VOCAB, (32, T)).astype(np.int64)
+    result = calibrate(model, calib, write_qdq=False)
+    assert "ids" not in result.table.tensors  # an index input: never calibrated
+    graph = prepare(result.graph, result.table)
+    assert graph.float_nodes == []
+    assert [s.kind for s in graph.steps if s.node.op_type == "Gather"] == [NodeKind.INTEGER]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for sample in rng.integers(0, VOCAB, (8, T)).astype(np.int64):
+        want = sess.run(None, {"ids": sample[None]})[0].ravel().astype(np.float64)
+        got = graph.run({"ids": sample[None]}).outputs["out"].ravel().astype(np.float64)
+        assert got @ want / (np.linalg.norm(got) * np.linalg.norm(want)) >= 0.99
