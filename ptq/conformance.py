@@ -358,6 +358,10 @@ def _run_calibrated(case: Case, op: OpDef) -> tuple[Optional[float], bool]:
     steps = [s for s in prepared.steps if s.node.op_type == case.op_type]
     if case.op_type not in ("Identity", "Dropout") and (len(steps) != 1 or steps[0].kind is not NodeKind.INTEGER):
         raise AssertionError(f"{case.op_type}: the node did not run as one integer step")
+    if steps and op.keeps_input_qparams:  # the fact the op declares, checked on the step it produced
+        q = steps[0].quantized
+        if any(qp is not None and qp != q.in_qparams[0] for qp in q.out_qparams):
+            raise AssertionError(f"{case.op_type}: declares keeps_input_qparams, but its output qparams differ")
     # the constants the integer step quantizes reach onnxruntime as their dequantized codes
     constants = dict(case.constants)
     if steps:
