@@ -1,0 +1,78 @@
+"""Sharded runs (`--workers N`, `ptq.parallel`) give the one-process result bit for bit: tables, skipped
+images, reports; a worker that dies has its shard re-run."""
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from ptq.calibration_shards import CalibrationJob
+from ptq.cli import main
+from ptq.images import Preprocess
+from ptq.parallel import LocalPool, optimistic_used, plan_shards, run_sharded
+from ptq.images import ImageLog
+from tiny_models import conv_relu_gemm, write_images
+
+RAW_FLAGS = ["--mean", "0", "--std", "255", "--crop-ratio", "1", "-q"]
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def calibrate_cli(model, images, out, *flags) -> Path:
+    assert main(["calibrate", str(model), "--images", str(images), "--out", str(out), "-q", *flags]) == 0
+    return out / f"{Path(model).stem}.quant.json"
+
+
+def test_plan_is_whole_batches_in_order_with_the_isolated_prefix():
+    used = [Path(f"{k}.jpg") for k in range(11)]
+    shards = plan_shards(used, batch_size=3, shard_batches=2, isolated=4)
+    assert [s.start for s in shards] == [0, 6]
+    assert [[len(b) for b in s.batches] for s in shards] == [[3, 3], [3, 2]]
+    assert [p for s in shards for b in s.batches for p in b] == used
+    assert [s.isolated for s in shards] == [4, 0]
+    assert optimistic_used(used, {used[1]: "bad", used[4]: "bad"}, limit=4) == [used[0], used[2], used[3], used[5]]
+
+
+@pytest.mark.parametrize("calibrator", ["mean", "3std"])
+def test_bundled_photos_two_workers_write_the_one_process_table(model_path, calib_dir, tmp_path, calibrator):
+    """The order-sensitive calibrators: per-batch extrema (mean) and Chan moments (3std); 3 shards of batch 4
+    over 12 sampled images of examples/calib."""
+    flags = ["--calibrator", calibrator, "--batch-size", "4", "--num-images", "12", "--seed", "3"]
+    one = calibrate_cli(model_path, calib_dir, tmp_path / "w1", *flags)
+    two = calibrate_cli(model_path, calib_dir, tmp_path / "w2", *flags, "--workers", "2")
+    assert digest(one) == digest(two)
+    assert digest(one.with_name("efficientnet_lite0.qdq.onnx")) == digest(two.with_name("efficientnet_lite0.qdq.onnx"))
+
+
+@pytest.fixture()
+def tiny_with_bad_files(tmp_path):
+    """A dynamic-batch model and 14 lossless 8x8 images with two undecodable ones among them."""
+    model = tmp_path / "tiny.onnx"
+    onnx.save(conv_relu_gemm(batch=None), model)
+    images = tmp_path / "images"
+    write_images(images, 14, size=(8, 8))
+    names = sorted(p.name for p in images.iterdir())
+    (images / (names[2][:-4] + "a.png")).write_bytes(b"\x89PNG garbage")  # sorts right after the third image
+    (images / "zz_broken.png").write_bytes(b"\x89PNG more garbage")
+    return model, images
+
+
+@pytest.mark.parametrize("limit", [None, 9])
+def test_unreadable_images_skipped_and_counted_as_in_one_process(tiny_with_bad_files, limit):
+    """A bad file inside a shard shifts every later batch: the driver re-plans and re-runs those shards."""
+    from ptq.pipeline import calibrate
+
+    model, images = tiny_with_bad_files
+    results = [calibrate(model, images, None, calibrator="mean", batch_size=3, num_images=limit, seed=1,
+                         preprocess=Preprocess(mean=0, std=255, crop_ratio=1.0), workers=workers, write_qdq=False)
+               for workers in (1, 3)]
+    one, three = results
+    assert json.dumps(one.table.to_dict()) == json.dumps(three.table.to_dict())
+    assert three.images_used == (14 if limit is None else limit)
+    assert three.skipped == one.skipped and one.images_used == three.images_used
+    # seed 1 tries the first bad file 7th and stops before the second one
+    assert [p.name for p, _ in three.skipped] == ["img002a.png", "zz_broken.png"][:2 if limit is None else 1]
