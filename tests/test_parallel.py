@@ -2,6 +2,7 @@
 images, reports; a worker that dies has its shard re-run."""
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -76,3 +77,26 @@ def test_unreadable_images_skipped_and_counted_as_in_one_process(tiny_with_bad_f
     assert three.skipped == one.skipped and one.images_used == three.images_used
     # seed 1 tries the first bad file 7th and stops before the second one
     assert [p.name for p, _ in three.skipped] == ["img002a.png", "zz_broken.png"][:2 if limit is None else 1]
+
+
+@pytest.fixture(scope="module")
+def quant_table(model_path, calib_dir, tmp_path_factory) -> Path:
+    return calibrate_cli(model_path, calib_dir, tmp_path_factory.mktemp("table"), "--num-images", "4")
+
+
+def test_report_with_two_workers_writes_the_one_process_report(model_path, eval_dir, quant_table, tmp_path):
+    """7 labelled photos and an unreadable file among them; isolated metrics over the first 3 images span
+    three shards."""
+    images = tmp_path / "images"
+    images.mkdir()
+    for path in sorted(eval_dir.iterdir())[:7]:
+        shutil.copy(path, images / path.name)
+    (images / "imagenet_02_999x.jpg").write_bytes(b"not a jpeg")
+    reports = []
+    for workers in ("1", "2"):
+        out = tmp_path / f"report{workers}"
+        assert main(["report", str(model_path), "--quant", str(quant_table), "--images", str(images),
+                     "--out", str(out), "--isolated-images", "3", "--workers", workers]) == 0
+        reports.append(json.loads((out / "report.json").read_text()))
+    assert reports[0]["images"] == 7 and reports[0]["isolated_images"] == 3
+    assert reports[1] == reports[0]
