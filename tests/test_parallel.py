@@ -2,18 +2,18 @@
 images, reports; a worker that dies has its shard re-run."""
 import hashlib
 import json
+import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 
 from ptq.calibration_shards import CalibrationJob
 from ptq.cli import main
-from ptq.images import Preprocess
+from ptq.images import ImageLog, Preprocess
 from ptq.parallel import LocalPool, optimistic_used, plan_shards, run_sharded
-from ptq.images import ImageLog
 from tiny_models import conv_relu_gemm, write_images
 
 RAW_FLAGS = ["--mean", "0", "--std", "255", "--crop-ratio", "1", "-q"]
@@ -100,3 +100,52 @@ def test_report_with_two_workers_writes_the_one_process_report(model_path, eval_
         reports.append(json.loads((out / "report.json").read_text()))
     assert reports[0]["images"] == 7 and reports[0]["isolated_images"] == 3
     assert reports[1] == reports[0]
+
+
+@dataclass(frozen=True)
+class DiesOnce:
+    """A job whose worker process exits abruptly on the shard starting at `start`, the first time only."""
+
+    inner: CalibrationJob
+    start: int
+    marker: str
+
+    def setup(self):
+        return self.inner.setup()
+
+    def run(self, context, shard):
+        if shard.start == self.start and not os.path.exists(self.marker):
+            Path(self.marker).write_text("died here")
+            os._exit(3)
+        return self.inner.run(context, shard)
+
+
+def test_a_worker_that_dies_mid_run_has_its_shard_rerun_with_the_same_result(tmp_path):
+    from calibrators import required_stats
+    from ptq.core.graph import load_model
+    from ptq.pipeline import collect_image_statistics
+
+    model = tmp_path / "tiny.onnx"
+    onnx.save(conv_relu_gemm(batch=None), model)
+    images = tmp_path / "images"
+    files = write_images(images, 12, size=(8, 8))
+    pre, needs = Preprocess(mean=0, std=255, crop_ratio=1.0), required_stats(["mean", "3std", "kld"])
+    expected, _ = collect_image_statistics(load_model(str(model)), images, needs, preprocess=pre, batch_size=2)
+
+    marker = tmp_path / "died"
+    job = DiesOnce(CalibrationJob(str(model), None, pre, needs), start=6, marker=str(marker))
+    log = ImageLog()
+    with LocalPool(job, workers=2) as pool:
+        parts = run_sharded(pool, sorted(files), log, limit=None, batch_size=2, shard_batches=1)
+        assert pool.crashes == 1 and marker.exists()
+    merged = parts[0]
+    for part in parts[1:]:
+        for name, stats in merged.items():
+            stats.merge(part[name])
+    assert log.used == sorted(files) and list(merged) == list(expected)
+    for name, stats in expected.items():
+        got = merged[name]
+        assert got.batch_extrema.as_arrays()[0].tobytes() == stats.batch_extrema.as_arrays()[0].tobytes()
+        assert got.batch_extrema.as_arrays()[1].tobytes() == stats.batch_extrema.as_arrays()[1].tobytes()
+        assert got.moments.m2.tobytes() == stats.moments.m2.tobytes()
+        assert got.histogram.counts.tobytes() == stats.histogram.counts.tobytes()
