@@ -13,10 +13,11 @@ changed (the shards before the first unreadable image keep their results). Unrea
 so the usual cost is nothing; the skipped list and count are exactly the one-process ones.
 
 A job (`ShardJob`) is shipped to every worker once: `setup()` loads the model there (initializer), then
-`run(context, shard)` computes one shard. Workers run OpenBLAS (and onnxruntime) on one thread.
+`run(context, shard)` computes one shard. Workers run OpenBLAS and onnxruntime on one thread.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -143,17 +144,26 @@ def run_sharded(
 _WORKER: dict = {}  # in a worker process: the job and its context
 
 
-def limit_threads() -> None:
-    """One BLAS thread in this process (numpy is already imported in a spawned worker, hence threadpoolctl)."""
-    from threadpoolctl import threadpool_limits
+ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    _WORKER["threads"] = threadpool_limits(limits=1)
+
+@contextlib.contextmanager
+def worker_environment() -> Iterator[None]:
+    """The environment processes spawned meanwhile inherit: one BLAS thread (OpenBLAS reads it when numpy
+    loads, before any code of ours runs in the child). A value the user set is kept."""
+    saved = {name: os.environ.get(name) for name in ONE_BLAS_THREAD}
+    for name, value in ONE_BLAS_THREAD.items():
+        os.environ.setdefault(name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
 
 
 def _init_worker(job: ShardJob) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it stops the workers
-    limit_threads()
     _WORKER["job"] = job
     _WORKER["context"] = job.setup()
 
@@ -202,7 +212,8 @@ class LocalPool:
         pending = list(shards)
         while pending:
             pool = self._executor()
-            futures = {pool.submit(_run_in_worker, s): s for s in pending}
+            with worker_environment():  # the executor spawns its processes in submit()
+                futures = {pool.submit(_run_in_worker, s): s for s in pending}
             broken = False
             waiting = set(futures)
             while waiting:

@@ -149,3 +149,16 @@ def test_a_worker_that_dies_mid_run_has_its_shard_rerun_with_the_same_result(tmp
         assert got.batch_extrema.as_arrays()[1].tobytes() == stats.batch_extrema.as_arrays()[1].tobytes()
         assert got.moments.m2.tobytes() == stats.moments.m2.tobytes()
         assert got.histogram.counts.tobytes() == stats.histogram.counts.tobytes()
+
+
+def test_local_ray_cluster_writes_the_one_process_table(model_path, calib_dir, tmp_path):
+    """Skipped only without Ray (CI installs the `ray` extra). The cluster is started here with 2 CPUs."""
+    ray = pytest.importorskip("ray")
+    flags = ["--calibrator", "mean", "--batch-size", "4", "--num-images", "12"]
+    one = calibrate_cli(model_path, calib_dir, tmp_path / "w1", *flags)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        on_ray = calibrate_cli(model_path, calib_dir, tmp_path / "ray", *flags, "--ray", "local")
+    finally:
+        ray.shutdown()
+    assert digest(on_ray) == digest(one)
