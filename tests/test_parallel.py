@@ -162,3 +162,21 @@ def test_local_ray_cluster_writes_the_one_process_table(model_path, calib_dir, t
     finally:
         ray.shutdown()
     assert digest(on_ray) == digest(one)
+
+
+def test_run_with_two_workers_prints_the_one_process_lines(model_path, eval_dir, quant_table, tmp_path, capsys):
+    images = tmp_path / "images"
+    images.mkdir()
+    for path in sorted(eval_dir.iterdir())[:5]:
+        shutil.copy(path, images / path.name)
+    (images / "imagenet_01_999x.jpg").write_bytes(b"not a jpeg")
+    printed = []
+    for workers in ("1", "2"):
+        assert main(["run", str(model_path), "--quant", str(quant_table), "--images", str(images),
+                     "--workers", workers]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        printed.append([line for line in lines if "ms per image" not in line])
+        assert sum("ms per image" in line for line in lines) == 1
+    assert printed[1] == printed[0]
+    assert printed[0][2] == "imagenet_01_999x.jpg: skipped (cannot decode image: cannot identify image file "\
+        f"'{images / 'imagenet_01_999x.jpg'}')" and "top-1 accuracy" in "\n".join(printed[0])
