@@ -180,3 +180,43 @@ def test_run_with_two_workers_prints_the_one_process_lines(model_path, eval_dir,
     assert printed[1] == printed[0]
     assert printed[0][2] == "imagenet_01_999x.jpg: skipped (cannot decode image: cannot identify image file "\
         f"'{images / 'imagenet_01_999x.jpg'}')" and "top-1 accuracy" in "\n".join(printed[0])
+
+
+def _session_processes(sid: int) -> list[int]:
+    """Live processes of session `sid` (Linux /proc)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+def test_ctrl_c_stops_the_workers_and_writes_nothing(model_path, calib_dir, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "ptq.cli", "calibrate", str(model_path), "--images", str(calib_dir),
+               "--out", str(out), "-q", "--workers", "2", "--calibrator", "kld"]
+    process = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE,
+                               cwd=Path(__file__).resolve().parents[1])
+    deadline = time.monotonic() + 60
+    while len(_session_processes(process.pid)) < 3 and time.monotonic() < deadline:  # driver, 2 workers
+        time.sleep(0.2)
+    assert process.poll() is None, "the run ended before it could be interrupted"
+    time.sleep(2)
+    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode != 0 and b"KeyboardInterrupt" in stderr
+    deadline = time.monotonic() + 10
+    while _session_processes(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _session_processes(process.pid) == []
+    assert not out.exists() or list(out.iterdir()) == []
