@@ -1,7 +1,7 @@
 """Benchmark: `--workers N` and `--ray` against one process, for `ptq report` and `ptq calibrate`.
 
     python bench/scale.py                        # EfficientNet-Lite0, 200 report images, 1 / 2 / N workers, Ray
-    python bench/scale.py --images 60 --no-ray   # quicker
+    python bench/scale.py --images 60 --no-ray --kinds report   # quicker
 
 The 200 images are the eval photos (../shared/assets/images/eval) plus mirrored and cropped copies written
 to a temp folder (labels kept in the names). Every configuration runs in a fresh subprocess (`--one`), which
@@ -87,8 +87,18 @@ def one(argv: list[str]) -> None:
         result = json.dumps(build_report(ev, "m", "q").to_dict(), sort_keys=True)
         count = ev.images
     else:
+        from calibrators.statistics import TensorStatistics
         from ptq.pipeline import calibrate
 
+        merge_stats = TensorStatistics.merge
+
+        def timed_merge_stats(self, other):
+            t = time.perf_counter()
+            merged = merge_stats(self, other)
+            timings["merge"] += time.perf_counter() - t
+            return merged
+
+        TensorStatistics.merge = timed_merge_stats
         res = calibrate(MODEL, images, None, calibrator="3std", write_qdq=False, workers=workers, ray=ray)
         result, count = json.dumps(res.table.to_dict(), sort_keys=True), res.images_used
     seconds = time.perf_counter() - start
@@ -115,7 +125,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=200)
     parser.add_argument("--workers", type=int, nargs="+", default=sorted({1, 2, os.cpu_count() or 2}))
     parser.add_argument("--no-ray", action="store_true")
-    parser.add_argument("--no-calibrate", action="store_true")
+    parser.add_argument("--kinds", nargs="+", choices=("report", "calibrate"), default=["report", "calibrate"])
     parser.add_argument("--one", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -136,7 +146,7 @@ def main() -> None:
 
         table = calibrate(MODEL, REPO / "examples" / "calib", tmp / "table", write_qdq=False).table_path
         configs = [(w, "") for w in args.workers] + ([(2, "local")] if has_ray else [])
-        for kind in ("report",) + (() if args.no_calibrate else ("calibrate",)):
+        for kind in args.kinds:
             print(f"\n{kind}, {args.images} images (wall time includes model loading and worker start-up)")
             print(f"{'config':>10} {'s':>7} {'img/s':>7} {'speed-up':>8} {'merge s':>8} {'driver MB':>9} "
                   f"{'worker MB':>9} {'digest':>13} load before/after")
