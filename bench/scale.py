@@ -130,11 +130,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.one:
         return one(args.one)
-    try:
-        import ray  # noqa: F401
-        has_ray = not args.no_ray
-    except ImportError:
-        has_ray = False
+    import importlib.util
+
+    has_ray = not args.no_ray and importlib.util.find_spec("ray") is not None
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -151,10 +149,10 @@ def main() -> None:
             print(f"{'config':>10} {'s':>7} {'img/s':>7} {'speed-up':>8} {'merge s':>8} {'driver MB':>9} "
                   f"{'worker MB':>9} {'digest':>13} load before/after")
             base = None
-            for workers, ray in configs:
-                row = run(kind, full, table, workers, ray)
+            for workers, cluster in configs:
+                row = run(kind, full, table, workers, cluster)
                 base = base or row["seconds"]
-                name = f"ray x{workers}" if ray else f"{workers} worker{'s' if workers > 1 else ''}"
+                name = f"ray x{workers}" if cluster else f"{workers} worker{'s' if workers > 1 else ''}"
                 print(f"{name:>10} {row['seconds']:7.1f} {row['images'] / row['seconds']:7.2f} "
                       f"{base / row['seconds']:7.2f}x {row['merge']:8.3f} {row['rss_driver_mb']:9.0f} "
                       f"{row['rss_worker_mb']:9.0f} {row['digest']:>13} {row['load'][0]:.1f}/{row['load'][1]:.1f}",

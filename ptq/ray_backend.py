@@ -2,8 +2,8 @@
 
 The job (model path or bytes, quant table, preprocessing) is put in the object store once; each task gets
 its reference and a shard. A Ray worker process sets the job up the first time it sees it and keeps it
-for the next shards (Ray reuses worker processes); workers run OpenBLAS on one thread (runtime_env). Scheduling, retries (`max_retries`: a task whose worker
-died runs again) and object transfer are Ray's. Images are read by the workers from their paths, so the
+for the next shards (Ray reuses worker processes); workers run OpenBLAS on one thread (runtime_env).
+Scheduling, retries (`max_retries`: a task whose worker died runs again) and object transfer are Ray's. Images are read by the workers from their paths, so the
 paths must be visible on every node (a shared file system, or the local machine).
 """
 from __future__ import annotations
