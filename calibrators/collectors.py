@@ -2,9 +2,9 @@
 
 Every collector folds a batch given as `ChannelRows`: values of shape (C, n), one row per channel
 (C = 1 for per-tensor statistics), produced and validated by `as_channels`. Collectors keep O(C) state
-(O(C * batches) for `BatchExtremaCollector`), never the batches themselves, and `merge` combines two
-collectors over disjoint shards into the collector over all the data. The histogram lives in
-`calibrators.histogram`.
+(O(C * batches) for `MomentsCollector` and `BatchExtremaCollector`), never the batches themselves, and
+`merge` combines two collectors over disjoint shards into the collector over all the data. The histogram
+lives in `calibrators.histogram`.
 """
 from __future__ import annotations
 
@@ -106,15 +106,31 @@ class MomentsCollector:
 
     A batch's own (mean, M2) is computed two-pass (subtract its mean first), so no catastrophic
     cancellation; `std = sqrt(M2 / n)` is the population standard deviation (numpy's default, ddof=0).
+
+    The formula is not associative in floating point, so the collector keeps every batch's (n, mean, M2)
+    (O(C * batches) state, like `BatchExtremaCollector`) and folds them left to right, in the order folded,
+    when read: a merge appends the other shard's batches, so shards merged in order give bit for bit what
+    one pass over the same batches gives.
     """
 
-    count: Optional[np.ndarray] = None  # (C,) float64 (counts beyond 2^53 are not a concern)
-    mean: Optional[np.ndarray] = None
-    m2: Optional[np.ndarray] = None
+    parts: list = field(default_factory=list)  # one (n, mean, M2) triple of (C,) float64 arrays per batch
+    _folded: Optional[tuple] = field(default=None, repr=False, compare=False)  # (len(parts), n, mean, M2)
 
     @property
     def channels(self) -> Optional[int]:
-        return None if self.count is None else self.count.size
+        return self.parts[0][0].size if self.parts else None
+
+    @property
+    def count(self) -> Optional[np.ndarray]:
+        return self._fold()[0]
+
+    @property
+    def mean(self) -> Optional[np.ndarray]:
+        return self._fold()[1]
+
+    @property
+    def m2(self) -> Optional[np.ndarray]:
+        return self._fold()[2]
 
     @property
     def std(self) -> np.ndarray:
@@ -127,24 +143,27 @@ class MomentsCollector:
         mean = values.mean(axis=1, dtype=np.float64)
         centred = values - mean[:, None]  # float64
         m2 = np.einsum("ij,ij->i", centred, centred)
-        self._combine(n, mean, m2)
+        self.parts.append((n, mean, m2))
 
     def merge(self, other: "MomentsCollector") -> None:
-        if other.count is None:
+        if not other.parts:
             return
         check_channels(self.channels, other.channels, "MomentsCollector.merge")
-        self._combine(other.count, other.mean, other.m2)
+        self.parts.extend(tuple(a.copy() for a in part) for part in other.parts)
 
-    def _combine(self, nb: np.ndarray, mean_b: np.ndarray, m2_b: np.ndarray) -> None:
-        if self.count is None:
-            self.count, self.mean, self.m2 = nb.copy(), mean_b.copy(), m2_b.copy()
-            return
-        na = self.count
-        n = na + nb
-        delta = mean_b - self.mean
-        self.mean = self.mean + delta * (nb / n)
-        self.m2 = self.m2 + m2_b + np.square(delta) * (na * nb / n)
-        self.count = n
+    def _fold(self) -> tuple:
+        if not self.parts:
+            return None, None, None
+        if self._folded is None or self._folded[0] != len(self.parts):
+            done, n, mean, m2 = self._folded or (1, *self.parts[0])
+            for nb, mean_b, m2_b in self.parts[done:]:
+                total = n + nb
+                delta = mean_b - mean
+                mean = mean + delta * (nb / total)
+                m2 = m2 + m2_b + np.square(delta) * (n * nb / total)
+                n = total
+            self._folded = (len(self.parts), n, mean, m2)
+        return self._folded[1:]
 
 
 @dataclass

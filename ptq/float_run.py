@@ -135,12 +135,14 @@ def collect_statistics(
     *,
     providers: Optional[list[str]] = None,
     on_batch: Optional[Callable[[int], None]] = None,
+    runner: Optional[FloatRunner] = None,
 ) -> dict[str, TensorStatistics]:
     """Per-tensor statistics of `tensors` over all `batches` (each folded in and dropped).
 
-    `on_batch(n)` is called after each batch of n samples (progress reporting).
+    `on_batch(n)` is called after each batch of n samples (progress reporting). `runner`: a session made
+    once for `tensors` (a worker process computing many shards), instead of a new one.
     """
-    runner = FloatRunner.create(graph, tensors, providers)
+    runner = runner or FloatRunner.create(graph, tensors, providers)
     stats = {name: TensorStatistics(needs, axis=None) for name in tensors}
     # Only per-batch statistics depend on how samples are grouped (min/max, moments and the fixed-grid
     # histograms do not), so without them a batch-1 model folds sample by sample: one sample's activations

@@ -54,20 +54,22 @@ def evaluate(
     progress: bool = False,
     desc: str = "report",
     backend=None,
+    accumulator: type = SimilarityAccumulator,
 ) -> Evaluation:
     """Run the float model and the integer graph on every image and accumulate the similarities.
 
     `layers=False` measures the graph outputs only (cheaper: debug passes); `isolated=False` skips the
     isolated runs; `isolated_images=N` runs them on the first N images only (they cost a second integer
-    pass). `float_nodes` are node names, tensor names or op types run in float inside the integer graph.
+    pass; 0: on none of them). `float_nodes` are node names, tensor names or op types run in float inside the integer graph.
     `backend` (a `DotBackend` or a `ptq.backends` name) computes the integer graph's dot products.
+    `accumulator`: the `SimilarityAccumulator` class (a sharded run records each sample's sums).
     """
     from tqdm import tqdm
 
     if isolated and not layers:
         raise ValueError("isolated metrics need layers=True")
-    if isolated_images is not None and isolated_images <= 0:
-        raise ValueError(f"isolated_images must be positive, got {isolated_images}")
+    if isolated_images is not None and isolated_images < 0:
+        raise ValueError(f"isolated_images must not be negative, got {isolated_images}")
     if prepared is not None and (float_nodes or backend is not None):
         raise ValueError("give float_nodes and backend to prepare(), not with an already prepared graph")
     prepared = prepared or prepare(graph, table, float_nodes=float_nodes, backend=backend)
@@ -85,9 +87,9 @@ def evaluate(
     ev = Evaluation(
         layers=specs,
         qparams=dict(prepared.qparams),
-        cumulative={s.name: SimilarityAccumulator() for s in specs},
-        isolated={s.name: SimilarityAccumulator() for s in specs} if isolated else {},
-        outputs={o: SimilarityAccumulator() for o in outputs},
+        cumulative={s.name: accumulator() for s in specs},
+        isolated={s.name: accumulator() for s in specs} if isolated else {},
+        outputs={o: accumulator() for o in outputs},
         classification=TopKAgreement() if _is_scores(graph, outputs[0]) else None,
         float_nodes=[f.name for f in prepared.float_nodes],
         float_reasons={f.name: f"{f.op_type}: {f.reason}" for f in prepared.float_nodes},

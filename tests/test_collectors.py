@@ -229,3 +229,20 @@ def test_histogram_of_extreme_magnitudes_is_exact(magnitude):
     w = reference_width(np.abs(x).max(), DEFAULT_BINS)
     assert hist.width[0] == w
     np.testing.assert_array_equal(hist.counts[0], reference_histogram(x, w, DEFAULT_BINS))
+
+
+def test_shards_merged_in_order_equal_one_pass_bit_for_bit():
+    """Every collector of 3 shards merged in shard order equals one pass over the same batches exactly
+    (moments included: their batch triples are folded left to right whichever way they were grouped)."""
+    rng = np.random.default_rng(7)
+    batches = [rng.standard_normal((4, 3, 5)).astype(np.float32) * (1 + k) + k for k in range(9)]
+    one = fold(batches, axis=1)
+    shards = [fold(batches[:2], axis=1), fold(batches[2:7], axis=1), fold(batches[7:], axis=1)]
+    merged = shards[0]
+    for shard in shards[1:]:
+        merged.merge(pickle.loads(pickle.dumps(shard)))  # as a worker process would send it
+    for read in (lambda s: s.minmax.min, lambda s: s.minmax.max, lambda s: s.moments.count,
+                 lambda s: s.moments.mean, lambda s: s.moments.m2, lambda s: s.batch_extrema.as_arrays()[0],
+                 lambda s: s.batch_extrema.as_arrays()[1], lambda s: s.histogram.counts,
+                 lambda s: s.histogram.exponent):
+        assert read(merged).tobytes() == read(one).tobytes()

@@ -5,6 +5,7 @@ import argparse
 import logging
 
 from ptq.images import LAYOUTS, Preprocess
+from ptq.parallel import add_parallel_arguments
 
 HELP = "calibrate a model on a folder of images; write <stem>.quant.json and <stem>.qdq.onnx"
 
@@ -55,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     img.add_argument("--batch-size", type=int, default=8, help="images per statistics batch (default: 8)")
     img.add_argument("--seed", type=int, default=0, help="seed for sampling --num-images (default: 0)")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar, no summary, no warnings")
+    add_parallel_arguments(parser)
 
 
 def preprocess_from_args(args: argparse.Namespace) -> Preprocess:
@@ -95,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             input_shapes=parse_input_shapes(args.input_shape),
             progress=not args.quiet,
+            workers=args.workers,
+            ray=args.ray,
         )
     finally:
         logger.setLevel(previous_level)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ptq.parallel import add_parallel_arguments
+
 HELP = "compare the integer graph with the float model layer by layer and rank the bottlenecks"
 DEFAULT_ISOLATED_IMAGES = 2
 
@@ -77,6 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--float-nodes", nargs="+", default=[], metavar="NAME",
                         help="node names, output tensor names or op types to run in float")
     parser.add_argument("--top", type=int, default=5, help="suspects printed on stdout (default 5)")
+    add_parallel_arguments(parser)
 
 
 def load_inputs(args: argparse.Namespace):
@@ -111,8 +114,15 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--top must be positive, got {args.top}")
     graph, table, images = load_inputs(args)
     require_integer_graph(args, graph, table)
-    ev = evaluate(graph, table, images, float_nodes=args.float_nodes, isolated_images=args.isolated_images,
-                  progress=True, backend=args.backend)
+    if args.workers > 1 or args.ray is not None:
+        from reports.evaluate_shards import sharded_evaluate
+
+        ev = sharded_evaluate(args.model, table, images, workers=args.workers, ray=args.ray,
+                              float_nodes=args.float_nodes, isolated_images=args.isolated_images, progress=True,
+                              backend=args.backend)
+    else:
+        ev = evaluate(graph, table, images, float_nodes=args.float_nodes, isolated_images=args.isolated_images,
+                      progress=True, backend=args.backend)
     report = build_report(ev, str(args.model), str(args.quant))
     paths = write_report(report, Path(args.out))
     print(summary_text(report, top=args.top))

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ptq.commands.report import add_backend_argument, add_strict_argument
+from ptq.parallel import add_parallel_arguments
 
 HELP = "run a calibrated model in integer arithmetic on images and print the top-k classes"
 
@@ -34,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_strict_argument(parser)
     add_backend_argument(parser)
+    add_parallel_arguments(parser)
     pre = parser.add_argument_group("preprocessing (default: what the quant table was calibrated with)")
     pre.add_argument("--config", help="JSON file with preprocessing keys (mean, std, resize, crop_ratio, bgr, layout)")
     pre.add_argument("--mean", help="per-channel mean in pixel units, e.g. 123.675,116.28,103.53")
@@ -135,7 +137,12 @@ def run(args: argparse.Namespace) -> int:
     prepared = prepare(graph, table, float_nodes=args.float_nodes, backend=args.backend,
                        options=ExecutorOptions(strict=args.strict))
     tally = Tally()
-    for path in files:
+    sequential = args.workers == 1 and args.ray is None
+    if not sequential:
+        from ptq.run_shards import classify_on_workers
+
+        classify_on_workers(args, table, pre, files, tally)
+    for path in files if sequential else ():
         try:
             sample = load_image(path, pre, spec)[None]
         except ValueError as exc:

@@ -1,0 +1,89 @@
+"""Calibration statistics over shards of the image list (`ptq calibrate --workers N`, `--ray`).
+
+Each shard's statistics are collected by `ptq.float_run.collect_statistics` in a worker, exactly as the
+one-process run collects those batches, and merged in shard order: min/max and the histograms merge
+exactly in any order; per-batch extrema (`mean`) and moments (`Nstd`) keep one entry per batch and are
+folded in batch order, so the table is byte-identical to the one-process table (`ptq.parallel`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+import onnx
+
+from calibrators import TensorStatistics
+from ptq.core.graph import Graph, load_model
+from ptq.float_run import FloatRunner, collect_statistics, image_input
+from ptq.images import ImageLog, InputSpec, Preprocess, load_image, select_files
+from ptq.parallel import Shard, ShardResult, make_runner, run_sharded, shard_batches_for
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    graph: Graph
+    spec: InputSpec
+    runner: FloatRunner
+
+
+@dataclass(frozen=True)
+class CalibrationJob:
+    """Statistics of every activation of a model (a file path, or a serialized model) over image shards."""
+
+    model: Union[str, bytes]
+    input_shapes: Optional[dict]
+    preprocess: Preprocess
+    needs: frozenset
+
+    def setup(self) -> WorkerContext:
+        model = self.model if isinstance(self.model, str) else onnx.load_from_string(self.model)
+        graph = load_model(model, self.input_shapes)
+        spec = InputSpec.from_shape(graph.tensors[image_input(graph)].shape, self.preprocess.layout)
+        return WorkerContext(graph, spec, FloatRunner.create(graph, graph.activations, intra_op_threads=1))
+
+    def run(self, context: WorkerContext, shard: Shard) -> ShardResult:
+        batches, skipped = [], []
+        for files in shard.batches:
+            batch = []
+            for path in files:
+                try:
+                    batch.append(load_image(path, self.preprocess, context.spec))
+                except ValueError as exc:
+                    skipped.append((path, str(exc)))
+            batches.append(batch)
+        if skipped:  # the layout changes: the driver plans again
+            return ShardResult(skipped=skipped)
+        stats = collect_statistics(context.graph, (np.stack(b) for b in batches), context.graph.activations,
+                                   self.needs, runner=context.runner)
+        return ShardResult(payload=stats)
+
+
+def sharded_statistics(
+    model, graph: Graph, images, needs: frozenset, *, preprocess: Preprocess, num_images: Optional[int],
+    batch_size: int, seed: int, input_shapes: Optional[dict], workers: int, ray: Optional[str] = None,
+    progress: bool = False,
+) -> tuple[dict[str, TensorStatistics], ImageLog]:
+    """What `ptq.pipeline.collect_image_statistics` returns, computed by `workers` processes (or on Ray)."""
+    from tqdm import tqdm
+
+    log = ImageLog()
+    candidates = select_files(images, log, num_images=num_images, seed=seed)
+    InputSpec.from_shape(graph.tensors[image_input(graph)].shape, preprocess.layout)  # errors before spawning
+    source = str(Path(model).resolve()) if isinstance(model, (str, Path)) else model.SerializeToString()
+    job = CalibrationJob(source, input_shapes, preprocess, frozenset(needs))
+    expected = len(candidates) if num_images is None else min(num_images, len(candidates))
+    per_shard = shard_batches_for(expected, batch_size, workers)
+    with make_runner(job, workers, ray) as runner, \
+            tqdm(total=expected, unit="img", desc="calibrating", disable=None if progress else True,
+                 leave=False) as bar:
+        payloads = run_sharded(runner, candidates, log, limit=num_images, batch_size=batch_size,
+                               shard_batches=per_shard, on_shard=bar.update)
+    if not payloads:
+        raise ValueError(f"no valid image in {images} ({len(log.skipped)} files skipped)")
+    stats = payloads[0]
+    for shard_stats in payloads[1:]:
+        for name, collector in stats.items():
+            collector.merge(shard_stats[name])
+    return stats, log

@@ -1,0 +1,222 @@
+"""Sharded runs (`--workers N`, `ptq.parallel`) give the one-process result bit for bit: tables, skipped
+images, reports; a worker that dies has its shard re-run."""
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import pytest
+
+from ptq.calibration_shards import CalibrationJob
+from ptq.cli import main
+from ptq.images import ImageLog, Preprocess
+from ptq.parallel import LocalPool, optimistic_used, plan_shards, run_sharded
+from tiny_models import conv_relu_gemm, write_images
+
+RAW_FLAGS = ["--mean", "0", "--std", "255", "--crop-ratio", "1", "-q"]
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def calibrate_cli(model, images, out, *flags) -> Path:
+    assert main(["calibrate", str(model), "--images", str(images), "--out", str(out), "-q", *flags]) == 0
+    return out / f"{Path(model).stem}.quant.json"
+
+
+def test_plan_is_whole_batches_in_order_with_the_isolated_prefix():
+    used = [Path(f"{k}.jpg") for k in range(11)]
+    shards = plan_shards(used, batch_size=3, shard_batches=2, isolated=4)
+    assert [s.start for s in shards] == [0, 6]
+    assert [[len(b) for b in s.batches] for s in shards] == [[3, 3], [3, 2]]
+    assert [p for s in shards for b in s.batches for p in b] == used
+    assert [s.isolated for s in shards] == [4, 0]
+    assert optimistic_used(used, {used[1]: "bad", used[4]: "bad"}, limit=4) == [used[0], used[2], used[3], used[5]]
+
+
+@pytest.mark.parametrize("calibrator", ["mean", "3std"])
+def test_bundled_photos_two_workers_write_the_one_process_table(model_path, calib_dir, tmp_path, calibrator):
+    """The order-sensitive calibrators: per-batch extrema (mean) and Chan moments (3std); 3 shards of batch 4
+    over 12 sampled images of examples/calib."""
+    flags = ["--calibrator", calibrator, "--batch-size", "4", "--num-images", "12", "--seed", "3"]
+    one = calibrate_cli(model_path, calib_dir, tmp_path / "w1", *flags)
+    two = calibrate_cli(model_path, calib_dir, tmp_path / "w2", *flags, "--workers", "2")
+    assert digest(one) == digest(two)
+    assert digest(one.with_name("efficientnet_lite0.qdq.onnx")) == digest(two.with_name("efficientnet_lite0.qdq.onnx"))
+
+
+@pytest.fixture()
+def tiny_with_bad_files(tmp_path):
+    """A dynamic-batch model and 14 lossless 8x8 images with two undecodable ones among them."""
+    model = tmp_path / "tiny.onnx"
+    onnx.save(conv_relu_gemm(batch=None), model)
+    images = tmp_path / "images"
+    write_images(images, 14, size=(8, 8))
+    names = sorted(p.name for p in images.iterdir())
+    (images / (names[2][:-4] + "a.png")).write_bytes(b"\x89PNG garbage")  # sorts right after the third image
+    (images / "zz_broken.png").write_bytes(b"\x89PNG more garbage")
+    return model, images
+
+
+@pytest.mark.parametrize("limit", [None, 9])
+def test_unreadable_images_skipped_and_counted_as_in_one_process(tiny_with_bad_files, limit):
+    """A bad file inside a shard shifts every later batch: the driver re-plans and re-runs those shards."""
+    from ptq.pipeline import calibrate
+
+    model, images = tiny_with_bad_files
+    results = [calibrate(model, images, None, calibrator="mean", batch_size=3, num_images=limit, seed=1,
+                         preprocess=Preprocess(mean=0, std=255, crop_ratio=1.0), workers=workers, write_qdq=False)
+               for workers in (1, 3)]
+    one, three = results
+    assert json.dumps(one.table.to_dict()) == json.dumps(three.table.to_dict())
+    assert three.images_used == (14 if limit is None else limit)
+    assert three.skipped == one.skipped and one.images_used == three.images_used
+    # seed 1 tries the first bad file 7th and stops before the second one
+    assert [p.name for p, _ in three.skipped] == ["img002a.png", "zz_broken.png"][:2 if limit is None else 1]
+
+
+@pytest.fixture(scope="module")
+def quant_table(model_path, calib_dir, tmp_path_factory) -> Path:
+    return calibrate_cli(model_path, calib_dir, tmp_path_factory.mktemp("table"), "--num-images", "4")
+
+
+def test_report_with_two_workers_writes_the_one_process_report(model_path, eval_dir, quant_table, tmp_path):
+    """7 labelled photos and an unreadable file among them; isolated metrics over the first 3 images span
+    three shards."""
+    images = tmp_path / "images"
+    images.mkdir()
+    for path in sorted(eval_dir.iterdir())[:7]:
+        shutil.copy(path, images / path.name)
+    (images / "imagenet_02_999x.jpg").write_bytes(b"not a jpeg")
+    reports = []
+    for workers in ("1", "2"):
+        out = tmp_path / f"report{workers}"
+        assert main(["report", str(model_path), "--quant", str(quant_table), "--images", str(images),
+                     "--out", str(out), "--isolated-images", "3", "--workers", workers]) == 0
+        reports.append(json.loads((out / "report.json").read_text()))
+    assert reports[0]["images"] == 7 and reports[0]["isolated_images"] == 3
+    assert reports[1] == reports[0]
+
+
+@dataclass(frozen=True)
+class DiesOnce:
+    """A job whose worker process exits abruptly on the shard starting at `start`, the first time only."""
+
+    inner: CalibrationJob
+    start: int
+    marker: str
+
+    def setup(self):
+        return self.inner.setup()
+
+    def run(self, context, shard):
+        if shard.start == self.start and not os.path.exists(self.marker):
+            Path(self.marker).write_text("died here")
+            os._exit(3)
+        return self.inner.run(context, shard)
+
+
+def test_a_worker_that_dies_mid_run_has_its_shard_rerun_with_the_same_result(tmp_path):
+    from calibrators import required_stats
+    from ptq.core.graph import load_model
+    from ptq.pipeline import collect_image_statistics
+
+    model = tmp_path / "tiny.onnx"
+    onnx.save(conv_relu_gemm(batch=None), model)
+    images = tmp_path / "images"
+    files = write_images(images, 12, size=(8, 8))
+    pre, needs = Preprocess(mean=0, std=255, crop_ratio=1.0), required_stats(["mean", "3std", "kld"])
+    expected, _ = collect_image_statistics(load_model(str(model)), images, needs, preprocess=pre, batch_size=2)
+
+    marker = tmp_path / "died"
+    job = DiesOnce(CalibrationJob(str(model), None, pre, needs), start=6, marker=str(marker))
+    log = ImageLog()
+    with LocalPool(job, workers=2) as pool:
+        parts = run_sharded(pool, sorted(files), log, limit=None, batch_size=2, shard_batches=1)
+        assert pool.crashes == 1 and marker.exists()
+    merged = parts[0]
+    for part in parts[1:]:
+        for name, stats in merged.items():
+            stats.merge(part[name])
+    assert log.used == sorted(files) and list(merged) == list(expected)
+    for name, stats in expected.items():
+        got = merged[name]
+        assert got.batch_extrema.as_arrays()[0].tobytes() == stats.batch_extrema.as_arrays()[0].tobytes()
+        assert got.batch_extrema.as_arrays()[1].tobytes() == stats.batch_extrema.as_arrays()[1].tobytes()
+        assert got.moments.m2.tobytes() == stats.moments.m2.tobytes()
+        assert got.histogram.counts.tobytes() == stats.histogram.counts.tobytes()
+
+
+def test_local_ray_cluster_writes_the_one_process_table(model_path, calib_dir, tmp_path):
+    """Skipped only without Ray (CI installs the `ray` extra). The cluster is started here with 2 CPUs."""
+    ray = pytest.importorskip("ray")
+    flags = ["--calibrator", "mean", "--batch-size", "4", "--num-images", "12"]
+    one = calibrate_cli(model_path, calib_dir, tmp_path / "w1", *flags)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        on_ray = calibrate_cli(model_path, calib_dir, tmp_path / "ray", *flags, "--ray", "local")
+    finally:
+        ray.shutdown()
+    assert digest(on_ray) == digest(one)
+
+
+def test_run_with_two_workers_prints_the_one_process_lines(model_path, eval_dir, quant_table, tmp_path, capsys):
+    images = tmp_path / "images"
+    images.mkdir()
+    for path in sorted(eval_dir.iterdir())[:5]:
+        shutil.copy(path, images / path.name)
+    (images / "imagenet_01_999x.jpg").write_bytes(b"not a jpeg")
+    printed = []
+    for workers in ("1", "2"):
+        assert main(["run", str(model_path), "--quant", str(quant_table), "--images", str(images),
+                     "--workers", workers]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        printed.append([line for line in lines if "ms per image" not in line])
+        assert sum("ms per image" in line for line in lines) == 1
+    assert printed[1] == printed[0]
+    assert printed[0][2] == "imagenet_01_999x.jpg: skipped (cannot decode image: cannot identify image file "\
+        f"'{images / 'imagenet_01_999x.jpg'}')" and "top-1 accuracy" in "\n".join(printed[0])
+
+
+def _session_processes(sid: int) -> list[int]:
+    """Live processes of session `sid` (Linux /proc)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+def test_ctrl_c_stops_the_workers_and_writes_nothing(model_path, calib_dir, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "ptq.cli", "calibrate", str(model_path), "--images", str(calib_dir),
+               "--out", str(out), "-q", "--workers", "2", "--calibrator", "kld"]
+    process = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE,
+                               cwd=Path(__file__).resolve().parents[1])
+    deadline = time.monotonic() + 60
+    while len(_session_processes(process.pid)) < 3 and time.monotonic() < deadline:  # driver, 2 workers
+        time.sleep(0.2)
+    assert process.poll() is None, "the run ended before it could be interrupted"
+    time.sleep(2)
+    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode != 0 and b"KeyboardInterrupt" in stderr
+    deadline = time.monotonic() + 10
+    while _session_processes(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _session_processes(process.pid) == []
+    assert not out.exists() or list(out.iterdir()) == []
