@@ -80,6 +80,9 @@ class ClassifyJob:
 def classify_sharded(job: ClassifyJob, files: list[Path], workers: int, ray: Optional[str], tally,
                      print_outcome) -> None:
     """Classify `files` on workers; `print_outcome(outcome)` is called in file order, `tally` filled."""
+    from reports.labels import LabelResolver
+
+    labels = LabelResolver.from_option(None, files)  # the one-process rule: every file labelled, or none
     shards = plan_shards(files, 1, shard_batches_for(len(files), 1, workers))
     index = {shard: k for k, shard in enumerate(shards)}
     done: dict[int, list[ImageOutcome]] = {}
@@ -89,14 +92,12 @@ def classify_sharded(job: ClassifyJob, files: list[Path], workers: int, ray: Opt
             done[index[shard]] = result.payload
             while following in done:
                 for outcome in done.pop(following):
-                    _tally(tally, outcome)
+                    _tally(tally, outcome, labels(outcome.path))
                     print_outcome(outcome)
                 following += 1
 
 
-def _tally(tally, outcome: ImageOutcome) -> None:
-    from reports.labels import label_from_filename
-
+def _tally(tally, outcome: ImageOutcome, label: Optional[int]) -> None:
     if outcome.skipped is not None:
         tally.skipped += 1
         return
@@ -104,7 +105,6 @@ def _tally(tally, outcome: ImageOutcome) -> None:
     tally.seconds += outcome.seconds
     for node, count in outcome.overflows.items():
         tally.overflows[node] = tally.overflows.get(node, 0) + count
-    label = label_from_filename(outcome.path)
     if label is not None:
         tally.labelled += 1
         tally.correct += int(outcome.ranked[0][0] == label)
