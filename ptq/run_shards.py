@@ -59,22 +59,24 @@ class ClassifyJob:
         return RunContext(graph, prepared, input_spec(graph, self.preprocess))
 
     def run(self, context: RunContext, shard: Shard) -> ShardResult:
-        from ptq.commands.run import softmax, top_k
+        return ShardResult(payload=[classify_image(context, path, self.preprocess, self.top)
+                                    for batch in shard.batches for path in batch])
 
-        name, output = image_input(context.graph), context.graph.outputs[0]
-        outcomes = []
-        for path in (p for batch in shard.batches for p in batch):
-            try:
-                sample = load_image(path, self.preprocess, context.spec)[None]
-            except ValueError as exc:
-                outcomes.append(ImageOutcome(path, skipped=str(exc)))
-                continue
-            start = time.perf_counter()
-            result = context.prepared.run({name: sample}, keep_all=False)
-            seconds = time.perf_counter() - start
-            ranked = top_k(softmax(result.outputs[output].reshape(-1)), self.top)
-            outcomes.append(ImageOutcome(path, ranked, None, seconds, dict(result.overflows)))
-        return ShardResult(payload=outcomes)
+
+def classify_image(context: RunContext, path: Path, preprocess: Preprocess, top: int) -> ImageOutcome:
+    """One file through the integer graph: its top-k classes, or why it was skipped (`ptq run`'s per-image
+    step, in one process or on a worker)."""
+    from ptq.commands.run import softmax, top_k
+
+    try:
+        sample = load_image(path, preprocess, context.spec)[None]
+    except ValueError as exc:
+        return ImageOutcome(path, skipped=str(exc))
+    start = time.perf_counter()
+    result = context.prepared.run({image_input(context.graph): sample}, keep_all=False)
+    seconds = time.perf_counter() - start
+    ranked = top_k(softmax(result.outputs[context.graph.outputs[0]].reshape(-1)), top)
+    return ImageOutcome(path, ranked, None, seconds, dict(result.overflows))
 
 
 def classify_sharded(job: ClassifyJob, files: list[Path], workers: int, ray: Optional[str], tally,
@@ -92,12 +94,13 @@ def classify_sharded(job: ClassifyJob, files: list[Path], workers: int, ray: Opt
             done[index[shard]] = result.payload
             while following in done:
                 for outcome in done.pop(following):
-                    _tally(tally, outcome, labels(outcome.path))
+                    tally_outcome(tally, outcome, labels(outcome.path))
                     print_outcome(outcome)
                 following += 1
 
 
-def _tally(tally, outcome: ImageOutcome, label: Optional[int]) -> None:
+def tally_outcome(tally, outcome: ImageOutcome, label: Optional[int]) -> None:
+    """Add one file's outcome to `ptq run`'s tally (images, skipped, time, overflows, top-1 against `label`)."""
     if outcome.skipped is not None:
         tally.skipped += 1
         return

@@ -9,7 +9,6 @@ nodes whose int32 accumulator saturated.
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,15 +118,15 @@ def run(args: argparse.Namespace) -> int:
     from ptq.executor import ExecutorOptions, prepare
     from ptq.float_run import image_input
     from ptq.core.graph import load_model
-    from ptq.images import load_image
     from ptq.quant_table import load_quant_table
+    from ptq.run_shards import RunContext, classify_image, classify_on_workers, print_outcome, tally_outcome
     from reports.labels import LabelResolver
 
     if args.top <= 0:
         raise ValueError(f"--top must be positive, got {args.top}")
     table = load_quant_table(args.quant)
     graph = load_model(args.model, table.options.input_shapes)
-    name = image_input(graph)
+    image_input(graph)  # one float input, or a clear error
     if len(graph.outputs) != 1:
         raise ValueError(f"`ptq run` prints classes of a model with one output; this one has {graph.outputs}")
     pre = _preprocess(args, table.options.preprocess)
@@ -139,28 +138,13 @@ def run(args: argparse.Namespace) -> int:
     tally = Tally()
     sequential = args.workers == 1 and args.ray is None
     if not sequential:
-        from ptq.run_shards import classify_on_workers
-
         classify_on_workers(args, table, pre, files, tally)
-    for path in files if sequential else ():
-        try:
-            sample = load_image(path, pre, spec)[None]
-        except ValueError as exc:
-            print(f"{path.name}: skipped ({exc})")
-            tally.skipped += 1
-            continue
-        start = time.perf_counter()
-        result = prepared.run({name: sample}, keep_all=False)
-        tally.seconds += time.perf_counter() - start
-        tally.images += 1
-        for node, count in result.overflows.items():
-            tally.overflows[node] = tally.overflows.get(node, 0) + count
-        ranked = top_k(softmax(result.outputs[graph.outputs[0]].reshape(-1)), args.top)
-        print(f"{path.name}: " + "  ".join(f"{c}:{p:.4f}" for c, p in ranked))
-        label = labels(path)
-        if label is not None:
-            tally.labelled += 1
-            tally.correct += int(ranked[0][0] == label)
+    else:
+        context = RunContext(graph, prepared, spec)
+        for path in files:
+            outcome = classify_image(context, path, pre, args.top)
+            tally_outcome(tally, outcome, labels(path))
+            print_outcome(outcome)
     if not tally.images:
         raise ValueError(f"no image of {args.images} could be decoded")
     _print_summary(tally, prepared.float_nodes)
