@@ -81,13 +81,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_inputs(args: argparse.Namespace):
     """(graph, table, images) from the common arguments."""
-    from ptq.core.graph import load_model
+    from ptq.adjusted_model import load_model_for_table
     from ptq.images import Preprocess
     from ptq.quant_table import load_quant_table
     from reports.image_source import ImageSet
 
     table = load_quant_table(args.quant)
-    graph = load_model(args.model, table.options.input_shapes)
+    graph = load_model_for_table(args.model, table, args.quant)
     pre = Preprocess(**(table.options.preprocess or {}))
     images = ImageSet.from_folder(args.images, pre, args.labels, args.num_images)
     return graph, table, images

@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from ptq.pipeline import input_spec
     from ptq.executor import ExecutorOptions, prepare
     from ptq.float_run import image_input
-    from ptq.core.graph import load_model
+    from ptq.adjusted_model import load_model_for_table
     from ptq.images import load_image
     from ptq.quant_table import load_quant_table
     from reports.labels import label_from_filename
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     if args.top <= 0:
         raise ValueError(f"--top must be positive, got {args.top}")
     table = load_quant_table(args.quant)
-    graph = load_model(args.model, table.options.input_shapes)
+    graph = load_model_for_table(args.model, table, args.quant)
     name = image_input(graph)
     if len(graph.outputs) != 1:
         raise ValueError(f"`ptq run` prints classes of a model with one output; this one has {graph.outputs}")
