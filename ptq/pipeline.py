@@ -147,7 +147,7 @@ def activation_entries(
     graph: Graph, stats: dict[str, TensorStatistics], options: CalibrationOptions
 ) -> dict[str, TensorEntry]:
     """Table entries of the activations from their statistics."""
-    calibrator = get_calibrator(options.calibrator)
+    calibrator = get_calibrator(options.calibrator).for_grid(options.symmetric)
     bounds = folded_ranges(graph) if options.fold_clip else {}
     entries = {}
     for name in graph.activations:
@@ -166,7 +166,7 @@ def activation_entries(
 
 def weight_entries(graph: Graph, options: CalibrationOptions) -> dict[str, TensorEntry]:
     """Table entries of the weights (initializers in a weight role, see ptq.core.roles)."""
-    calibrator = get_calibrator(options.weight_calibrator)
+    calibrator = get_calibrator(options.weight_calibrator).for_grid(options.weight_symmetric)
     entries = {}
     for node in graph.nodes:
         role = weight_role(node)
