@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
+import onnx
+from onnx import numpy_helper
 
 from ptq.core.graph import Graph, load_model
 from ptq.images import ImageLog, Preprocess, iter_batches, iter_images, select_files
@@ -41,20 +43,32 @@ def equalized(graph: Graph, input_shapes: Optional[dict]) -> Graph:
 
 def after_table(graph: Graph, table: QuantTable, batches, *, bias_correction: bool, adaround: bool,
                 input_shapes: Optional[dict]) -> Graph:
-    """AdaRound (weights onto the table's grid, rounding learned), then bias correction of what remains."""
+    """AdaRound (weights onto the table's grid, rounding learned), then the bias correction of the mean shift
+    that remains against the float weights."""
+    from ptq.bias_correction import correct_biases
+
+    learned = None
     if adaround:
-        from ptq.adaround import adaround
+        from ptq.adaround import adaround as learn
 
-        model, log = adaround(graph, table, batches())
+        learned, log = learn(graph, table, batches())
         logger.info("%s", log.summary())
-        graph = load_model(model, input_shapes)
     if bias_correction:
-        from ptq.bias_correction import correct_biases
-
-        model, log = correct_biases(graph, table, batches())
+        model, log = correct_biases(graph, table, batches(), quantized=learned)
         logger.info("%s", log.summary())
-        graph = load_model(model, input_shapes)
-    return graph
+    else:
+        model = with_initializers(graph.model, learned or {})
+    return load_model(model, input_shapes)
+
+
+def with_initializers(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of `model` with the named initializers replaced."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for init in out.graph.initializer:
+        if init.name in values:
+            init.CopyFrom(numpy_helper.from_array(values[init.name], init.name))
+    return out
 
 
 def write_adjusted(graph: Graph, table_path: Path) -> tuple[str, str]:

@@ -35,7 +35,7 @@ class BiasCorrectionLog:
         return f"bias correction: {len(self.corrected)} layers (largest shift {worst:.3g})"
 
 
-def _conv_geometry(node: Node, w: np.ndarray) -> Optional[tuple]:
+def conv_geometry(node: Node, w: np.ndarray) -> Optional[tuple]:
     if w.ndim != 4 or node.attr("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
         return None
     pads = list(node.attr("pads", [0, 0, 0, 0]))
@@ -68,7 +68,7 @@ def conv_shift(delta: np.ndarray, patch: np.ndarray, group: int) -> np.ndarray:
     return np.einsum("gokx,gkx->go", d, p).reshape(cout)
 
 
-def _layers(graph: Graph, table: QuantTable, log: BiasCorrectionLog) -> list[Node]:
+def weighted_layers(graph: Graph, table: QuantTable, log: BiasCorrectionLog) -> list[Node]:
     chosen = []
     for node in graph.nodes:
         if node.op_type not in ("Conv", "Gemm") or len(node.inputs) < 2:
@@ -77,7 +77,7 @@ def _layers(graph: Graph, table: QuantTable, log: BiasCorrectionLog) -> list[Nod
         if entry is None or entry.kind != "weight":
             continue
         w = graph.initializers[node.inputs[1]]
-        if node.op_type == "Conv" and _conv_geometry(node, w) is None:
+        if node.op_type == "Conv" and conv_geometry(node, w) is None:
             log.skipped.append((node.name, "not a 2-D Conv with explicit pads"))
             continue
         if node.op_type == "Gemm" and (node.attr("alpha", 1.0) != 1.0 or node.attr("beta", 1.0) != 1.0
@@ -88,11 +88,13 @@ def _layers(graph: Graph, table: QuantTable, log: BiasCorrectionLog) -> list[Nod
     return chosen
 
 
-def correct_biases(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray]
-                   ) -> tuple[onnx.ModelProto, BiasCorrectionLog]:
-    """A copy of `graph.model` whose Conv/Gemm biases are corrected for the table's weight quantization."""
+def correct_biases(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray],
+                   quantized: Optional[dict[str, np.ndarray]] = None) -> tuple[onnx.ModelProto, BiasCorrectionLog]:
+    """A copy of `graph.model` whose Conv/Gemm biases are corrected for the table's weight quantization.
+    `quantized`: weight name -> the dequantized weight the integer graph will use (AdaRound's), instead of
+    round-to-nearest on the table's grid; the copy holds those weights."""
     log = BiasCorrectionLog()
-    layers = _layers(graph, table, log)
+    layers = weighted_layers(graph, table, log)
     sums: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
     by_input: dict[str, list[Node]] = {}
@@ -104,7 +106,7 @@ def correct_biases(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray
             for node in by_input.get(name, []):
                 w = graph.initializers[node.inputs[1]]
                 if node.op_type == "Conv":
-                    pads, strides, dilations = _conv_geometry(node, w)
+                    pads, strides, dilations = conv_geometry(node, w)
                     s, n = mean_patch(x, w.shape[2:], pads, strides, dilations)
                 else:
                     s, n = x.reshape(-1, x.shape[-1]).astype(np.float64).sum(axis=0), x.reshape(-1, x.shape[-1]).shape[0]
@@ -119,7 +121,8 @@ def correct_biases(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray
             continue
         w = graph.initializers[node.inputs[1]].astype(np.float64)
         qp = table.tensors[node.inputs[1]].qparams
-        delta = qp.dequantize(qp.quantize(w)).astype(np.float64) - w
+        w_q = (quantized or {}).get(node.inputs[1])
+        delta = (qp.dequantize(qp.quantize(w)) if w_q is None else w_q).astype(np.float64) - w
         patch = sums[node.name] / counts[node.name]
         if node.op_type == "Conv":
             shift = conv_shift(delta, patch, int(node.attr("group", 1)))
@@ -133,4 +136,6 @@ def correct_biases(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray
         corrected = bias.astype(np.float64) - np.broadcast_to(shift, bias.shape)
         inits[bias_name].CopyFrom(numpy_helper.from_array(corrected.astype(bias.dtype), bias_name))
         log.corrected[node.name] = float(np.max(np.abs(shift)))
+    for name, value in (quantized or {}).items():
+        inits[name].CopyFrom(numpy_helper.from_array(value, name))
     return model, log

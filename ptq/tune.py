@@ -1,0 +1,168 @@
+"""`tune`: change a quant table step by step until the logits cosine on the tuning images reaches a target.
+
+Candidates, in order of expected gain per cost (each kept only if it raises the cosine by at least
+`min_gain`; tuning stops as soon as the target is reached):
+
+1. per-channel weights (when the table is per-tensor): free at run time on most accelerators;
+2. a better activation range: every activation recalibrated with each of `range_calibrators` on the tuning
+   images (one statistics pass), the best kept;
+3. 16-bit activations, groups first (the outputs of all depthwise Convs, then all outputs of one op type),
+   then single tensors in the order of the report's bottleneck ranking, within `budget_int16` tensors;
+4. float, a layer at a time in the ranking's order, only with `allow_float` > 0 (the last resort).
+
+Every figure is the mean logits cosine over the tuning images (`reports.evaluate`, outputs only), so report
+the result on held-out images: tuning fits the images it measures.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+from ptq.core.graph import Graph
+from ptq.executor import prepare
+from ptq.quant_table import QuantTable
+from ptq.weight_scale_floor import floor_weight_scales
+from reports.auto_debug import _outputs_only
+from reports.build import build_report
+from reports.evaluate import evaluate
+from reports.layer_nodes import float_node_names
+from reports.tables import with_bits
+
+logger = logging.getLogger("ptq.tune")
+
+DEFAULT_RANGE_CALIBRATORS = ("mse", "kld", "99.999percentile")
+
+
+@dataclass
+class TuneStep:
+    change: str  # what was tried, e.g. "per-channel weights", "int16: <tensor>"
+    cosine: float  # the cosine measured with the change
+    gain: float  # over the cosine before it
+    kept: bool
+    int16: list[str] = field(default_factory=list)  # tensors this step moved to 16 bits
+    float_layers: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class TuneResult:
+    table: QuantTable
+    baseline: float
+    cosine: float
+    target: float
+    steps: list[TuneStep]
+    int16_tensors: list[str]
+    float_nodes: list[str]
+
+    @property
+    def reached(self) -> bool:
+        return self.cosine >= self.target
+
+    def to_dict(self) -> dict:
+        return {"target_cosine": self.target, "baseline_cosine": self.baseline, "cosine": self.cosine,
+                "reached": self.reached, "int16_tensors": self.int16_tensors, "float_nodes": self.float_nodes,
+                "steps": [s.to_dict() for s in self.steps]}
+
+    def summary(self) -> str:
+        lines = [f"baseline cosine {self.baseline:.5f} -> {self.cosine:.5f} (target {self.target}: "
+                 f"{'reached' if self.reached else 'NOT reached'})"]
+        for s in self.steps:
+            lines.append(f"  {'kept   ' if s.kept else 'dropped'} {s.change}: {s.cosine:.5f} ({s.gain:+.5f})")
+        lines.append(f"{len(self.int16_tensors)} tensor(s) in 16 bits, {len(self.float_nodes)} node(s) in float")
+        return "\n".join(lines)
+
+
+def per_channel_weights(graph: Graph, table: QuantTable) -> QuantTable:
+    """The table with every weight recalibrated per output channel (activations untouched)."""
+    from ptq.pipeline import weight_entries
+
+    options = dataclasses.replace(table.options, per_channel=True)
+    tensors = dict(table.tensors)
+    tensors.update(weight_entries(graph, options))
+    floor_weight_scales(graph, tensors, options)
+    return dataclasses.replace(table, options=options, tensors=tensors)
+
+
+def recalibrated(graph: Graph, table: QuantTable, stats, calibrator: str) -> QuantTable:
+    """The table with every activation's range from `calibrator` on `stats` (16-bit tensors stay 16-bit)."""
+    from ptq.pipeline import activation_entries
+
+    options = dataclasses.replace(table.options, calibrator=calibrator)
+    entries = activation_entries(graph, stats, options)
+    tensors = dict(table.tensors)
+    wide = [n for n, e in table.tensors.items() if e.kind == "activation" and e.qparams.bits != options.bits]
+    tensors.update(entries)
+    return with_bits(dataclasses.replace(table, tensors=tensors), wide, 16) if wide else \
+        dataclasses.replace(table, tensors=tensors)
+
+
+def depthwise_outputs(graph: Graph) -> list[str]:
+    return [n.outputs[0] for n in graph.nodes if n.op_type == "Conv" and int(n.attr("group", 1)) > 1]
+
+
+def tune(graph: Graph, table: QuantTable, images, target: float, *, budget_int16: int = 8, allow_float: int = 0,
+         stats_for: Optional[Callable[[Sequence[str]], dict]] = None,
+         range_calibrators: Sequence[str] = DEFAULT_RANGE_CALIBRATORS, min_gain: float = 1e-5) -> TuneResult:
+    """See the module docstring. `stats_for(calibrators)`: activation statistics on the tuning images for the
+    range step (None skips it)."""
+    state = {"table": table, "float": [], "int16": []}
+
+    def measure(candidate: QuantTable, float_layers=()) -> float:
+        nodes = float_node_names(prepare(graph, candidate), list(float_layers)) if float_layers else []
+        return _outputs_only(graph, candidate, images, nodes).cosine
+
+    baseline = current = measure(table)
+    steps: list[TuneStep] = []
+
+    def attempt(change: str, candidate: QuantTable, int16=(), float_layers=()) -> bool:
+        nonlocal current
+        cosine = measure(candidate, state["float"] + list(float_layers))
+        gain = cosine - current
+        kept = gain >= min_gain
+        steps.append(TuneStep(change, cosine, gain, kept, list(int16), list(float_layers)))
+        logger.info("%s: %.5f (%+.5f)%s", change, cosine, gain, "" if kept else ", dropped")
+        if kept:
+            state["table"], current = candidate, cosine
+            state["int16"] += list(int16)
+            state["float"] += list(float_layers)
+        return kept
+
+    def done() -> bool:
+        return current >= target
+
+    if not done() and not table.options.per_channel:
+        attempt("per-channel weights", per_channel_weights(graph, state["table"]))
+    if not done() and stats_for is not None and range_calibrators:
+        stats = stats_for(list(range_calibrators))
+        for name in range_calibrators:
+            if done():
+                break
+            attempt(f"activation ranges: {name}", recalibrated(graph, state["table"], stats, name))
+    ranking = []
+    if not done() and (budget_int16 > 0 or allow_float > 0):
+        ev = evaluate(graph, state["table"], images, isolated=True)
+        ranking = [b.name for b in build_report(ev, "", "").bottlenecks]
+    activations = {n for n, e in table.tensors.items() if e.kind == "activation"}
+    if not done() and budget_int16 > 0:
+        groups = [("all depthwise outputs", [t for t in depthwise_outputs(graph) if t in activations])]
+        for label, tensors in groups:
+            fresh = [t for t in tensors if t not in state["int16"]]
+            if fresh and len(state["int16"]) + len(fresh) <= budget_int16 and not done():
+                attempt(f"int16: {label} ({len(fresh)})", with_bits(state["table"], fresh, 16), int16=fresh)
+        for name in ranking:
+            if done() or len(state["int16"]) >= budget_int16:
+                break
+            if name in activations and name not in state["int16"]:
+                attempt(f"int16: {name}", with_bits(state["table"], [name], 16), int16=[name])
+    if not done() and allow_float > 0:
+        for name in ranking:
+            if done() or len(state["float"]) >= allow_float:
+                break
+            if name not in state["float"] and name not in graph.inputs:
+                attempt(f"float: {name}", state["table"], float_layers=[name])
+    nodes = float_node_names(prepare(graph, state["table"]), state["float"]) if state["float"] else []
+    return TuneResult(state["table"], baseline, current, target, steps, list(state["int16"]), nodes)
