@@ -134,3 +134,20 @@ def test_equalization_lifts_per_tensor_weights_on_the_chain(tmp_path):
 
     plain, equalized = cosine(), cosine(equalize=True)
     assert equalized > plain and 1 - equalized < (1 - plain) / 3
+
+
+def test_run_command_uses_the_adjusted_weights_with_a_note(tmp_path, capsys):
+    from ptq.cli import main
+
+    model_path = tmp_path / "chain.onnx"
+    onnx.save(chain(), model_path)
+    write_images(tmp_path / "img", 2, size=(10, 10))
+    assert main(["calibrate", str(model_path), "--images", str(tmp_path / "img"), "--out", str(tmp_path / "out"),
+                 "--mean", "0", "--std", "1", "--per-tensor", "--equalize", "--bias-correction", "-q"]) == 0
+    options = load_quant_table(tmp_path / "out" / "chain.quant.json").options
+    assert options.equalize and options.bias_correction and not options.adaround
+    capsys.readouterr()
+    assert main(["run", str(model_path), "--quant", str(tmp_path / "out" / "chain.quant.json"),
+                 "--images", str(tmp_path / "img")]) == 0
+    err = capsys.readouterr().err
+    assert "using the adjusted weights" in err and "chain.adjusted.onnx" in err

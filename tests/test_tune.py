@@ -38,7 +38,7 @@ def cosine_of(graph, table, images):
 def setup(tmp_path, **kw):
     model_path = tmp_path / "chain.onnx"
     onnx.save(chain(), model_path)
-    write_images(tmp_path / "img", 4, size=(10, 10))
+    write_images(tmp_path / "img", 2, size=(10, 10))
     calibrate(model_path, tmp_path / "img", tmp_path / "out", preprocess=RAW, write_qdq=False, **kw)
     return model_path, tmp_path / "out" / "chain.quant.json"
 
@@ -50,7 +50,6 @@ def test_per_channel_then_16_bits_until_the_target(tmp_path):
     images = ImageSet.from_folder(tmp_path / "img", RAW)
     start = cosine_of(graph, table, images)
     result = tune(graph, table, images, target=0.9995, budget_int16=10)
-    print(result.summary())
     assert result.steps[0].change == "per-channel weights" and result.steps[0].kept
     assert abs(result.baseline - start) < 1e-6
     assert all(s.gain > 0 for s in result.steps if s.kept)
