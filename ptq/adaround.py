@@ -14,7 +14,9 @@ lambda * sum(1 - |2h - 1|^beta) with beta annealed from 20 to 2, minimized with 
 V starts where h(V) = frac(W / s). The reconstruction term is divided by round-to-nearest's error (lambda is then
 scale-free, 3 by default); `refine` ends with a greedy descent on the exact error (single flips). A layer keeps
 round-to-nearest
-when the learned rounding does not lower E (so AdaRound never makes a layer's output error worse).
+when the learned rounding does not lower E (so AdaRound never makes a layer's output error worse), and a layer
+with fewer sampled inputs than weights per channel (H singular: e.g. a classifier Gemm fed one row per image)
+keeps round-to-nearest too.
 
 The result is the dequantized weight s * q: it lies on the table's grid, so the executor's round-half-even
 quantization gives back exactly q.
@@ -157,6 +159,10 @@ def adaround(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray], *, 
         name = node.inputs[1]
         w = graph.initializers[name].astype(np.float64)
         qp = table.tensors[name].qparams
+        if counts[node.name] < hess[node.name].shape[-1]:
+            log.skipped.append((node.name, f"{counts[node.name]} input samples for {hess[node.name].shape[-1]} "
+                                           "weights per channel: H is singular, rounding would overfit"))
+            continue
         if node.op_type == "Conv":
             group = int(node.attr("group", 1))
             wg = w.reshape(group, w.shape[0] // group, -1)

@@ -22,7 +22,7 @@ def brute_force(w, scale, h):
 
 def test_learned_rounding_beats_nearest_and_nears_the_optimum():
     rng = np.random.default_rng(0)
-    k = 10
+    k = 8
     x = rng.normal(0, 1, (400, k)) + rng.normal(0, 1, (1, k)) * 2  # correlated inputs with a mean
     h = x.T @ x / len(x)
     total_opt = total_near = total_learned = 0.0
@@ -54,3 +54,25 @@ def test_patches_are_the_zero_padded_windows_of_the_output_positions():
         assert any(np.array_equal(p, e) for key, e in expected.items() if key[0] == 0)
     for p in patches[ho * wo:]:
         assert any(np.array_equal(p, e) for key, e in expected.items() if key[0] == 1)
+
+
+def test_layer_weights_land_on_the_table_grid_and_an_underdetermined_gemm_is_skipped():
+    from ptq.adaround import adaround
+    from ptq.core.graph import load_model
+    from tests.test_bias_correction import coarse_table, grouped_conv_gemm
+
+    rng = np.random.default_rng(4)
+    graph = load_model(grouped_conv_gemm(rng.normal(0, 0.4, (6, 2, 3, 3)), rng.normal(0, 0.1, 6),
+                                         rng.normal(0, 0.5, (3, 6)), rng.normal(0, 0.1, 3)))
+    table = coarse_table(graph.initializers["W"], graph.initializers["WG"])
+    x = rng.normal(0.5, 1.0, (3, 4, 9, 9)).astype(np.float32)
+    learned, log = adaround(graph, table, iter([x]), positions=64)
+    assert set(learned) == {"W"} and [n for n, _ in log.skipped] == ["gemm"]  # 3 rows for 6 weights
+    qp = table.tensors["W"].qparams
+    codes = learned["W"] / qp.scale[0]
+    np.testing.assert_allclose(codes, np.rint(codes), atol=1e-4)
+    np.testing.assert_array_equal(qp.dequantize(qp.quantize(learned["W"])), learned["W"])
+    w = graph.initializers["W"]
+    assert np.all(np.abs(learned["W"] - w) <= qp.scale[0] * (1 + 1e-6))  # floor or ceil, never further
+    before, after = log.layers["conv"]
+    assert after <= before
