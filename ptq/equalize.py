@@ -199,9 +199,15 @@ def _write(graph: Graph, pairs: list[_Pair], weights: dict, biases: dict) -> onn
             while len(proto.input) < 2:
                 proto.input.append("")
             proto.input.append(name)
+    replaced = set()
     for pair in pairs:
         if pair.bound is not None:
+            replaced.update(nodes[pair.act.name].input[1:])
             _split_clip(model, nodes[pair.act.name], pair.bound, weights[pair.conv1.inputs[1]].ndim - 2, fresh)
+    used = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
+    kept = [init for init in model.graph.initializer if init.name in used or init.name not in replaced]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)  # the replaced Clip bounds
     return model
 
 
