@@ -6,8 +6,9 @@ Candidates, in order of expected gain per cost (each kept only if it raises the 
 1. per-channel weights (when the table is per-tensor): free at run time on most accelerators;
 2. a better activation range: every activation recalibrated with each of `range_calibrators` on the tuning
    images (one statistics pass), the best kept;
-3. 16-bit activations, groups first (the outputs of all depthwise Convs, then all outputs of one op type),
-   then single tensors in the order of the report's bottleneck ranking, within `budget_int16` tensors;
+3. 16 bits, groups first (the outputs of all depthwise Convs, then the weights of all depthwise Convs: most
+   of what per-channel int8 loses is weight rounding, then every other weight), then single activations in the order of the report's
+   bottleneck ranking, within `budget_int16` tensors (activations and weights count alike);
 4. float, a layer at a time in the ranking's order, only with `allow_float` > 0 (the last resort).
 
 Every figure is the mean logits cosine over the tuning images (`reports.evaluate`, outputs only), so report
@@ -100,8 +101,37 @@ def recalibrated(graph: Graph, table: QuantTable, stats, calibrator: str) -> Qua
         dataclasses.replace(table, tensors=tensors)
 
 
+def _depthwise(graph: Graph) -> list:
+    return [n for n in graph.nodes if n.op_type == "Conv" and int(n.attr("group", 1)) > 1]
+
+
 def depthwise_outputs(graph: Graph) -> list[str]:
-    return [n.outputs[0] for n in graph.nodes if n.op_type == "Conv" and int(n.attr("group", 1)) > 1]
+    """The tensors the depthwise Convs write once fused: through a single-consumer Relu/Clip to its output."""
+    consumers = graph.consumers()
+    out = []
+    for node in _depthwise(graph):
+        name = node.outputs[0]
+        users = consumers.get(name, [])
+        if len(users) == 1 and users[0].op_type in ("Relu", "Clip") and name not in graph.outputs:
+            name = users[0].outputs[0]
+        out.append(name)
+    return out
+
+
+def depthwise_weights(graph: Graph) -> list[str]:
+    return [n.inputs[1] for n in _depthwise(graph) if len(n.inputs) > 1 and n.inputs[1] in graph.initializers]
+
+
+def with_weight_bits(graph: Graph, table: QuantTable, weights: Sequence[str], bits: int) -> QuantTable:
+    """The table with the listed weights recalibrated at `bits` (same calibrator, granularity, symmetry)."""
+    from ptq.pipeline import weight_entries
+
+    options = dataclasses.replace(table.options, weight_bits=bits)
+    entries = weight_entries(graph, options)
+    tensors = dict(table.tensors)
+    tensors.update({w: entries[w] for w in weights})
+    floor_weight_scales(graph, tensors, table.options)
+    return dataclasses.replace(table, tensors=tensors)
 
 
 def tune(graph: Graph, table: QuantTable, images, target: float, *, budget_int16: int = 8, allow_float: int = 0,
@@ -142,17 +172,25 @@ def tune(graph: Graph, table: QuantTable, images, target: float, *, budget_int16
             if done():
                 break
             attempt(f"activation ranges: {name}", recalibrated(graph, state["table"], stats, name))
-    ranking = []
-    if not done() and (budget_int16 > 0 or allow_float > 0):
-        ev = evaluate(graph, state["table"], images, isolated=True)
-        ranking = [b.name for b in build_report(ev, "", "").bottlenecks]
     activations = {n for n, e in table.tensors.items() if e.kind == "activation"}
     if not done() and budget_int16 > 0:
-        groups = [("all depthwise outputs", [t for t in depthwise_outputs(graph) if t in activations])]
-        for label, tensors in groups:
+        for label, tensors in (("all depthwise outputs", [t for t in depthwise_outputs(graph) if t in activations]),):
             fresh = [t for t in tensors if t not in state["int16"]]
             if fresh and len(state["int16"]) + len(fresh) <= budget_int16 and not done():
                 attempt(f"int16: {label} ({len(fresh)})", with_bits(state["table"], fresh, 16), int16=fresh)
+        weights = [w for w in depthwise_weights(graph) if w in table.tensors and w not in state["int16"]]
+        if weights and len(state["int16"]) + len(weights) <= budget_int16 and not done():
+            attempt(f"int16 weights: all depthwise Convs ({len(weights)})",
+                    with_weight_bits(graph, state["table"], weights, 16), int16=weights)
+        rest = [n for n, e in table.tensors.items() if e.kind == "weight" and n not in state["int16"]]
+        if rest and len(state["int16"]) + len(rest) <= budget_int16 and not done():
+            attempt(f"int16 weights: every other weight ({len(rest)})",
+                    with_weight_bits(graph, state["table"], rest, 16), int16=rest)
+    ranking = []
+    if not done() and (budget_int16 > len(state["int16"]) or allow_float > 0):
+        ev = evaluate(graph, state["table"], images, isolated=True)
+        ranking = [b.name for b in build_report(ev, "", "").bottlenecks]
+    if not done() and budget_int16 > 0:
         for name in ranking:
             if done() or len(state["int16"]) >= budget_int16:
                 break

@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--target-cosine must be in (0, 1], got {args.target_cosine}")
     if args.budget_int16 < 0 or args.allow_float < 0:
         raise ValueError("--budget-int16 and --allow-float must be >= 0")
+    logging.basicConfig(format="ptq: %(message)s")
     logging.getLogger("ptq").setLevel(logging.INFO)
     table_path = Path(args.quant)
     table = load_quant_table(table_path)
