@@ -9,7 +9,9 @@ Candidates, in order of expected gain per cost (each kept only if it raises the 
 3. 16 bits, groups first (the outputs of all depthwise Convs, then the weights of all depthwise Convs: most
    of what per-channel int8 loses is weight rounding, then every other weight), then single activations in the order of the report's
    bottleneck ranking, within `budget_int16` tensors (activations and weights count alike);
-4. float, a layer at a time in the ranking's order, only with `allow_float` > 0 (the last resort).
+4. float, a layer at a time in the ranking's order, only with `allow_float` > 0 (the last resort);
+5. once the target is reached, each kept 16-bit step but the last is undone, latest first, if the cosine
+   stays at the target without it (`prune`).
 
 Every figure is the mean logits cosine over the tuning images (`reports.evaluate`, outputs only), so report
 the result on held-out images: tuning fits the images it measures.
@@ -134,6 +136,31 @@ def with_weight_bits(graph: Graph, table: QuantTable, weights: Sequence[str], bi
     return dataclasses.replace(table, tensors=tensors)
 
 
+def prune(graph: Graph, original: QuantTable, state: dict, steps: list, measure, target: float,
+          current: float) -> float:
+    """Once the target is reached: undo each kept 16-bit step, latest first but the last, while the cosine
+    stays at the target (fewer 16-bit tensors for the same target). Returns the final cosine."""
+    for step in [s for s in steps if s.kept and s.int16][-2::-1]:
+        names = [n for n in step.int16 if n in state["int16"]]
+        acts = [n for n in names if original.tensors[n].kind == "activation"]
+        weights = [n for n in names if original.tensors[n].kind == "weight"]
+        candidate = state["table"]
+        if acts:
+            candidate = with_bits(candidate, acts, original.options.bits)
+        if weights:
+            candidate = with_weight_bits(graph, candidate, weights, original.options.weight_bits)
+        cosine = measure(candidate, state["float"])
+        kept = cosine >= target
+        steps.append(TuneStep(f"back to {original.options.bits}/{original.options.weight_bits} bits: {step.change}",
+                              cosine, cosine - current, kept))
+        logger.info("%s: %.5f%s", steps[-1].change, cosine, "" if kept else ", kept in 16 bits")
+        if kept:
+            state["table"] = candidate
+            state["int16"] = [n for n in state["int16"] if n not in names]
+            current = cosine
+    return current
+
+
 def tune(graph: Graph, table: QuantTable, images, target: float, *, budget_int16: int = 8, allow_float: int = 0,
          stats_for: Optional[Callable[[Sequence[str]], dict]] = None,
          range_calibrators: Sequence[str] = DEFAULT_RANGE_CALIBRATORS, min_gain: float = 1e-5) -> TuneResult:
@@ -202,5 +229,7 @@ def tune(graph: Graph, table: QuantTable, images, target: float, *, budget_int16
                 break
             if name not in state["float"] and name not in graph.inputs:
                 attempt(f"float: {name}", state["table"], float_layers=[name])
+    if done():
+        current = prune(graph, table, state, steps, measure, target, current)
     nodes = float_node_names(prepare(graph, state["table"]), state["float"]) if state["float"] else []
     return TuneResult(state["table"], baseline, current, target, steps, list(state["int16"]), nodes)
