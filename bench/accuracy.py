@@ -139,12 +139,12 @@ def main(argv=None) -> int:
     parser.add_argument("paths", nargs="*", help="MODEL CALIB EVAL (default: the bundled model and photos)")
     parser.add_argument("--mean", default="127")
     parser.add_argument("--std", default="128")
-    parser.add_argument("--rows", help="comma-separated rows, e.g. per-tensor+equalize+bias-correction")
+    parser.add_argument("--rows", help="comma-separated rows, e.g. per-tensor+equalize+bias-correction (none: only onnxruntime)")
     parser.add_argument("--no-ort", action="store_true", help="skip onnxruntime's quantize_static rows")
     args = parser.parse_args(argv)
     model, calib, held_out = (Path(p) for p in args.paths) if args.paths else BUNDLED
     pre = Preprocess(mean=args.mean, std=args.std)
-    rows = args.rows.split(",") if args.rows else DEFAULT_ROWS
+    rows = [] if args.rows == "none" else args.rows.split(",") if args.rows else DEFAULT_ROWS
     ev = EvalSet(model, held_out, pre)
     print(f"{model.name}: calibrate on {calib} ({len(select_files(calib, ImageLog()))} images), "
           f"evaluate on {held_out} ({len(ev.samples)} images, {sum(l is not None for l in ev.labels)} labelled)")
