@@ -60,6 +60,10 @@ class Calibrator(ABC):
         rmax = np.asarray(rmax, dtype=np.float64).reshape(-1)
         return np.minimum(rmin, rmax), rmax
 
+    def for_grid(self, symmetric: bool) -> "Calibrator":
+        """This calibrator for a symmetric or an asymmetric quantization grid (only KLD scores the grid)."""
+        return self
+
     @abstractmethod
     def _compute(self, stats: TensorStatistics, bits: int, signed: bool) -> tuple:
         """(rmin, rmax) per channel from collectors that `compute` has checked are present."""

@@ -10,7 +10,7 @@ from typing import Optional
 from ptq import __version__
 
 # Each module defines `add_arguments(parser)` and `run(args) -> int`, and a one-line `HELP`.
-SUBCOMMANDS = ("calibrate", "run", "ops", "report", "debug", "dsp-report")
+SUBCOMMANDS = ("calibrate", "run", "ops", "report", "debug", "dsp-report", "tune")
 
 
 class UserError(Exception):

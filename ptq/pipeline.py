@@ -9,6 +9,7 @@ quantization grid is spent on the values that survive (what a fused Conv+ReLU6 d
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -20,6 +21,7 @@ import numpy as np
 import onnx
 
 from calibrators import TensorStatistics, calibrate_array, get_calibrator, required_stats
+from ptq import adjust
 from ptq.atomic import atomic_write_bytes
 from ptq.float_run import collect_statistics, image_input
 from ptq.core.graph import Graph, Node, load_model
@@ -145,7 +147,7 @@ def activation_entries(
     graph: Graph, stats: dict[str, TensorStatistics], options: CalibrationOptions
 ) -> dict[str, TensorEntry]:
     """Table entries of the activations from their statistics."""
-    calibrator = get_calibrator(options.calibrator)
+    calibrator = get_calibrator(options.calibrator).for_grid(options.symmetric)
     bounds = folded_ranges(graph) if options.fold_clip else {}
     entries = {}
     for name in graph.activations:
@@ -164,7 +166,7 @@ def activation_entries(
 
 def weight_entries(graph: Graph, options: CalibrationOptions) -> dict[str, TensorEntry]:
     """Table entries of the weights (initializers in a weight role, see ptq.core.roles)."""
-    calibrator = get_calibrator(options.weight_calibrator)
+    calibrator = get_calibrator(options.weight_calibrator).for_grid(options.weight_symmetric)
     entries = {}
     for node in graph.nodes:
         role = weight_role(node)
@@ -259,6 +261,9 @@ def calibrate(
     align: bool = True,
     workers: int = 1,
     ray: Optional[str] = None,
+    equalize: bool = False,
+    bias_correction: bool = False,
+    adaround: bool = False,
 ) -> CalibrationResult:
     """Calibrate `model` on `images` and, with `out_dir`, write `<stem>.quant.json` and `<stem>.qdq.onnx`.
 
@@ -267,7 +272,9 @@ def calibrate(
     `weight_calibrator` at `weight_bits` (symmetric unless `weight_symmetric=False`), per channel unless
     `per_channel=False`. `narrow` selects the restricted signed range [-(2^(b-1)-1), 2^(b-1)-1]; `pow2`
     rounds scales up to powers of two. `align` writes the qparams the integer graph fixes by rule into the
-    table (see `align_with_integer_graph`). The input model is never modified; files are written atomically.
+    table (see `align_with_integer_graph`). `equalize`, `bias_correction`, `adaround` adjust the weights
+    (`ptq.adjust`); the adjusted model is written beside the table and recorded in its options
+    (`ptq.adjusted_model`). The input model is never modified; files are written atomically.
     `workers` > 1 processes (or a Ray cluster: `ray` 'auto', an address or 'local') collect the statistics
     of image files in shards, with the same result as one process (`ptq.calibration_shards`).
     """
@@ -280,28 +287,40 @@ def calibrate(
         narrow=narrow, weight_narrow=weight_narrow, per_channel=per_channel, pow2=pow2, fold_clip=fold_clip,
         num_images=num_images, batch_size=batch_size, seed=seed,
         preprocess=preprocess.to_dict(), input_shapes=_normalize_input_shapes(input_shapes),
+        equalize=equalize, bias_correction=bias_correction, adaround=adaround,
     )
     paths = output_paths(model, out_dir) if out_dir is not None else None
     if paths is not None:
         _check_not_input(model, paths)
     graph = load_model(model, input_shapes)
+    if equalize:
+        graph = adjust.equalized(graph, input_shapes)
     needs = required_stats([options.calibrator])
     if (workers > 1 or ray is not None) and not isinstance(images, np.ndarray):
         from ptq.calibration_shards import sharded_statistics
 
-        stats, log = sharded_statistics(model, graph, images, needs, preprocess=preprocess, num_images=num_images,
+        # the workers load the model they are sent: the equalized one when equalization changed it
+        source = graph.model if equalize else model
+        stats, log = sharded_statistics(source, graph, images, needs, preprocess=preprocess, num_images=num_images,
                                         batch_size=batch_size, seed=seed, input_shapes=input_shapes,
                                         workers=workers, ray=ray, progress=progress)
     else:
         stats, log = collect_image_statistics(graph, images, needs, preprocess=preprocess, num_images=num_images,
                                               batch_size=batch_size, seed=seed, progress=progress)
     table = build_table(graph, stats, options)
+    if bias_correction or adaround:
+        graph = adjust.after_table(
+            graph, table, lambda: adjust.sample_batches(graph, images, preprocess, num_images, batch_size, seed),
+            bias_correction=bias_correction, adaround=adaround, input_shapes=input_shapes)
     if align:
         align_with_integer_graph(graph, table)
     qdq = export_qdq(graph, table) if write_qdq else None
     result = CalibrationResult(table=table, graph=graph, images_used=len(log.used), skipped=list(log.skipped))
     if paths is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
+        if equalize or bias_correction or adaround:
+            relative, digest = adjust.write_adjusted(graph, paths[0])
+            table.options = dataclasses.replace(table.options, adjusted_model=relative, adjusted_sha256=digest)
         result.table_path = save_quant_table(table, paths[0])
         if qdq is not None:
             result.qdq_path = atomic_write_bytes(paths[1], qdq.SerializeToString())

@@ -51,6 +51,11 @@ class CalibrationOptions:
     seed: int = 0
     preprocess: Optional[dict] = None
     input_shapes: Optional[dict] = None
+    equalize: bool = False  # cross-layer equalization (ptq.equalize)
+    bias_correction: bool = False  # empirical bias correction (ptq.bias_correction)
+    adaround: bool = False  # learned weight rounding (ptq.adaround)
+    adjusted_model: Optional[str] = None  # the adjusted float model, relative to the table (ptq.adjusted_model)
+    adjusted_sha256: Optional[str] = None
 
     def __post_init__(self):
         for name in ("bits", "weight_bits"):

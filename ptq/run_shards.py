@@ -121,8 +121,10 @@ def print_outcome(outcome: ImageOutcome) -> None:
         print(f"{outcome.path.name}: " + "  ".join(f"{c}:{p:.4f}" for c, p in outcome.ranked))
 
 
-def classify_on_workers(args, table: QuantTable, preprocess: Preprocess, files: list[Path], tally) -> None:
-    """`ptq run` with --workers N > 1 or --ray: the lines and the tally of the one-process loop."""
-    job = ClassifyJob(str(Path(args.model).resolve()), table, preprocess, tuple(args.float_nodes), args.backend,
+def classify_on_workers(args, graph: Graph, table: QuantTable, preprocess: Preprocess, files: list[Path],
+                        tally) -> None:
+    """`ptq run` with --workers N > 1 or --ray: the lines and the tally of the one-process loop. The workers
+    get the model as loaded here (the adjusted one when the table records weight adjustments)."""
+    job = ClassifyJob(graph.model.SerializeToString(), table, preprocess, tuple(args.float_nodes), args.backend,
                       args.strict, args.top)
     classify_sharded(job, files, args.workers, args.ray, tally, print_outcome)

@@ -27,10 +27,18 @@ The first L - 1 groups depend on i only through m = i // L, so their sum is comp
 vectorized passes over (channel, candidate) arrays.
 
 Result: (-t, t) for a signed tensor, (0, t) for an unsigned one, clipped to the observed min/max.
+
+Asymmetric grid (`for_grid(symmetric=False)`, what the pipeline asks for unless activations are symmetric):
+a signed tensor's grid spends all 2^bits levels on [rmin, rmax], so the search runs on the signed
+histogram against 2^bits levels (an unsigned tensor with one stray negative value no longer drops to 128
+levels over |x|). Two one-sided sweeps of the same KL search: the rows start at the lowest occupied bin and
+the upper end is searched (rmin fixed at the observed min), then the rows are reversed from the chosen upper
+end (the clipped upper mass added to the new first bin) and the lower end is searched. The bin holding 0 gets
+its upper neighbour's count first (the zero spike, as above). The result always contains 0.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -100,16 +108,53 @@ def kld_threshold_bins(abs_counts: np.ndarray, levels: int, zero_spike_fix: bool
     return best
 
 
+def _gather_rows(counts: np.ndarray, start: np.ndarray, length: np.ndarray, step: int) -> np.ndarray:
+    """rows[c, j] = counts[c, start_c + step * j] for j < length_c, 0 beyond (C, max length)."""
+    width = max(int(length.max(initial=0)), 1)
+    j = np.arange(width)[None, :]
+    index = start[:, None] + step * j
+    valid = j < length[:, None]
+    return np.where(valid, counts[np.arange(counts.shape[0])[:, None], np.clip(index, 0, counts.shape[1] - 1)], 0)
+
+
+def asymmetric_threshold_bins(signed_counts: np.ndarray, levels: int, zero_spike_fix: bool = True) -> tuple:
+    """(lo, hi) per channel: signed-histogram bin edges of the range chosen against `levels` levels spread
+    over [lo, hi] (the module docstring's asymmetric search); bin k covers [(k - B) w, (k - B + 1) w)."""
+    h = signed_counts.astype(np.float64)
+    nbins = h.shape[1] // 2
+    if zero_spike_fix:
+        h[:, nbins] = h[:, nbins + 1]
+    mask = signed_counts > 0
+    first = np.argmax(mask, axis=1)
+    last = h.shape[1] - np.argmax(mask[:, ::-1], axis=1)  # one past the last occupied bin
+    up = _gather_rows(h, first, last - first, 1)
+    top = first + kld_threshold_bins(up, levels, zero_spike_fix=False)
+    down = _gather_rows(h, last - 1, last - first, -1)
+    bottom = last - kld_threshold_bins(down, levels, zero_spike_fix=False)
+    empty = ~mask.any(axis=1)
+    return np.where(empty, nbins, bottom), np.where(empty, nbins, top)
+
+
 @register_calibrator("kld")
 @dataclass(frozen=True)
 class KLD(Calibrator):
     """TensorRT's entropy calibration on the |x| histogram (see the module docstring)."""
 
     zero_spike_fix: bool = True
+    symmetric_grid: bool = True
     needs = frozenset({Stat.HISTOGRAM})
+
+    def for_grid(self, symmetric: bool) -> "KLD":
+        return replace(self, symmetric_grid=bool(symmetric))
 
     def _compute(self, stats, bits, signed):
         hist = stats.histogram
+        if signed and not self.symmetric_grid:
+            lo, hi = asymmetric_threshold_bins(hist.signed_counts(), 1 << bits, self.zero_spike_fix)
+            offset = hist.num_bins
+            rmin = np.minimum((lo - offset) * hist.width, 0.0)
+            rmax = np.maximum((hi - offset) * hist.width, 0.0)
+            return np.maximum(rmin, np.minimum(stats.minmax.min, 0.0)), np.minimum(rmax, np.maximum(stats.minmax.max, 0.0))
         levels = 1 << (bits - 1 if signed else bits)
         threshold = kld_threshold_bins(hist.abs_counts(), levels, self.zero_spike_fix) * hist.width
         return clip_symmetric(threshold, stats, signed)

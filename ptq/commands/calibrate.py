@@ -40,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cal.add_argument("--pow2", action="store_true", help="round every scale up to a power of two")
     cal.add_argument("--no-fold-clip", action="store_true",
                      help="do not narrow a tensor's range to the bounds of the Relu/Clip that consumes it")
+    cal.add_argument("--equalize", action="store_true",
+                     help="cross-layer equalization of Conv pairs before calibrating (exact; for per-tensor weights)")
+    cal.add_argument("--bias-correction", action="store_true",
+                     help="correct each channel's bias for the mean shift weight quantization causes (on the images)")
+    cal.add_argument("--adaround", action="store_true",
+                     help="learn each weight's rounding (up or down) layer by layer on the images")
     cal.add_argument("--input-shape", action="append", metavar="NAME:D0,D1,...",
                      help="fix dynamic input dimensions, e.g. input:1,3,224,224 (repeatable)")
 
@@ -99,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             workers=args.workers,
             ray=args.ray,
+            equalize=args.equalize,
+            bias_correction=args.bias_correction,
+            adaround=args.adaround,
         )
     finally:
         logger.setLevel(previous_level)

@@ -31,14 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ptq.core.graph import load_model
+    from ptq.adjusted_model import load_model_for_table
     from ptq.quant_table import load_quant_table
     from reports.dsp_resources import DspArray, accuracy_ranks, dsp_report, report_text
 
     if args.top <= 0:
         raise ValueError(f"--top must be positive, got {args.top}")
     table = load_quant_table(args.quant)
-    graph = load_model(args.model, table.options.input_shapes)
+    graph = load_model_for_table(args.model, table, args.quant)
     report = dsp_report(graph, table, DspArray(args.dsps, args.clock_mhz))
     accuracy = accuracy_ranks(json.loads(Path(args.accuracy).read_text(encoding="utf-8"))) if args.accuracy else None
     print(report_text(report, args.top, accuracy))

@@ -84,13 +84,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_inputs(args: argparse.Namespace):
     """(graph, table, images) from the common arguments."""
-    from ptq.core.graph import load_model
+    from ptq.adjusted_model import load_model_for_table
     from ptq.images import Preprocess
     from ptq.quant_table import load_quant_table
     from reports.image_source import ImageSet
 
     table = load_quant_table(args.quant)
-    graph = load_model(args.model, table.options.input_shapes)
+    graph = load_model_for_table(args.model, table, args.quant)
     pre = Preprocess(**(table.options.preprocess or {}))
     images = ImageSet.from_folder(args.images, pre, args.labels, args.num_images)
     return graph, table, images
@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     if args.workers > 1 or args.ray is not None:
         from reports.evaluate_shards import sharded_evaluate
 
-        ev = sharded_evaluate(args.model, table, images, workers=args.workers, ray=args.ray,
+        # the loaded model (the adjusted one when the table records weight adjustments) goes to the workers
+        ev = sharded_evaluate(graph.model, table, images, workers=args.workers, ray=args.ray,
                               float_nodes=args.float_nodes, isolated_images=args.isolated_images, progress=True,
                               backend=args.backend)
     else:

@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     from ptq.pipeline import input_spec
     from ptq.executor import ExecutorOptions, prepare
     from ptq.float_run import image_input
-    from ptq.core.graph import load_model
+    from ptq.adjusted_model import load_model_for_table
     from ptq.quant_table import load_quant_table
     from ptq.run_shards import RunContext, classify_image, classify_on_workers, print_outcome, tally_outcome
     from reports.labels import LabelResolver
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     if args.top <= 0:
         raise ValueError(f"--top must be positive, got {args.top}")
     table = load_quant_table(args.quant)
-    graph = load_model(args.model, table.options.input_shapes)
+    graph = load_model_for_table(args.model, table, args.quant)
     image_input(graph)  # one float input, or a clear error
     if len(graph.outputs) != 1:
         raise ValueError(f"`ptq run` prints classes of a model with one output; this one has {graph.outputs}")
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     tally = Tally()
     sequential = args.workers == 1 and args.ray is None
     if not sequential:
-        classify_on_workers(args, table, pre, files, tally)
+        classify_on_workers(args, graph, table, pre, files, tally)
     else:
         context = RunContext(graph, prepared, spec)
         for path in files:

@@ -1,0 +1,106 @@
+"""Empirical bias correction: with the corrected bias, the quantized-weight layer's per-channel output mean
+equals the float layer's on the images (closed form: the shift is linear in the mean input patch)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from ptq.bias_correction import correct_biases
+from ptq.core.graph import load_model
+from ptq.core.qparams import compute_qparams
+from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry
+from tests.tiny_models import make_model
+
+
+def grouped_conv_gemm(w, b, wg, bg) -> onnx.ModelProto:
+    """input (N,4,9,9) -> Conv 3x3 group 2, stride 2, asymmetric pads -> Relu -> GlobalAveragePool -> Flatten
+    -> Gemm (transB)."""
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for a, n in ((w, "W"), (b, "B"), (wg, "WG"), (bg, "BG"))]
+    nodes = [
+        helper.make_node("Conv", ["input", "W", "B"], ["c"], pads=[1, 0, 2, 1], strides=[2, 2], group=2, name="conv"),
+        helper.make_node("Relu", ["c"], ["a"], name="relu"),
+        helper.make_node("GlobalAveragePool", ["a"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "WG", "BG"], ["out"], transB=1, name="gemm"),
+    ]
+    inp = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 4, 9, 9])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 3])
+    return make_model(nodes, [inp], [out], inits)
+
+
+def run(model, x, names):
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for name in names:
+        if name not in [o.name for o in m.graph.output]:
+            m.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip(names, sess.run(names, {"input": x})))
+
+
+def coarse_table(w, wg) -> QuantTable:
+    """4-bit per-tensor weights: rounding errors large enough to plant a visible mean shift."""
+    tensors = {}
+    for name, value in (("W", w), ("WG", wg)):
+        m = float(np.max(np.abs(value)))
+        qp = compute_qparams(np.array([-m]), np.array([m]), 4, symmetric=True, narrow=True)
+        tensors[name] = TensorEntry("weight", "extrema", np.array([-m]), np.array([m]), qp)
+    return QuantTable(CalibrationOptions(weight_bits=4, per_channel=False), tensors)
+
+
+def with_weights(model, values: dict) -> onnx.ModelProto:
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for init in m.graph.initializer:
+        if init.name in values:
+            init.CopyFrom(numpy_helper.from_array(values[init.name].astype(np.float32), init.name))
+    return m
+
+
+def test_corrected_bias_removes_the_planted_mean_shift():
+    rng = np.random.default_rng(0)
+    w, b = rng.normal(0, 0.4, (6, 2, 3, 3)), rng.normal(0, 0.1, 6)
+    wg, bg = rng.normal(0, 0.5, (3, 6)), rng.normal(0, 0.1, 3)
+    float_model = grouped_conv_gemm(w, b, wg, bg)
+    x = (rng.normal(0.8, 1.0, (10, 4, 9, 9)) + np.arange(4)[None, :, None, None]).astype(np.float32)
+    graph = load_model(float_model)
+    table = coarse_table(graph.initializers["W"], graph.initializers["WG"])
+    corrected, log = correct_biases(graph, table, iter([x[:4], x[4:]]))
+    assert set(log.corrected) == {"conv", "gemm"}
+
+    quantized = {k: table.tensors[k].qparams.dequantize(table.tensors[k].qparams.quantize(graph.initializers[k]))
+                 for k in ("W", "WG")}
+    ref = run(float_model, x, ["c", "out"])
+    planted = run(with_weights(float_model, quantized), x, ["c"])["c"]
+    new_b = {i.name: numpy_helper.to_array(i) for i in corrected.graph.initializer}["B"]
+    fixed = run(with_weights(float_model, {**quantized, "B": new_b}), x, ["c"])["c"]
+
+    shift_before = (planted - ref["c"]).mean(axis=(0, 2, 3))
+    shift_after = (fixed - ref["c"]).mean(axis=(0, 2, 3))
+    assert np.max(np.abs(shift_before)) > 0.05  # 4-bit weights planted a visible per-channel shift
+    np.testing.assert_allclose(shift_after, 0, atol=2e-5)
+
+    # the Gemm: its input is the float model's pooled activation; E[(WG_q - WG) f] is removed the same way
+    f = run(float_model, x, ["f"])["f"].astype(np.float64)
+    new_bg = {i.name: numpy_helper.to_array(i) for i in corrected.graph.initializer}["BG"]
+    gemm_q = f @ quantized["WG"].astype(np.float64).T + new_bg
+    gemm_f = f @ graph.initializers["WG"].astype(np.float64).T + graph.initializers["BG"]
+    np.testing.assert_allclose((gemm_q - gemm_f).mean(axis=0), 0, atol=2e-5)
+
+
+def test_weights_are_untouched_and_layers_without_a_table_entry_are_not_corrected():
+    rng = np.random.default_rng(1)
+    w, b = rng.normal(0, 0.4, (6, 2, 3, 3)), rng.normal(0, 0.1, 6)
+    wg, bg = rng.normal(0, 0.5, (3, 6)), rng.normal(0, 0.1, 3)
+    graph = load_model(grouped_conv_gemm(w, b, wg, bg))
+    table = coarse_table(graph.initializers["W"], graph.initializers["WG"])
+    del table.tensors["WG"]
+    x = rng.normal(0, 1, (3, 4, 9, 9)).astype(np.float32)
+    corrected, log = correct_biases(graph, table, iter([x]))
+    values = {i.name: numpy_helper.to_array(i) for i in corrected.graph.initializer}
+    assert set(log.corrected) == {"conv"}
+    np.testing.assert_array_equal(values["W"], graph.initializers["W"])
+    np.testing.assert_array_equal(values["BG"], graph.initializers["BG"])
+    assert not np.array_equal(values["B"], graph.initializers["B"])
