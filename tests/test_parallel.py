@@ -203,7 +203,12 @@ def test_ctrl_c_stops_the_workers_and_writes_nothing(model_path, calib_dir, tmp_
     import time
 
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "ptq.cli", "calibrate", str(model_path), "--images", str(calib_dir),
+    images = tmp_path / "images"  # 10 links to each photo: long enough that the run is still going when
+    images.mkdir()                # the signal comes, however fast the machine
+    for k in range(10):
+        for photo in sorted(calib_dir.iterdir()):
+            (images / f"{k}_{photo.name}").symlink_to(photo)
+    command = [sys.executable, "-m", "ptq.cli", "calibrate", str(model_path), "--images", str(images),
                "--out", str(out), "-q", "--workers", "2", "--calibrator", "kld"]
     process = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE,
                                cwd=Path(__file__).resolve().parents[1])
