@@ -210,8 +210,10 @@ def test_ctrl_c_stops_the_workers_and_writes_nothing(model_path, calib_dir, tmp_
             (images / f"{k}_{photo.name}").symlink_to(photo)
     command = [sys.executable, "-m", "ptq.cli", "calibrate", str(model_path), "--images", str(images),
                "--out", str(out), "-q", "--workers", "2", "--calibrator", "kld"]
+    # a background job of a non-interactive shell (how CI may start us) inherits SIGINT ignored: undo that
     process = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE,
-                               cwd=Path(__file__).resolve().parents[1])
+                               cwd=Path(__file__).resolve().parents[1],
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while len(_session_processes(process.pid)) < 3 and time.monotonic() < deadline:  # driver, 2 workers
         time.sleep(0.2)
