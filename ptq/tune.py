@@ -27,7 +27,7 @@ from ptq.core.graph import Graph
 from ptq.executor import prepare
 from ptq.quant_table import QuantTable
 from ptq.weight_scale_floor import floor_weight_scales
-from reports.auto_debug import _outputs_only
+from reports.auto_debug import outputs_only
 from reports.build import build_report
 from reports.evaluate import evaluate
 from reports.layer_nodes import float_node_names
@@ -170,7 +170,7 @@ def tune(graph: Graph, table: QuantTable, images, target: float, *, budget_int16
 
     def measure(candidate: QuantTable, float_layers=()) -> float:
         nodes = float_node_names(prepare(graph, candidate), list(float_layers)) if float_layers else []
-        return _outputs_only(graph, candidate, images, nodes).cosine
+        return outputs_only(graph, candidate, images, nodes).cosine
 
     baseline = current = measure(table)
     steps: list[TuneStep] = []
