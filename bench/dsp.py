@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 from dsp.backend import DspBackend  # noqa: E402
 from dsp.packing import CodeRange, Extraction, Int4x4, Int8x2, extract  # noqa: E402
 from dsp.slice import macc, preadd  # noqa: E402
-from ops.backend import DEFAULT_BACKEND  # noqa: E402
+from ptq.backends import get_backend  # noqa: E402
 from ptq.core.graph import load_model  # noqa: E402
 from ptq.executor import prepare  # noqa: E402
 from ptq.images import Preprocess  # noqa: E402
@@ -115,18 +115,19 @@ def _interleaved(fns: dict, samples: list, name: str) -> dict[str, float]:
 
 def timing(label: str, graph, table, samples: list, scheme: str) -> None:
     name = graph.inputs[0]
+    default_backend = get_backend(None)
     prepared = {b.name: prepare(graph, table, backend=b) for b in
-                (Int64Reference(), DEFAULT_BACKEND, DspBackend(scheme), DspBackend(scheme, "naive"))}
-    reference = prepared[DEFAULT_BACKEND.name].run({name: samples[0]}).tensors
+                (Int64Reference(), default_backend, DspBackend(scheme), DspBackend(scheme, "naive"))}
+    reference = prepared[default_backend.name].run({name: samples[0]}).tensors
     exact = prepared[f"dsp:{scheme}"].run({name: samples[0]}).tensors
     same = sum(np.array_equal(reference[k], exact[k]) for k in reference)
     print(f"\n{label}: dsp:{scheme} integer tensors identical to the default backend's: {same}/{len(reference)}")
     times = _interleaved({k: (lambda x, p=p: p.run(x, keep_all=False)) for k, p in prepared.items()}, samples, name)
-    base, default = times["int64 numpy"], times[DEFAULT_BACKEND.name]
+    base, default = times["int64 numpy"], times[default_backend.name]
     print(f"  time per image over {len(samples)} image(s), one BLAS thread:")
     for key, seconds in times.items():
         print(f"  {key:<16} {1000 * seconds:8.1f} ms   {seconds / base:5.2f}x int64 numpy   "
-              f"{seconds / default:5.2f}x default ({DEFAULT_BACKEND.name})")
+              f"{seconds / default:5.2f}x default ({default_backend.name})")
 
 
 def accuracy(label: str, graph, table, images: ImageSet, scheme: str) -> None:

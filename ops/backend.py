@@ -129,5 +129,3 @@ class CompiledBackend(NumpyBackend):
     name = "compiled"
     compiled = True
 
-
-DEFAULT_BACKEND = CompiledBackend()

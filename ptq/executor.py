@@ -392,15 +392,10 @@ def prepare(
     `float_nodes`: node names, output tensor names or op types to run in float (fake-quant debugging).
     `backend`: the dot product under Conv, Gemm and MatMul, a `DotBackend` or a name of `ptq.backends`.
     """
+    from ptq.backends import get_backend
+
     options = options or ExecutorOptions()
-    if backend is None:
-        from ops.backend import DEFAULT_BACKEND
-
-        backend = DEFAULT_BACKEND
-    elif isinstance(backend, str):
-        from ptq.backends import get_backend
-
-        backend = get_backend(backend)
+    backend = get_backend(backend)  # None: the default; a name; or a backend object as it is
     marked = _resolve_float_nodes(graph, float_nodes)
     node_float = NodeFloatEvaluator(graph.opset)
     rewritten, log = apply_rewrites(
