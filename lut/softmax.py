@@ -27,6 +27,7 @@ LogSoftmax: see lut.log_softmax.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -101,11 +102,15 @@ def exp_table(in_scale: float, codes: int) -> np.ndarray:
     return table[: zeros[0] + 1] if zeros.size else table
 
 
-def build_softmax(in_qparams: QParams, out_bits: int = 8, axis: int = -1) -> SoftmaxKernel:
-    """The integer softmax kernel for a per-tensor quantized input (any zero point, signed or not)."""
+def build_softmax(in_qparams: QParams, out_bits: int = 8, axis: int = -1,
+                  exp_codes: Optional[int] = None) -> SoftmaxKernel:
+    """The integer softmax kernel for a per-tensor quantized input (any zero point, signed or not). The exp
+    table covers the gaps the input's codes can make, or `exp_codes` gaps (AddSoftmax: logits with a bias
+    added spread beyond the input's range)."""
     if not isinstance(in_qparams, QParams) or in_qparams.per_channel:
         raise ValueError("build_softmax: in_qparams must be a per-tensor QParams")
     if not 2 <= out_bits <= 16:
         raise ValueError(f"build_softmax: out_bits must be in [2, 16], got {out_bits}")
-    table = exp_table(float(in_qparams.scale[0]), in_qparams.qmax - in_qparams.qmin + 1)
+    codes = in_qparams.qmax - in_qparams.qmin + 1 if exp_codes is None else exp_codes
+    table = exp_table(float(in_qparams.scale[0]), codes)
     return SoftmaxKernel(in_qparams, softmax_out_qparams(out_bits), table, int(axis))

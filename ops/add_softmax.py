@@ -20,13 +20,12 @@ plus the bias rounding eps per logit -- 0.5 * s_x (constant b), 0.5 * s_x + |b_c
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-from lut.softmax import INT32_ROW_LIMIT, MAX_ROW, SoftmaxKernel, build_softmax, exp_table, zero_entry_gap
+from lut.softmax import INT32_ROW_LIMIT, MAX_ROW, SoftmaxKernel, build_softmax, zero_entry_gap
 from ops.base import multiplier, require_per_tensor, require_qparams
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 from ptq.core.requant import INT32_MAX, requantize
@@ -62,10 +61,10 @@ class AddSoftmax(OpDef):
         x_qp = require_qparams(ctx.in_qparams[0], "input 0 (scores)")
         require_per_tensor(x_qp, "input 0 (scores)")
         proposal = ctx.out_qparams[0] if ctx.out_qparams else None
-        kernel = build_softmax(x_qp, proposal.bits if proposal is not None else 8, int(ctx.node.attr("axis", -1)))
         s_x = float(x_qp.scale[0])
         # a bias spreads the logits past the input's code range: the table must run on to its first zero entry
-        kernel = dataclasses.replace(kernel, exp_table=exp_table(s_x, zero_entry_gap(s_x) + 1))
+        kernel = build_softmax(x_qp, proposal.bits if proposal is not None else 8, int(ctx.node.attr("axis", -1)),
+                               exp_codes=zero_entry_gap(s_x) + 1)
         if 1 in ctx.constants:
             b = np.asarray(ctx.constants[1], dtype=np.float64)
             codes = np.clip(np.rint(b / s_x), -BIAS_CODE_LIMIT, BIAS_CODE_LIMIT).astype(np.int64)
