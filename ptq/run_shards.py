@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import onnx
 
@@ -80,11 +80,9 @@ def classify_image(context: RunContext, path: Path, preprocess: Preprocess, top:
 
 
 def classify_sharded(job: ClassifyJob, files: list[Path], workers: int, ray: Optional[str], tally,
-                     print_outcome) -> None:
-    """Classify `files` on workers; `print_outcome(outcome)` is called in file order, `tally` filled."""
-    from reports.labels import LabelResolver
-
-    labels = LabelResolver.from_option(None, files)  # the one-process rule: every file labelled, or none
+                     print_outcome, labels: Callable[[Path], Optional[int]]) -> None:
+    """Classify `files` on workers; `print_outcome(outcome)` is called in file order, `tally` filled with
+    the top-1 against `labels(path)`."""
     shards = plan_shards(files, 1, shard_batches_for(len(files), 1, workers))
     index = {shard: k for k, shard in enumerate(shards)}
     done: dict[int, list[ImageOutcome]] = {}
@@ -122,9 +120,9 @@ def print_outcome(outcome: ImageOutcome) -> None:
 
 
 def classify_on_workers(args, graph: Graph, table: QuantTable, preprocess: Preprocess, files: list[Path],
-                        tally) -> None:
+                        tally, labels: Callable[[Path], Optional[int]]) -> None:
     """`ptq run` with --workers N > 1 or --ray: the lines and the tally of the one-process loop. The workers
     get the model as loaded here (the adjusted one when the table records weight adjustments)."""
     job = ClassifyJob(graph.model.SerializeToString(), table, preprocess, tuple(args.float_nodes), args.backend,
                       args.strict, args.top)
-    classify_sharded(job, files, args.workers, args.ray, tally, print_outcome)
+    classify_sharded(job, files, args.workers, args.ray, tally, print_outcome, labels)

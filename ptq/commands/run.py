@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     tally = Tally()
     sequential = args.workers == 1 and args.ray is None
     if not sequential:
-        classify_on_workers(args, graph, table, pre, files, tally)
+        classify_on_workers(args, graph, table, pre, files, tally, labels)
     else:
         context = RunContext(graph, prepared, spec)
         for path in files:
