@@ -135,3 +135,51 @@ def test_integer_log_softmax_and_hardmax_follow_the_opset(opset, shape):
     q = get_op("Hardmax").quantize(context(_node("Hardmax", opset, None), [x_qp], [hard_qp]))
     y = get_op("Hardmax").forward_int(q, [x_q], runtime())[0]
     np.testing.assert_array_equal(hard_qp.dequantize(y), ort_single("Hardmax", {"x": x}, {}, opset=opset)[0])
+
+
+def _rows_of(x_q: np.ndarray, opset: int) -> np.ndarray:
+    """The rows each semantics reduces over, default axis: the last axis (13+) or the 2-D coercion at 1."""
+    return x_q.reshape(-1, x_q.shape[-1]) if opset >= 13 else x_q.reshape(x_q.shape[0], -1)
+
+
+def _log_softmax_reference(x_q: np.ndarray, kernel, opset: int) -> np.ndarray:
+    """lut.log_softmax's formula per row in Python integers: d_i = max - x_i, S = sum exp_table[d], log2 S from
+    its leading one and the Q16 log2(1 + m) table (linear between nodes), y = zp - round((d*A + log2S*B) / 2^P)."""
+    table, log2_table = [int(v) for v in kernel.exp_table], [int(v) for v in kernel.log2_table]
+    oq = kernel.out_qparams
+    zp, shift = int(oq.zero_point[0]), kernel.shift
+    out = []
+    for row in _rows_of(x_q, opset).tolist():
+        d = [max(row) - v for v in row]
+        total = sum(table[min(g, len(table) - 1)] for g in d)
+        k = total.bit_length() - 1
+        mantissa = ((total << 16) >> k) - (1 << 16)
+        i, f = mantissa >> 8, mantissa & 255
+        e0, e1 = log2_table[i], log2_table[min(i + 1, len(log2_table) - 1)]
+        log2_sum = ((k - 20) << 16) + (((e0 << 8) + (e1 - e0) * f + 128) >> 8)
+        out.append([min(max(zp - ((g * kernel.d_factor + log2_sum * kernel.log_factor + (1 << (shift - 1))) >> shift),
+                            oq.qmin), oq.qmax) for g in d])
+    return np.array(out, dtype=np.int64).reshape(x_q.shape)
+
+
+@covers("LogSoftmax", "Hardmax", check=Check.INT_REFERENCE)
+@pytest.mark.parametrize("opset", [11, 13])
+@pytest.mark.parametrize("shape", [(3, 7), (2, 3, 5)])
+def test_integer_log_softmax_and_hardmax_equal_python_integer_references(opset, shape):
+    rng = np.random.default_rng(5 * len(shape) + opset)
+    x_qp = random_qparams(rng, -4.0, 4.0, 8)
+    x_q = random_codes(rng, x_qp, shape)
+    y_qp = random_qparams(rng, -12.0, 0.0, 8, symmetric=False)
+    q = get_op("LogSoftmax").quantize(context(_node("LogSoftmax", opset, None), [x_qp], [y_qp]))
+    y = get_op("LogSoftmax").forward_int(q, [x_q], runtime())[0]
+    np.testing.assert_array_equal(y, _log_softmax_reference(x_q, q.kernel, opset))
+
+    hard_qp = random_qparams(rng, 0.0, 1.0, 8, symmetric=False)
+    q = get_op("Hardmax").quantize(context(_node("Hardmax", opset, None), [x_qp], [hard_qp]))
+    y = get_op("Hardmax").forward_int(q, [x_q], runtime())[0]
+    zero, one = (int(c) for c in hard_qp.quantize(np.array([0.0, 1.0])))
+    want = []
+    for row in _rows_of(x_q, opset).tolist():  # the first maximum of the codes, as Python lists
+        first = row.index(max(row))
+        want.append([one if j == first else zero for j in range(len(row))])
+    np.testing.assert_array_equal(y, np.array(want).reshape(shape))
