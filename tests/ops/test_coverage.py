@@ -72,6 +72,18 @@ def test_every_registered_op_has_an_onnxruntime_or_integer_reference_test():
     assert not problems, "\n".join(problems)
 
 
+def without_integer_reference(registered: set[OpKey], declared: dict[OpKey, dict[Check, list[str]]]) -> list[str]:
+    """The registered ops no test holds to an integer reference of their formula (Check.INT_REFERENCE)."""
+    return [_name(key) for key in sorted(registered) if Check.INT_REFERENCE not in declared.get(key, {})]
+
+
+def test_every_integer_forward_is_held_to_an_integer_reference():
+    """The project's standard: each forward_int is tested exactly against an int64/Python-int reference."""
+    declared = declared_coverage(op_test_modules())
+    assert without_integer_reference(set(REGISTRY), declared) == []
+    assert without_integer_reference({("", "A"), ("", "B")}, {("", "A"): {Check.ONNXRUNTIME: ["t"]}}) == ["A", "B"]
+
+
 def test_an_untested_op_a_stale_declaration_and_a_declared_helper_are_named():
     module = ModuleType("synthetic_op_tests")
 
