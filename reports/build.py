@@ -19,7 +19,7 @@ def build_report(ev: Evaluation, model: str, quant: str, top: Optional[int] = No
         LayerReport(
             name=s.name, node=s.node, op_type=s.op_type, qparams=ev.qparams[s.name], inputs=list(s.inputs),
             cumulative=cum[s.name], isolated=iso[s.name], cosine_drop=drops[s.name], float_fallback=s.float_fallback,
-            clipped=ev.clipped[s.name].fraction,
+            clipped=ev.clipped[s.name].fraction, histogram=ev.histograms.get(s.name),
         )
         for s in ev.layers
     ]

@@ -4,12 +4,13 @@
 The similarity sums are floating point, so their totals depend on the order they are added in: each
 worker records every sample's sums (a few floats per tensor and image, `RecordingAccumulator`) and the
 driver adds them up in image order, as one process would. Counts (clipped values, accumulator overflows,
-top-k agreement) are integers and merge exactly. The isolated metrics go to the first N images of the
-whole run (`Shard.isolated`). Shards and unreadable images: `ptq.parallel`.
+top-k agreement, value histograms) are integers and merge exactly. The isolated metrics go to the first N
+images of the whole run (`Shard.isolated`). Shards and unreadable images: `ptq.parallel`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import reduce
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
@@ -27,6 +28,7 @@ from reports.evaluation import Evaluation
 from reports.image_source import ImageSet
 from reports.labels import LabelResolver
 from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreement
+from reports.value_histogram import ValueHistogram
 
 
 @dataclass
@@ -118,6 +120,9 @@ def merge_evaluations(parts: Sequence[Evaluation]) -> Evaluation:
         classification=None if first.classification is None else TopKAgreement(k=first.classification.k),
         float_nodes=first.float_nodes, float_reasons=first.float_reasons,
         clipped={name: ClipAccumulator() for name in first.clipped},
+        # integer counts and extremes: exact in any order
+        histograms={name: reduce(ValueHistogram.merge, (part.histograms[name] for part in parts))
+                    for name in first.histograms},
     )
     for part in parts:
         for merged, shard in ((ev.cumulative, part.cumulative), (ev.isolated, part.isolated),

@@ -7,6 +7,7 @@ from typing import Optional
 from ptq.core.qparams import QParams
 from reports.layer_specs import LayerSpec
 from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreement
+from reports.value_histogram import ValueHistogram
 
 
 @dataclass
@@ -22,5 +23,6 @@ class Evaluation:
     float_nodes: list[str]
     float_reasons: dict[str, str]  # float node name -> why it runs in float ("not registered", ...)
     clipped: dict[str, ClipAccumulator] = field(default_factory=dict)  # float values beyond each grid
+    histograms: dict[str, ValueHistogram] = field(default_factory=dict)  # each layer's float values
     overflows: dict[str, int] = field(default_factory=dict)
     images: int = 0

@@ -84,6 +84,7 @@ class ImageRun:
         ref = refs[name] = ReferenceTensor.of(x)
         self.ev.cumulative[name].update(ref, dequantize32(self.ev.qparams[name], codes), overwrite_test=True)
         self.ev.clipped[name].update(x, *self.bounds[name])
+        self.ev.histograms[name].update(x)
 
     def _isolated(self, floats: dict, runtime_values: dict, refs: dict) -> None:
         """Each step alone on its quantized float inputs, its outputs compared with the float tensors."""

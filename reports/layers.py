@@ -8,6 +8,7 @@ import numpy as np
 
 from ptq.core.qparams import QParams
 from reports.metrics import Similarity
+from reports.value_histogram import ValueHistogram
 
 
 def qparams_summary(qp: QParams) -> dict:
@@ -51,6 +52,7 @@ class LayerReport:
     cosine_drop: float
     float_fallback: bool = False
     clipped: float = 0.0  # fraction of the float values beyond the grid's range (they saturate)
+    histogram: Optional[ValueHistogram] = None  # its float values over its grid (`reports.value_histogram`)
 
     def to_dict(self) -> dict:
         return {
@@ -171,6 +173,7 @@ class Report:
             "outputs": outputs,
             "bottlenecks": [b.to_dict() for b in self.bottlenecks],
             "layers": [layer.to_dict() for layer in self.layers],
+            "histograms": {layer.name: layer.histogram.to_dict() for layer in self.layers if layer.histogram},
         }
 
 
@@ -185,6 +188,10 @@ METRIC_DEFINITIONS = {
     "clipped_fraction": "fraction of the float values beyond [real_min - scale/2, real_max + scale/2] (saturated)",
     "folded": "a tensor consumed only by a clamp (Relu, Clip) whose range calibration folded to it is compared "
               "with its float values clamped to that range: its clipping is by design",
+    "histograms": "per layer, its float values counted in fixed bins over its grid [low, high] = [real_min - "
+                  "scale/2, real_max + scale/2]: counts[0] below low - margin_bins*w, then margin_bins bins of "
+                  "width w = (high - low)/inner_bins below low, inner_bins bins across the grid, margin_bins bins "
+                  "above high, and counts[-1] beyond; below/above: values outside [low, high] (saturated)",
     "top1_agreement": "fraction of images where the integer argmax equals the float argmax",
     "top5_agreement": "fraction of images where the float argmax is among the integer top 5",
 }

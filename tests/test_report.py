@@ -216,6 +216,13 @@ def test_isolated_vs_cumulative_on_toy_graph():
     assert beyond > 0.5 and layers["t1"].clipped == pytest.approx(beyond)
     assert layers["t2"].clipped == 0.0  # t2 keeps its calibrated range
     assert "beyond its range" in report.bottlenecks[0].reason
+    # t1's histogram: the float values (x) over t1's grid, the clipped ones in the outer bins
+    hist = layers["t1"].histogram
+    edges = hist.edges()
+    inside, _ = np.histogram(xf, bins=edges)
+    np.testing.assert_array_equal(hist.counts, [np.sum(xf < edges[0]), *inside, np.sum(xf >= edges[-1])])
+    assert hist.below + hist.above == round(beyond * xf.size) and hist.counts[-1] > 0
+    assert layers["t2"].histogram.below + layers["t2"].histogram.above == 0
     assert report.outputs[0].similarity.cosine == pytest.approx(layers["y"].cumulative.cosine, abs=1e-12)
 
 
