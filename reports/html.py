@@ -1,7 +1,9 @@
 """report.html: one self-contained page (inline CSS, inline SVG plot, inline script; no network).
 
 The plot shows the cumulative and isolated cosine of every layer along the graph (x = topological index),
-with the ranked suspects marked; the table sorts by any column on a click of its header.
+with the ranked suspects marked; hovering a layer's column names it (a tooltip, and the SVG <title>). The
+top suspects get a histogram of their float values (`reports.html_histogram`); the table sorts by any column
+on a click of its header.
 """
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from html import escape
 from pathlib import Path
 from typing import Optional, Union
 
+from reports.html_histogram import histogram_caption, histogram_svg
 from reports.layers import Report
 
 PLOT_W, PLOT_H = 960, 320
+HISTOGRAM_SUSPECTS = 5  # the top suspects that get a value histogram
 MARGIN_L, MARGIN_R, MARGIN_T, MARGIN_B = 64, 16, 16, 40
 
 _CSS = """
@@ -28,6 +32,11 @@ tr.suspect td{background:#fde8e8}
 svg text{font-size:11px;fill:#333}
 .legend span{display:inline-block;margin-right:16px;font-size:13px}
 .sw{display:inline-block;width:14px;height:3px;vertical-align:middle;margin-right:4px}
+.plot{position:relative;display:inline-block}
+.tip{position:absolute;pointer-events:none;background:#fff;border:1px solid #888;padding:2px 6px;font-size:12px;
+white-space:nowrap;box-shadow:1px 1px 3px rgba(0,0,0,.2)}
+g.pt rect{fill:#000;fill-opacity:0;pointer-events:all} g.pt:hover rect{fill-opacity:.06}
+.hists{display:flex;flex-wrap:wrap;gap:8px 24px} figure{margin:0} figcaption{font-size:12px;max-width:560px}
 """
 
 _SCRIPT = """
@@ -50,6 +59,22 @@ document.querySelectorAll('table.sortable').forEach(function(table){
     });
   });
 });
+
+var tip = document.getElementById('plot-tip');
+if (tip) {
+  document.querySelectorAll('g.pt').forEach(function(g){
+    g.addEventListener('mouseenter', function(){
+      tip.textContent = g.querySelector('title').textContent;
+      var box = g.querySelector('rect').getBBox();
+      var right = box.x > tip.parentNode.clientWidth / 2;
+      tip.style.left = right ? '' : (box.x + box.width + 4) + 'px';
+      tip.style.right = right ? (tip.parentNode.clientWidth - box.x + 4) + 'px' : '';
+      tip.style.top = '4px';
+      tip.hidden = false;
+    });
+    g.addEventListener('mouseleave', function(){ tip.hidden = true; });
+  });
+}
 """
 
 
@@ -112,6 +137,14 @@ def _plot(report: Report) -> str:
     for values, color in ((iso, "#2b8a3e"), (cum, "#1c5fd1")):
         points = " ".join(f"{px(i):.1f},{py(v):.1f}" for i, v in enumerate(values))
         parts.append(f'<polyline points="{points}" fill="none" stroke="{color}" stroke-width="1.5"/>')
+    column = w / (n - 1) if n > 1 else w
+    for i, layer in enumerate(layers):  # one hover target per layer: its column, and a dot per curve
+        parts.append(
+            f'<g class="pt" data-layer="{escape(layer.name)}"><title>{i} {escape(layer.name)} ({escape(layer.op_type)}): '
+            f'cumulative {cum[i]:.6f}, isolated {iso[i]:.6f}</title>'
+            f'<rect x="{px(i) - column / 2:.1f}" y="{MARGIN_T}" width="{column:.1f}" height="{h}"/>'
+            f'<circle cx="{px(i):.1f}" cy="{py(cum[i]):.1f}" r="2" fill="#1c5fd1"/>'
+            f'<circle cx="{px(i):.1f}" cy="{py(iso[i]):.1f}" r="2" fill="#2b8a3e"/></g>')
     index = {layer.name: i for i, layer in enumerate(layers)}
     for rank, b in enumerate(report.bottlenecks[:10], 1):
         i = index.get(b.name)
@@ -125,7 +158,7 @@ def _plot(report: Report) -> str:
     legend = ('<div class="legend"><span><i class="sw" style="background:#1c5fd1"></i>cumulative cosine</span>'
               '<span><i class="sw" style="background:#2b8a3e"></i>isolated cosine</span>'
               '<span style="color:#d11c1c">&#9711; ranked suspects</span></div>')
-    return legend + "".join(parts)
+    return legend + '<div class="plot">' + "".join(parts) + '<div id="plot-tip" class="tip" hidden=""></div></div>'
 
 
 def _summary(report: Report) -> str:
@@ -159,6 +192,27 @@ def _summary(report: Report) -> str:
             + (f"<ol>{suspects}</ol>" if suspects else "<p>None: every layer keeps its cosine.</p>"))
 
 
+def _histograms(report: Report, count: int) -> str:
+    """A value histogram for each of the first `count` suspects."""
+    layers = {layer.name: layer for layer in report.layers}
+    figures = []
+    for rank, b in enumerate(report.bottlenecks[:count], 1):
+        layer = layers.get(b.name)
+        if layer is None or layer.histogram is None:
+            continue
+        figures.append(
+            f'<figure class="hist" data-layer="{escape(layer.name)}">'
+            f"{histogram_svg(layer.histogram, layer.qparams, layer.name)}"
+            f"<figcaption><b>#{rank} {escape(layer.name)}</b> ({escape(layer.op_type)}): "
+            f"{escape(histogram_caption(layer.histogram, layer.qparams, report.images))}</figcaption></figure>")
+    if not figures:
+        return "<p>No suspects, no histograms.</p>"
+    return ('<p>Each suspect\'s float values in fixed bins: blue inside the calibrated range, red in the clipped '
+            "tails (shaded: they saturate when quantized), the outermost dark bars count everything further out. "
+            "Hover a bar for its range and count.</p>"
+            f'<div class="hists">{"".join(figures)}</div>')
+
+
 def _table(report: Report) -> str:
     ranks = {b.name: k for k, b in enumerate(report.bottlenecks, 1)}
     heads = ["#", "tensor", "op", "bits", "scale", "zp", "cum cosine", "cum sqnr dB", "cum mse", "cum max err",
@@ -190,7 +244,8 @@ def _table(report: Report) -> str:
     return f'<table class="sortable" id="layers"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
-def render_html(report: Report) -> str:
+def render_html(report: Report, histograms: int = HISTOGRAM_SUSPECTS) -> str:
+    """The page; `histograms`: how many of the top suspects get a value histogram."""
     title = f"ptq report: {Path(report.model).name}"
     return (
         "<!DOCTYPE html>\n"
@@ -199,13 +254,14 @@ def render_html(report: Report) -> str:
         f"<h1>{escape(title)}</h1>"
         f"<h2>Summary</h2>{_summary(report)}"
         f"<h2>Cosine along the graph</h2>{_plot(report)}"
+        f"<h2>Values of the top suspects</h2>{_histograms(report, histograms)}"
         f"<h2>Layers</h2><p>Click a column header to sort.</p>{_table(report)}"
         f"<script>//<![CDATA[{_SCRIPT}//]]></script>"
         "</body></html>\n"
     )
 
 
-def write_html(report: Report, path: Union[str, Path]) -> Path:
+def write_html(report: Report, path: Union[str, Path], histograms: int = HISTOGRAM_SUSPECTS) -> Path:
     path = Path(path)
-    path.write_text(render_html(report), encoding="utf-8")
+    path.write_text(render_html(report, histograms), encoding="utf-8")
     return path
