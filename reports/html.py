@@ -35,7 +35,7 @@ svg text{font-size:11px;fill:#333}
 .plot{position:relative;display:inline-block}
 .tip{position:absolute;pointer-events:none;background:#fff;border:1px solid #888;padding:2px 6px;font-size:12px;
 white-space:nowrap;box-shadow:1px 1px 3px rgba(0,0,0,.2)}
-g.pt rect{fill:#000;fill-opacity:0;pointer-events:all} g.pt:hover rect{fill-opacity:.06}
+g.pt rect{fill:#000;fill-opacity:0;pointer-events:all} g.pt:hover rect{fill-opacity:.06} .mark{pointer-events:none}
 .hists{display:flex;flex-wrap:wrap;gap:8px 24px} figure{margin:0} figcaption{font-size:12px;max-width:560px}
 """
 
@@ -138,22 +138,25 @@ def _plot(report: Report) -> str:
         points = " ".join(f"{px(i):.1f},{py(v):.1f}" for i, v in enumerate(values))
         parts.append(f'<polyline points="{points}" fill="none" stroke="{color}" stroke-width="1.5"/>')
     column = w / (n - 1) if n > 1 else w
+    ranked = {b.name: (rank, b.reason) for rank, b in enumerate(report.bottlenecks[:10], 1)}
     for i, layer in enumerate(layers):  # one hover target per layer: its column, and a dot per curve
+        suspect = f"; suspect #{ranked[layer.name][0]}: {ranked[layer.name][1]}" if layer.name in ranked else ""
         parts.append(
             f'<g class="pt" data-layer="{escape(layer.name)}"><title>{i} {escape(layer.name)} ({escape(layer.op_type)}): '
-            f'cumulative {cum[i]:.6f}, isolated {iso[i]:.6f}</title>'
+            f'cumulative {cum[i]:.6f}, isolated {iso[i]:.6f}{escape(suspect)}</title>'
             f'<rect x="{px(i) - column / 2:.1f}" y="{MARGIN_T}" width="{column:.1f}" height="{h}"/>'
             f'<circle cx="{px(i):.1f}" cy="{py(cum[i]):.1f}" r="2" fill="#1c5fd1"/>'
             f'<circle cx="{px(i):.1f}" cy="{py(iso[i]):.1f}" r="2" fill="#2b8a3e"/></g>')
     index = {layer.name: i for i, layer in enumerate(layers)}
-    for rank, b in enumerate(report.bottlenecks[:10], 1):
+    for rank, b in enumerate(report.bottlenecks[:10], 1):  # drawn over the hover targets, transparent to the mouse
         i = index.get(b.name)
         if i is None:
             continue
         x, y = px(i), py(min(cum[i], iso[i]))
-        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="5" fill="none" stroke="#d11c1c" stroke-width="2">'
-                     f'<title>#{rank} {escape(b.name)}: {escape(b.reason)}</title></circle>')
-        parts.append(f'<text x="{x + 7:.1f}" y="{y - 6:.1f}" fill="#d11c1c" style="fill:#d11c1c">{rank}</text>')
+        parts.append(f'<circle class="mark" cx="{x:.1f}" cy="{y:.1f}" r="5" fill="none" stroke="#d11c1c" '
+                     'stroke-width="2"/>')
+        parts.append(f'<text class="mark" x="{x + 7:.1f}" y="{y - 6:.1f}" fill="#d11c1c" style="fill:#d11c1c">'
+                     f'{rank}</text>')
     parts.append("</svg>")
     legend = ('<div class="legend"><span><i class="sw" style="background:#1c5fd1"></i>cumulative cosine</span>'
               '<span><i class="sw" style="background:#2b8a3e"></i>isolated cosine</span>'

@@ -93,7 +93,11 @@ def histogram_svg(hist: ValueHistogram, qp: QParams, label: str) -> str:
         every = step_ticks(codes, px_per_step)
         path = "".join(f"M{x_low + j * px_per_step:.2f} {base:.1f}v4" for j in range(0, codes + 1, every))
         parts.append(f'<path class="steps" d="{path}" stroke="#222" stroke-width="0.6" fill="none"/>')
-    for x, value in ((sx(1), edges[0]), (x_low, hist.low), (x_high, hist.high), (sx(slots - 1), edges[-1])):
+    labels = [(sx(1), edges[0]), (sx(slots - 1), edges[-1])]  # the grid's ends are labelled above the plot
+    x_zero = sx(1) + (0 - edges[0]) / hist.width * bw
+    if labels[0][0] < x_zero < labels[1][0] and all(abs(x_zero - x) > 40 for x in (sx(1), x_low, x_high, sx(slots - 1))):
+        labels.append((x_zero, 0.0))
+    for x, value in labels:
         parts.append(f'<text x="{x:.1f}" y="{base + 16}" text-anchor="middle">{_g(value)}</text>')
     for x, count, anchor in ((LEFT + 3, hist.below, "start"), (LEFT + plot_w - 3, hist.above, "end")):
         if count:

@@ -116,6 +116,13 @@ def test_hovering_the_plot_names_the_layer(page, report, tmp_path):
                             " return [t.hidden, t.textContent, t.getBoundingClientRect().width]; })()")
         assert tip[0] is False and tip[2] > 0
         assert tip[1].startswith(f"{k} {report.layers[k].name} ({report.layers[k].op_type}): cumulative ")
+    # on a suspect's red circle (drawn over the hover targets): its layer, with its rank
+    first = [layer.name for layer in report.layers].index(report.bottlenecks[0].name)
+    centre = page.evaluate("(() => { const c = document.querySelector('.plot circle.mark').getBoundingClientRect();"
+                           " return [c.x + c.width / 2, c.y + c.height / 2]; })()")
+    page.hover(*centre)
+    tip = page.evaluate("document.getElementById('plot-tip').textContent")
+    assert tip.startswith(f"{first} {report.bottlenecks[0].name} (") and "suspect #1: " in tip
     page.hover(5, 5)  # off the plot
     assert page.evaluate("document.getElementById('plot-tip').hidden") is True
     assert page.errors() == []
