@@ -120,7 +120,8 @@ def test_hovering_the_plot_names_the_layer(page, report, tmp_path):
     first = [layer.name for layer in report.layers].index(report.bottlenecks[0].name)
     centre = page.evaluate("(() => { const c = document.querySelector('.plot circle.mark').getBoundingClientRect();"
                            " return [c.x + c.width / 2, c.y + c.height / 2]; })()")
-    page.hover(*centre)
+    page.hover(5, 5)
+    page.hover(centre[0] + 5, centre[1])  # on the circle's stroke (r = 5)
     tip = page.evaluate("document.getElementById('plot-tip').textContent")
     assert tip.startswith(f"{first} {report.bottlenecks[0].name} (") and "suspect #1: " in tip
     page.hover(5, 5)  # off the plot
