@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+import numba
 import numpy as np
 
 from ptq.core.qparams import QParams
@@ -38,6 +39,28 @@ def inner_bins(codes: int, limit: int = MAX_INNER) -> int:
     whole number of codes), or `limit` when that divisor is below limit / 2 (an odd count such as 127)."""
     best = max(d for d in range(1, min(codes, limit) + 1) if codes % d == 0)
     return best if best >= min(codes, limit) / 2 else limit
+
+
+@numba.njit(cache=True, nogil=True)
+def _fold(x, low, high, inv, inner, margin, counts):
+    """counts[bin(v)] += 1 for every v of x (the layout of the module docstring), in one pass, each v compared
+    and offset in float64; returns (min, max, NaN count). One pass instead of numpy's nine (convert, scale,
+    floor, clip, cast, bincount, min, max, the mask above high): 17-19 ms CPU per EfficientNet-Lite0 image
+    (7.1 M values) against 41 ms (`bench/report_histograms.py`)."""
+    smallest, largest, nan = np.inf, -np.inf, 0
+    for k in range(x.size):
+        v = np.float64(x[k])
+        if v != v:
+            nan += 1
+            continue
+        smallest = min(smallest, v)
+        largest = max(largest, v)
+        if v > high:
+            j = 1 + margin + inner + int(min(np.floor((v - high) * inv), margin))
+        else:  # x - low < 0 exactly when x < low: the sign of a rounded difference is exact
+            j = 1 + margin + int(max(min(np.floor((v - low) * inv), inner - 1), -margin - 1))
+        counts[j] += 1
+    return smallest, largest, nan
 
 
 @dataclass
@@ -98,26 +121,17 @@ class ValueHistogram:
         return np.concatenate([lower, upper])
 
     def update(self, values: np.ndarray) -> None:
-        """Fold in values (any shape; float32 stays float32 until the float64 offsets)."""
-        x = np.asarray(values).ravel()
+        """Fold in values (any shape, finite; float32 and float64 are read as they are)."""
+        x = np.ravel(values)
+        if x.dtype not in (np.float32, np.float64):
+            x = x.astype(np.float64)
         if x.size == 0:
             return
-        inv = 1.0 / self.width
-        m, n = self.margin, self.inner
-        # below high: bins from low (x - low < 0 exactly when x < low: the sign of a rounded difference is exact)
-        index = np.subtract(x, self.low, dtype=np.float64)
-        index *= inv
-        np.floor(index, out=index)
-        np.clip(index, -m - 1, n - 1, out=index)  # at high itself (and 1e-16 below it) the last inner bin
-        index += m + 1
-        x_max = float(x.max())
-        if x_max > self.high:  # the rare case: above high, bins from high
-            over = x > self.high
-            beyond = np.floor(np.subtract(x[over], self.high, dtype=np.float64) * inv)
-            index[over] = 1 + m + n + np.minimum(beyond, m)
-        self.counts += np.bincount(index.astype(np.int64), minlength=self.counts.size)
-        self.min = min(self.min, float(x.min()))
-        self.max = max(self.max, x_max)
+        low, high, nan = _fold(x, self.low, self.high, 1.0 / self.width, self.inner, self.margin, self.counts)
+        if nan:
+            raise ValueError(f"histogram: {nan} NaN values")
+        self.min = min(self.min, low)
+        self.max = max(self.max, high)
 
     def merge(self, other: "ValueHistogram") -> "ValueHistogram":
         """The histogram of both value sets (same bins; neither input is modified)."""

@@ -57,6 +57,26 @@ def test_values_on_the_grid_bounds_are_clipped_exactly_as_clip_accumulator_count
     assert h.counts[first - 1] == 1 and h.counts[last + 1] == 1  # just outside: the margin bins next to them
 
 
+def test_bounds_between_two_float32_values_are_compared_in_float64():
+    """low and high are not float32 values: rounding them to float32 would move -1.0 and 1.0 inside."""
+    low, high = -1.0 + 1e-9, 1.0 - 1e-9
+    x = np.float32([-1.0, 1.0, 0.5])
+    h = ValueHistogram(low=low, high=high, inner=8, steps_per_bin=1.0)
+    h.update(x)
+    clip = ClipAccumulator()
+    clip.update(x, np.asarray(low), np.asarray(high))  # as the report passes them: float64 arrays
+    assert (h.below, h.above, clip.clipped) == (1, 1, 2)
+
+
+def test_nan_is_refused_and_other_dtypes_are_read_as_float64():
+    h = ValueHistogram(low=-1.0, high=1.0, inner=4, steps_per_bin=1.0)
+    with pytest.raises(ValueError, match="1 NaN"):
+        h.update(np.float32([0.0, np.nan]))
+    h = ValueHistogram(low=-1.0, high=1.0, inner=4, steps_per_bin=1.0)
+    h.update(np.array([[-3, 0], [1, 2]], dtype=np.int8))
+    assert (h.below, h.above, h.min, h.max, h.total) == (1, 1, -3.0, 2.0, 4)
+
+
 def test_shards_in_any_order_merge_into_the_one_pass_histogram():
     rng = np.random.default_rng(1)
     qp = compute_qparams(-0.2, 6.0, 8, signed=False)
