@@ -142,8 +142,9 @@ def _plot(report: Report) -> str:
     for i, layer in enumerate(layers):  # one hover target per layer: its column, and a dot per curve
         suspect = f"; suspect #{ranked[layer.name][0]}: {ranked[layer.name][1]}" if layer.name in ranked else ""
         parts.append(
-            f'<g class="pt" data-layer="{escape(layer.name)}"><title>{i} {escape(layer.name)} ({escape(layer.op_type)}): '
-            f'cumulative {cum[i]:.6f}, isolated {iso[i]:.6f}{escape(suspect)}</title>'
+            f'<g class="pt" data-layer="{escape(layer.name)}">'
+            f'<title>{i} {escape(layer.name)} ({escape(layer.op_type)}): cumulative {cum[i]:.6f}, '
+            f'isolated {iso[i]:.6f}{escape(suspect)}</title>'
             f'<rect x="{px(i) - column / 2:.1f}" y="{MARGIN_T}" width="{column:.1f}" height="{h}"/>'
             f'<circle cx="{px(i):.1f}" cy="{py(cum[i]):.1f}" r="2" fill="#1c5fd1"/>'
             f'<circle cx="{px(i):.1f}" cy="{py(iso[i]):.1f}" r="2" fill="#2b8a3e"/></g>')

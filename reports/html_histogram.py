@@ -79,8 +79,8 @@ def histogram_svg(hist: ValueHistogram, qp: QParams, label: str) -> str:
         y = sy(count)
         parts.append(f'<rect class="bar" x="{sx(k) + 0.5:.1f}" y="{y:.1f}" width="{max(bw - 1, 1):.1f}" '
                      f'height="{base - y:.1f}" fill="{color}"><title>{span}: {count} values</title></rect>')
-    real_min, real_max = (float(v.min()) for v in qp.real_range()) if qp.per_channel else (
-        float(v[0]) for v in qp.real_range())
+    lo, hi = qp.real_range()
+    real_min, real_max = float(lo.min()), float(hi.max())  # per channel: the union of the channels' ranges
     for x, value, anchor in ((x_low, real_min, "end"), (x_high, real_max, "start")):
         parts.append(f'<line class="range" x1="{x:.1f}" y1="{TOP - 6}" x2="{x:.1f}" y2="{base + 4}" '
                      f'stroke="#222" stroke-width="1.5" stroke-dasharray="4 2"/>')
@@ -95,8 +95,8 @@ def histogram_svg(hist: ValueHistogram, qp: QParams, label: str) -> str:
         parts.append(f'<path class="steps" d="{path}" stroke="#222" stroke-width="0.6" fill="none"/>')
     labels = [(sx(1), edges[0]), (sx(slots - 1), edges[-1])]  # the grid's ends are labelled above the plot
     x_zero = sx(1) + (0 - edges[0]) / hist.width * bw
-    if labels[0][0] < x_zero < labels[1][0] and all(abs(x_zero - x) > 40 for x in (sx(1), x_low, x_high, sx(slots - 1))):
-        labels.append((x_zero, 0.0))
+    if sx(1) < x_zero < sx(slots - 1) and all(abs(x_zero - x) > 40 for x in (sx(1), x_low, x_high, sx(slots - 1))):
+        labels.append((x_zero, 0.0))  # 0, unless another label is near
     for x, value in labels:
         parts.append(f'<text x="{x:.1f}" y="{base + 16}" text-anchor="middle">{_g(value)}</text>')
     for x, count, anchor in ((LEFT + 3, hist.below, "start"), (LEFT + plot_w - 3, hist.above, "end")):

@@ -14,16 +14,18 @@ out. Counts layout (length inner + 2 * margin + 2):
     [-1]                                  x >= high + margin * w, x > high        (overflow)
 
 Inside and beyond the grid, a bin edge is where floor((x - low) / w), resp. floor((x - high) / w), computed in
-float64, changes: exact up to the rounding of that quotient. A value below `low` or above `high` is decided by an exact comparison (float32 against the float64 bound), so
-the counts outside [low, high] are the clipped counts of `ClipAccumulator` for a per-tensor grid. A per-channel
-grid is binned over the union of its channels' intervals (the outside bins then hold what lies beyond every
-channel). The extreme values seen are kept too. Each value's bin depends on the value alone, so the counts do
-not depend on image order or sharding, and `merge` (integer sums, min of mins, max of maxes) is exact.
+float64, changes: exact up to the rounding of that quotient. Whether a value lies below `low` or above `high`
+is decided exactly (x in float64 against the float64 bound), so the counts outside [low, high] are the clipped
+counts of `ClipAccumulator` for a per-tensor grid. A per-channel grid is binned over the union of its
+channels' intervals (the outside bins then hold what lies beyond every channel). The extremes seen are kept too.
+Each value's bin depends on the value alone, so the counts do not depend on image order or sharding, and
+`merge` (integer sums, min of mins, max of maxes) is exact.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
 import numba
 import numpy as np
 

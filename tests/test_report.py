@@ -13,6 +13,7 @@ from ptq.core.qparams import QParams, compute_qparams
 from reports.html import render_html
 from reports.layers import LayerReport, OutputReport, Report, cosine_drops, rank_bottlenecks
 from reports.metrics import Similarity
+from reports.value_histogram import ValueHistogram
 from reports.writers import CSV_COLUMNS, report_csv, report_json, summary_text
 
 
@@ -62,6 +63,10 @@ def test_ranking_charges_the_damaged_layer_not_its_consumer():
 def _report():
     layers = _chain()
     layers[1].qparams = QParams(scale=np.array([0.1, 0.2]), zero_point=np.array([0, 0]), axis=1)
+    values = np.random.default_rng(0).normal(0, 0.6, size=1000).astype(np.float32)
+    for layer in layers:
+        layer.histogram = ValueHistogram.for_grid(layer.qparams, 2)
+        layer.histogram.update(values)
     return Report(
         model="model.onnx", quant="model.quant.json", images=4, layers=layers,
         outputs=[OutputReport("logits", Similarity(0.98, 0.5, math.inf, 1.5, 4))],
@@ -83,6 +88,10 @@ def test_json_has_the_documented_fields():
     assert data["outputs"]["top1_agreement"] == 0.75 and data["outputs"]["int_accuracy"] == 0.25
     assert data["bottlenecks"][0]["name"] == "b" and data["bottlenecks"][0]["reason"]
     assert layer["clipped_fraction"] == 0.0
+    hist = data["histograms"]["b"]
+    assert list(data["histograms"]) == ["input", "a", "b", "c <&>"]
+    assert sum(hist["counts"]) == 1000 and len(hist["counts"]) == hist["inner_bins"] + 2 * hist["margin_bins"] + 2
+    assert hist["below"] + hist["above"] == sum(hist["counts"][:17]) + sum(hist["counts"][-17:]) > 0
 
 
 def test_csv_one_row_per_layer():
@@ -128,6 +137,15 @@ def test_html_is_well_formed_and_self_contained():
     rows = root.findall(".//table[@id='layers']/tbody/tr")
     assert len(rows) == 4
     assert rows[2].get("class") == "suspect"
+    # a histogram per suspect (the per-channel layer "a" among them), a hover target per layer
+    report = _report()
+    figures = root.findall(".//figure[@class='hist']")
+    assert [f.get("data-layer") for f in figures] == [b.name for b in report.bottlenecks]
+    assert [g.get("data-layer") for g in root.findall(".//g[@class='pt']")] == ["input", "a", "b", "c <&>"]
+    assert "per-channel grid" in page and page.count('class="bar"') == sum(
+        np.count_nonzero(layer.histogram.counts) for layer in report.layers if layer.name in
+        {b.name for b in report.bottlenecks})
+    assert len(render_html(report, histograms=1).split('<figure class="hist"')) == 2
 
 
 # --- end to end on a three-layer toy graph: x -> Gemm -> t1 -> Gemm -> t2 -> Gemm -> y (identity weights) ---
