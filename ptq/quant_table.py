@@ -376,12 +376,13 @@ class _EntryReader:
 def entry_from_dict(name: str, data, options: CalibrationOptions, source: str = "quant table") \
         -> tuple[TensorEntry, list[str]]:
     """One tensor's entry from its JSON form (module docstring: validation, edits, fingerprints); returns the
-    entry and the notes (what was rounded, recomputed or taken as written), each prefixed with the tensor."""
+    entry and its note (what was rounded, recomputed or taken as written, prefixed with the tensor) as a list
+    of at most one."""
     if not isinstance(data, dict):
         raise QuantTableError(f"{source}: tensor {name!r}: expected an object {{...}}, got {type(data).__name__}")
     reader = _EntryReader(name, data, options, source)
     entry = reader.entry()
-    return entry, [f"{reader.where}: {note}" for note in reader.notes]
+    return entry, [f"{reader.where}: {'; '.join(reader.notes)}"] if reader.notes else []
 
 
 def table_from_dict(data, source: str = "quant table") -> QuantTable:

@@ -35,11 +35,12 @@ def edit_entry(
     scale: Optional[float] = None,
     zero_point: Optional[int] = None,
     run_in_float: Optional[bool] = None,
+    source: str = "quant table",
 ) -> QuantTable:
     """A copy of `table` with tensor `name` changed: `bits` or `value_range` alone recompute scale and zero
     point from the range (with the table's options); `scale` / `zero_point` set the grid as given (the range
     stays as it is); `run_in_float` marks the layer computing the tensor float or not. `value_range`, `scale`
-    and `zero_point` are per-tensor values: a per-channel entry is edited in the JSON."""
+    and `zero_point` are per-tensor values: a per-channel entry is edited in the JSON. `source` prefixes errors."""
     entry = table_entry(table, name)
     if all(v is None for v in (bits, value_range, scale, zero_point, run_in_float)):
         raise ValueError("nothing to change: give --bits, --range, --scale, --zero-point, --float or --no-float")
@@ -58,7 +59,7 @@ def edit_entry(
         data["zero_point"] = [int(zero_point)]
     if run_in_float is not None:
         data["float"] = run_in_float
-    edited, _ = entry_from_dict(name, data, table.options, f"ptq table set {name}")
+    edited, _ = entry_from_dict(name, data, table.options, source)
     return dataclasses.replace(table, tensors={**table.tensors, name: edited})
 
 

@@ -130,7 +130,7 @@ def run_set(args: argparse.Namespace) -> int:
 
     table = load_quant_table(args.table)
     edited = edit_entry(table, args.tensor, bits=args.bits, value_range=args.value_range, scale=args.scale,
-                        zero_point=args.zero_point, run_in_float=args.run_in_float)
+                        zero_point=args.zero_point, run_in_float=args.run_in_float, source=args.table)
     changes = entry_changes(table.tensors[args.tensor], edited.tensors[args.tensor])
     path = save_quant_table(edited, args.out or args.table)
     if args.scale is not None and edited.tensors[args.tensor].qparams.scale[0] != args.scale:
