@@ -63,6 +63,12 @@ def edit_entry(
     return dataclasses.replace(table, tensors={**table.tensors, name: edited})
 
 
+def with_float(table: QuantTable, tensors) -> QuantTable:
+    """A copy of `table` with the listed activations marked float (the layers computing them run in float)."""
+    marked = {name: dataclasses.replace(table_entry(table, name), run_in_float=True) for name in tensors}
+    return dataclasses.replace(table, tensors={**table.tensors, **marked})
+
+
 def _show(values: np.ndarray) -> str:
     values = np.asarray(values).ravel()
     if values.size == 1:
