@@ -133,8 +133,9 @@ def run_set(args: argparse.Namespace) -> int:
                         zero_point=args.zero_point, run_in_float=args.run_in_float, source=args.table)
     changes = entry_changes(table.tensors[args.tensor], edited.tensors[args.tensor])
     path = save_quant_table(edited, args.out or args.table)
+    changes = changes or ["no change (the entry already had these values)"]
     if args.scale is not None and edited.tensors[args.tensor].qparams.scale[0] != args.scale:
         changes.append(f"(scale {args.scale!r} is not a float32 value: the nearest one is used)")
-    print(f"{args.tensor}: " + ("; ".join(changes) if changes else "no change (the entry already had these values)"))
+    print(f"{args.tensor}: " + "; ".join(changes))
     print(f"wrote {path}")
     return 0
