@@ -93,7 +93,8 @@ def per_channel_weights(graph: Graph, table: QuantTable) -> QuantTable:
 
 
 def recalibrated(graph: Graph, table: QuantTable, stats, calibrator: str) -> QuantTable:
-    """The table with every activation's range from `calibrator` on `stats` (16-bit tensors stay 16-bit)."""
+    """The table with every activation's range from `calibrator` on `stats` (16-bit tensors stay 16-bit, float
+    ones float)."""
     from ptq.pipeline import activation_entries
 
     options = dataclasses.replace(table.options, calibrator=calibrator)
@@ -101,8 +102,9 @@ def recalibrated(graph: Graph, table: QuantTable, stats, calibrator: str) -> Qua
     tensors = dict(table.tensors)
     wide = [n for n, e in table.tensors.items() if e.kind == "activation" and e.qparams.bits != options.bits]
     tensors.update(entries)
-    return with_bits(dataclasses.replace(table, tensors=tensors), wide, 16) if wide else \
+    result = with_bits(dataclasses.replace(table, tensors=tensors), wide, 16) if wide else \
         dataclasses.replace(table, tensors=tensors)
+    return with_float(result, table.float_tensors())
 
 
 def _depthwise(graph: Graph) -> list:

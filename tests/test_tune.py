@@ -86,3 +86,17 @@ def test_float_layers_are_marked_in_the_tuned_table_which_reproduces_the_cosine(
     # prepared without any float_nodes argument: the table alone runs the layer in float
     assert [f.name for f in prepare(graph, result.table).float_nodes] == result.float_nodes
     assert abs(cosine_of(graph, result.table, images) - result.cosine) < 1e-6
+
+
+def test_recalibrated_ranges_keep_the_float_flags(tmp_path):
+    from calibrators import required_stats
+    from ptq.pipeline import collect_image_statistics
+    from ptq.table_edit import with_float
+    from ptq.tune import recalibrated
+
+    model_path, table_path = setup(tmp_path)
+    table, graph = load_quant_table(table_path), load_model(model_path)
+    name = next(n for n, e in table.tensors.items() if e.kind == "activation" and n not in graph.inputs)
+    stats, _ = collect_image_statistics(graph, tmp_path / "img", required_stats(["mse"]), preprocess=RAW)
+    result = recalibrated(graph, with_float(table, [name]), stats, "mse")
+    assert result.float_tensors() == [name] and result.tensors[name].calibrator == "mse"
