@@ -123,7 +123,7 @@ def _range_fingerprint(lo, hi, bits: int) -> str:
 
 
 def _grid_fingerprint(scale, zero_point, signed: bool, narrow: bool) -> str:
-    return _fingerprint([[float(v) for v in scale], [int(z) for z in zero_point], bool(signed), bool(narrow)])
+    return _fingerprint([[float(v) for v in scale], [float(z) for z in zero_point], bool(signed), bool(narrow)])
 
 
 @dataclass(frozen=True, eq=False)
@@ -261,8 +261,8 @@ class _EntryReader:
         if not isinstance(data["calibrator"], str):
             raise self.fail(f"'calibrator' must be a string, got {data['calibrator']!r}; write e.g. \"extrema\"")
         bits = data["bits"]
-        if isinstance(bits, bool) or not isinstance(bits, (int, float)) or bits != int(bits) \
-                or not MIN_BITS <= bits <= MAX_BITS:
+        if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not MIN_BITS <= bits <= MAX_BITS \
+                or bits != int(bits):
             raise self.fail(f"'bits' must be an integer from {MIN_BITS} to {MAX_BITS}, got {bits!r}; use e.g. 8 or 16")
         axis = data.get("axis")
         if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int)):
