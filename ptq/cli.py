@@ -5,12 +5,14 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 from typing import Optional
 
 from ptq import __version__
+from ptq.notes import Note
 
 # Each module defines `add_arguments(parser)` and `run(args) -> int`, and a one-line `HELP`.
-SUBCOMMANDS = ("calibrate", "run", "ops", "report", "debug", "dsp-report", "tune")
+SUBCOMMANDS = ("calibrate", "run", "ops", "report", "debug", "dsp-report", "tune", "table")
 
 
 class UserError(Exception):
@@ -40,11 +42,27 @@ def one_blas_thread() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+def print_notes(command: str):
+    """A `warnings.showwarning` that prints a `ptq.notes.Note` as one line, `ptq CMD: note: ...`, and any other
+    warning as Python does."""
+    python_way = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, Note):
+            print(f"ptq {command}: note: {message}", file=sys.stderr)
+        else:
+            python_way(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     one_blas_thread()
     args = build_parser().parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = print_notes(args.command)
+            return int(args.handler(args) or 0)
     except (UserError, ValueError, FileNotFoundError) as exc:
         print(f"ptq {args.command}: error: {exc}", file=sys.stderr)
         return 2

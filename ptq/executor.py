@@ -15,7 +15,10 @@ per tensor), with the bit width and narrow flag of the original weight's table e
 
 Float fallback: a node whose op is not registered, or that the caller marks float (by node name, output
 tensor name or op type), runs as dequantize inputs -> float op (the op's `forward_float`, else onnx.reference)
--> quantize outputs with the table's qparams. Such nodes are listed in every run's summary. Nodes that
+-> quantize outputs with the table's qparams. A tensor the quant table marks float (`"float": true`) has the
+layer computing it run so: its producing node plus the BatchNormalization and Relu/Clip the rewrites would have
+folded or fused into it (`ptq.fused_layers`; the layer `ptq debug --fake-quant TENSOR` floats), kept apart from
+its neighbours. Such nodes are listed in every run's summary. Nodes that
 compute only shapes/indices (non-float outputs) at run time are evaluated in float and never quantized,
 except a registered op with index outputs (`OpDef.index_outputs`: Equal, Cast to int64) that reads a quantized
 activation: it runs its `forward_int` on the codes, and its index outputs pass on unquantized.
@@ -44,6 +47,7 @@ from ops.registry import (
     node_label,
 )
 from ptq.float_fallback import NodeFloatEvaluator
+from ptq.fused_layers import layer_nodes
 from ptq.core.graph import Graph, Node, load_model
 from ptq.core.qparams import QParams, compute_qparams
 from ptq.quant_table import QuantTable, load_quant_table
@@ -77,7 +81,7 @@ class ExecutorOptions:
 class FloatNode:
     name: str
     op_type: str
-    reason: str  # "not registered", "marked float" or "cannot quantize: <why>"
+    reason: str  # "not registered", "marked float", "float in the quant table (<tensor>)", "cannot quantize: <why>"
 
 
 @dataclass
@@ -265,7 +269,8 @@ class IntegerGraph:
 class _Quantizer:
     """Walks the rewritten graph once, choosing each node's kind and running its quantize rule."""
 
-    def __init__(self, graph: Graph, table: QuantTable, rewrites: RewriteLog, marked: frozenset, options: ExecutorOptions):
+    def __init__(self, graph: Graph, table: QuantTable, rewrites: RewriteLog, marked: Mapping[str, str],
+                 options: ExecutorOptions):
         self.graph, self.table, self.marked = graph, table, marked
         self.folded = rewrites.folded_weights
         self.qparams: dict[str, QParams] = {}
@@ -285,6 +290,12 @@ class _Quantizer:
         name = node.inputs[index]
         own = self._table_qparams(name)
         if own is not None:
+            weight = self.graph.initializers[name]
+            if own.axis is not None and (own.axis >= weight.ndim or own.scale.size != weight.shape[own.axis]):
+                channels = f"{weight.shape[own.axis]} channels along axis {own.axis}" if own.axis < weight.ndim \
+                    else f"no axis {own.axis} (shape {weight.shape})"
+                raise ExecutorError(f"quant table: tensor {name!r}: 'scale' has {own.scale.size} values but the "
+                                    f"weight has {channels}; give one scale, zero_point, min and max per channel")
             return own
         source = self.folded.get(name, name)
         original = self._table_qparams(source)
@@ -319,7 +330,7 @@ class _Quantizer:
         if not float_outputs and not self._indexes_activations(node, op):
             return NodeKind.SHAPE, ""
         if node.name in self.marked:
-            return NodeKind.FLOAT, "marked float"
+            return NodeKind.FLOAT, self.marked[node.name]
         if op is None:
             return NodeKind.FLOAT, "not registered"
         return NodeKind.INTEGER, ""
@@ -345,7 +356,7 @@ class _Quantizer:
         in_qp = [self.qparams.get(name) if name not in self.graph.initializers else None for name in node.inputs]
         if kind is NodeKind.SHAPE:
             return Step(node, kind, in_qp, [None] * len(node.outputs))
-        if self.strict and reason != "marked float":
+        if self.strict and node.name not in self.marked:
             raise ExecutorError(f"{node_label(node)} would run in float ({reason}); strict mode wants every "
                                 "node in integers")
         out_qp = [
@@ -389,23 +400,34 @@ def prepare(
 ) -> IntegerGraph:
     """Rewrite a copy of `graph` and quantize every node with `quant_table` (see the module docstring).
 
-    `float_nodes`: node names, output tensor names or op types to run in float (fake-quant debugging).
+    `float_nodes`: node names, output tensor names or op types to run in float (fake-quant debugging), besides
+    the layers computing the tensors the table marks float.
     `backend`: the dot product under Conv, Gemm and MatMul, a `DotBackend` or a name of `ptq.backends`.
     """
     from ptq.backends import get_backend
 
     options = options or ExecutorOptions()
     backend = get_backend(backend)  # None: the default; a name; or a backend object as it is
-    marked = _resolve_float_nodes(graph, float_nodes)
+    marked = dict.fromkeys(_resolve_float_nodes(graph, float_nodes), "marked float")
     node_float = NodeFloatEvaluator(graph.opset)
-    rewritten, log = apply_rewrites(
-        graph,
-        node_float,
-        fold_bn=options.fold_batchnorm,
-        fuse=options.fuse_activations,
-        can_host=lambda node: get_op(node.op_type, node.domain) is not None,
-        protected=marked,
-    )
+
+    def rewrite(protected: Mapping[str, str]) -> tuple[Graph, RewriteLog]:
+        return apply_rewrites(graph, node_float, fold_bn=options.fold_batchnorm, fuse=options.fuse_activations,
+                              can_host=lambda node: get_op(node.op_type, node.domain) is not None,
+                              protected=frozenset(protected))
+
+    table_float = quant_table.float_tensors()
+    if table_float:  # which nodes make up each marked layer shows once the rewrites ran without them protected
+        probe, probe_log = rewrite(marked)
+        for tensor in table_float:
+            try:
+                nodes = layer_nodes(probe, probe_log, tensor)
+            except ValueError as exc:
+                raise ExecutorError(f"quant table: tensor {tensor!r} is marked float, but {exc}; remove its "
+                                    "'float' flag") from exc
+            for name in nodes:
+                marked.setdefault(name, f"float in the quant table ({tensor!r})")
+    rewritten, log = rewrite(marked)
     quantizer = _Quantizer(rewritten, quant_table, log, marked, options)
     quantizer.graph_inputs()
     steps = [quantizer.step(node) for node in rewritten.nodes]

@@ -9,7 +9,8 @@ Candidates, in order of expected gain per cost (each kept only if it raises the 
 3. 16 bits, groups first (the outputs of all depthwise Convs, then the weights of all depthwise Convs: most
    of what per-channel int8 loses is weight rounding, then every other weight), then single activations in the order of the report's
    bottleneck ranking, within `budget_int16` tensors (activations and weights count alike);
-4. float, a layer at a time in the ranking's order, only with `allow_float` > 0 (the last resort);
+4. float, a layer at a time in the ranking's order, only with `allow_float` > 0 (the last resort); the tuned
+   table marks the kept ones float (`"float": true`), so it runs them in float by itself;
 5. once the target is reached, each kept 16-bit step but the last is undone, latest first, if the cosine
    stays at the target without it (`prune`).
 
@@ -26,6 +27,7 @@ from typing import Callable, Optional, Sequence
 from ptq.core.graph import Graph
 from ptq.executor import prepare
 from ptq.quant_table import QuantTable
+from ptq.table_edit import with_float
 from ptq.weight_scale_floor import floor_weight_scales
 from reports.auto_debug import outputs_only
 from reports.build import build_report
@@ -91,7 +93,8 @@ def per_channel_weights(graph: Graph, table: QuantTable) -> QuantTable:
 
 
 def recalibrated(graph: Graph, table: QuantTable, stats, calibrator: str) -> QuantTable:
-    """The table with every activation's range from `calibrator` on `stats` (16-bit tensors stay 16-bit)."""
+    """The table with every activation's range from `calibrator` on `stats` (16-bit tensors stay 16-bit, float
+    ones float)."""
     from ptq.pipeline import activation_entries
 
     options = dataclasses.replace(table.options, calibrator=calibrator)
@@ -99,8 +102,9 @@ def recalibrated(graph: Graph, table: QuantTable, stats, calibrator: str) -> Qua
     tensors = dict(table.tensors)
     wide = [n for n, e in table.tensors.items() if e.kind == "activation" and e.qparams.bits != options.bits]
     tensors.update(entries)
-    return with_bits(dataclasses.replace(table, tensors=tensors), wide, 16) if wide else \
+    result = with_bits(dataclasses.replace(table, tensors=tensors), wide, 16) if wide else \
         dataclasses.replace(table, tensors=tensors)
+    return with_float(result, table.float_tensors())
 
 
 def _depthwise(graph: Graph) -> list:
@@ -232,4 +236,5 @@ def tune(graph: Graph, table: QuantTable, images, target: float, *, budget_int16
     if done():
         current = prune(graph, table, state, steps, measure, target, current)
     nodes = float_node_names(prepare(graph, state["table"]), state["float"]) if state["float"] else []
-    return TuneResult(state["table"], baseline, current, target, steps, list(state["int16"]), nodes)
+    tuned = with_float(state["table"], state["float"])  # the table runs its float layers by itself
+    return TuneResult(tuned, baseline, current, target, steps, list(state["int16"]), nodes)

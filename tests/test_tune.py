@@ -71,3 +71,32 @@ def test_no_budget_no_16_bits_and_the_cli_says_not_reached(tmp_path, capsys):
     tuned = load_quant_table(tmp_path / "out" / "chain.tuned.quant.json")
     assert all(e.qparams.bits in (4, 8) for e in tuned.tensors.values())
     assert "NOT reached" in capsys.readouterr().out
+
+
+def test_float_layers_are_marked_in_the_tuned_table_which_reproduces_the_cosine(tmp_path):
+    model_path, table_path = setup(tmp_path, per_channel=True, bits=4)
+    table = load_quant_table(table_path)
+    graph = load_model(model_path)
+    images = ImageSet.from_folder(tmp_path / "img", RAW)
+    result = tune(graph, table, images, target=0.999999, budget_int16=0, allow_float=1)
+    kept = [s for s in result.steps if s.kept and s.float_layers]
+    assert len(kept) == 1 and result.float_nodes
+    assert result.table.float_tensors() == kept[0].float_layers
+    assert not table.float_tensors()  # the table tuning started from is unchanged
+    # prepared without any float_nodes argument: the table alone runs the layer in float
+    assert [f.name for f in prepare(graph, result.table).float_nodes] == result.float_nodes
+    assert abs(cosine_of(graph, result.table, images) - result.cosine) < 1e-6
+
+
+def test_recalibrated_ranges_keep_the_float_flags(tmp_path):
+    from calibrators import required_stats
+    from ptq.pipeline import collect_image_statistics
+    from ptq.table_edit import with_float
+    from ptq.tune import recalibrated
+
+    model_path, table_path = setup(tmp_path)
+    table, graph = load_quant_table(table_path), load_model(model_path)
+    name = next(n for n, e in table.tensors.items() if e.kind == "activation" and n not in graph.inputs)
+    stats, _ = collect_image_statistics(graph, tmp_path / "img", required_stats(["mse"]), preprocess=RAW)
+    result = recalibrated(graph, with_float(table, [name]), stats, "mse")
+    assert result.float_tensors() == [name] and result.tensors[name].calibrator == "mse"

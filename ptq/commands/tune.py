@@ -68,6 +68,6 @@ def run(args: argparse.Namespace) -> int:
                                   **result.to_dict()}, indent=1) + "\n", encoding="utf-8")
     print(result.summary())
     if result.float_nodes:
-        print("run it with --float-nodes " + " ".join(result.float_nodes))
+        print(f"the tuned table marks float: {', '.join(tuned.float_tensors())} (nodes {' '.join(result.float_nodes)})")
     print(f"wrote {tuned_path}, {record}")
     return 0 if result.reached else 1

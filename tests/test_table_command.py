@@ -1,0 +1,251 @@
+"""`ptq table show|set` and the hand-edited-table workflow: a quant table edited in JSON or with `ptq table set`
+loads with notes, drives `ptq report` / `ptq run`, and both routes give the same table."""
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from ptq.cli import main
+from ptq.core.graph import load_model
+from ptq.executor import ExecutorError, prepare
+from ptq.images import Preprocess
+from ptq.notes import Note
+from ptq.pipeline import calibrate
+from ptq.quant_table import load_quant_table, save_quant_table
+from reports.layer_nodes import float_node_names
+from tiny_models import conv_relu_gemm, write_images
+
+RAW = Preprocess(mean=0, std=255, crop_ratio=1.0)
+
+
+@pytest.fixture()
+def tiny(tmp_path):
+    """The tiny Conv/Clip/Gemm model, 5 images, and its calibrated table."""
+    model = tmp_path / "tiny.onnx"
+    onnx.save(conv_relu_gemm(batch=None), model)
+    images = tmp_path / "images"
+    write_images(images, 5, size=(8, 8))
+    result = calibrate(model, images, tmp_path / "out", preprocess=RAW, write_qdq=False)
+    return model, images, result.table_path
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    status = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def edit_json(path: Path, out: Path, tensor: str, **fields) -> Path:
+    data = json.loads(path.read_text())
+    data["tensors"][tensor].update(fields)
+    out.write_text(json.dumps(data, indent=1))
+    return out
+
+
+def load_edited(path: Path):
+    """A hand-edited table: loading it notes the edits."""
+    with pytest.warns(Note):
+        return load_quant_table(path)
+
+
+def test_show_prints_one_row_per_tensor(tiny, capsys):
+    _, _, table_path = tiny
+    table = load_quant_table(table_path)
+    status, out, err = cli(capsys, "table", "show", table_path)
+    assert status == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].startswith(f"{table_path}: {len(table.tensors)} tensors (") and "calibrator extrema" in lines[0]
+    assert lines[1].split() == ["tensor", "kind", "type", "granularity", "min", "max", "scale", "zero_point", "float"]
+    rows = {line.split()[0]: line.split() for line in lines[3:]}
+    assert list(rows) == list(table.tensors)
+    act = table.tensors["act"]
+    assert rows["act"] == ["act", "activation", "uint8", "tensor", "0", f"{act.max[0]:.6g}",
+                           f"{act.qparams.scale[0]:.6g}", "0"]
+    w = table.tensors["W"].qparams
+    assert rows["W"][2:5] == ["int8", "narrow", "axis"] and rows["W"][5] == "0" and rows["W"][6] == "(4)"
+    assert rows["W"][-2] == f"{w.scale.min():.6g}..{w.scale.max():.6g}"
+
+
+def test_show_prints_a_tensor_in_full_with_the_range_its_grid_covers(tiny, capsys):
+    _, _, table_path = tiny
+    qp = load_quant_table(table_path).tensors["logits"].qparams
+    status, out, _ = cli(capsys, "table", "show", table_path, "logits")
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0] == "tensor 'logits': activation, calibrator extrema, per-tensor"
+    assert lines[1] == "  grid   int8: codes [-128, 127]"
+    assert lines[2] == "  float  no"
+    lo, hi = (-128 - int(qp.zero_point[0])) * qp.scale[0], (127 - int(qp.zero_point[0])) * qp.scale[0]
+    assert lines[-1].split()[-2:] == [f"[{lo:.6g},", f"{hi:.6g}]"]
+    status, out, _ = cli(capsys, "table", "show", table_path, "W")
+    assert status == 0 and "per-channel along axis 0 (4 channels)" in out
+    assert [line.split()[0] for line in out.splitlines()[5:]] == ["0", "1", "2", "3"]
+
+
+def test_show_names_the_closest_tensors_for_a_typo(tiny, capsys):
+    _, _, table_path = tiny
+    status, _, err = cli(capsys, "table", "show", table_path, "logit")
+    assert status == 2
+    assert err == "ptq table: error: tensor 'logit' is not in the quant table; did you mean 'logits'?\n"
+
+
+def test_set_range_recomputes_the_grid_writes_out_and_leaves_the_input_alone(tiny, capsys):
+    _, _, table_path = tiny
+    before = table_path.read_bytes()
+    old = load_quant_table(table_path).tensors["act"]
+    out_path = table_path.parent / "edited.quant.json"
+    status, out, err = cli(capsys, "table", "set", table_path, "act", "--range=0,3", "--out", out_path)
+    assert status == 0 and err == ""
+    scale = float(np.float32(3 / 255))  # unsigned asymmetric 8 bits over [0, 3]
+    assert out.splitlines() == [
+        f"act: max: {old.max[0]:.9g} -> 3; scale: {old.qparams.scale[0]:.9g} -> {scale:.9g}", f"wrote {out_path}"]
+    assert table_path.read_bytes() == before
+    qp = load_quant_table(out_path).tensors["act"].qparams
+    assert (qp.scale[0], qp.zero_point[0], qp.signed) == (scale, 0, False)
+
+
+def test_set_in_place_and_its_refusals(tiny, capsys):
+    _, _, table_path = tiny
+    status, out, _ = cli(capsys, "table", "set", table_path, "logits", "--zero-point", "5", "--bits", "16")
+    assert status == 0 and "zero_point: " in out and "bits: 8 -> 16" in out
+    qp = load_quant_table(table_path).tensors["logits"].qparams
+    assert (qp.bits, qp.zero_point[0]) == (16, 5)  # a grid given with the bits is taken as given
+    assert sorted(p.name for p in table_path.parent.iterdir()) == ["tiny.quant.json"]  # no temp file left
+    before = table_path.read_bytes()
+    for argv, message in [
+        (["W", "--range=-1,1"], "tensor 'W' is per-channel (4 channels along axis 0): --range, --scale and "
+                                "--zero-point set one value; edit its lists in the JSON instead"),
+        (["W", "--float"], f"{table_path}: tensor 'W': 'float' is true on a weight; mark the output of the layer "
+                           "using it (an activation) float instead"),
+        (["act", "--scale", "-1"], f"{table_path}: tensor 'act': 'scale' -1 is not positive; give the step between "
+                                   "codes (> 0), or delete 'scale' and 'zero_point' to have them recomputed"),
+        (["act", "--bits", "17"], f"{table_path}: tensor 'act': 'bits' must be an integer from 2 to 16, got 17"),
+        (["act", "--range=2,1"], f"{table_path}: tensor 'act': 'min' 2 > 'max' 1; swap them, or give min <= max"),
+        (["act"], "nothing to change: give --bits, --range, --scale, --zero-point, --float or --no-float"),
+    ]:
+        status, _, err = cli(capsys, "table", "set", table_path, *argv)
+        assert status == 2 and err.startswith(f"ptq table: error: {message}") and err.count("\n") == 1, err
+    assert table_path.read_bytes() == before
+
+
+def test_a_tensor_marked_float_runs_its_fused_layer_in_float(tiny, capsys):
+    """`ptq table set --float act`: the Conv and the Clip fused into it run in float, exactly as
+    `--float-nodes` with the layer's nodes (what `ptq debug --fake-quant act` floats) on the unmarked table."""
+    model, images, table_path = tiny
+    plain = load_quant_table(table_path)
+    assert cli(capsys, "table", "set", table_path, "act", "--float")[0] == 0
+    marked = load_quant_table(table_path)
+    graph = load_model(model)
+    prepared = prepare(graph, marked)
+    assert [(f.name, f.reason) for f in prepared.float_nodes] == [
+        ("conv", "float in the quant table ('act')"), ("clip", "float in the quant table ('act')")]
+    nodes = float_node_names(prepare(graph, plain), ["act"])
+    assert nodes == ["conv", "clip"]
+    x = np.random.default_rng(1).uniform(0, 1, (2, 3, 8, 8)).astype(np.float32)
+    by_flag = prepared.run({"input": x}).outputs["logits"]
+    by_option = prepare(graph, plain, float_nodes=nodes).run({"input": x}).outputs["logits"]
+    np.testing.assert_array_equal(by_flag, by_option)
+    status, out, _ = cli(capsys, "run", model, "--quant", table_path, "--images", images, "--mean", "0", "--std",
+                         "255", "--crop-ratio", "1")
+    assert status == 0 and "2 node(s) ran in float" in out and "conv (Conv): float in the quant table ('act')" in out
+    assert cli(capsys, "table", "set", table_path, "act", "--no-float")[0] == 0
+    assert load_quant_table(table_path).tensors == plain.tensors
+
+
+def test_a_per_channel_scale_list_that_does_not_fit_the_weight_is_refused_by_the_executor(tiny, capsys):
+    model, _, table_path = tiny
+    data = json.loads(table_path.read_text())
+    entry = data["tensors"]["W"]
+    for key in ("min", "max", "scale", "zero_point"):
+        entry[key] = entry[key][:3]
+    table_path.write_text(json.dumps(data))
+    with pytest.raises(ExecutorError, match=r"quant table: tensor 'W': 'scale' has 3 values but the weight has 4 "
+                                            r"channels along axis 0; give one scale, zero_point, min and max per"):
+        prepare(load_model(model), load_edited(table_path))
+
+
+def test_the_cli_prints_each_note_once_as_one_line(tiny, tmp_path, capsys):
+    _, _, table_path = tiny
+    edited = edit_json(table_path, tmp_path / "e.json", "act", max=[3.0], scale=[0.1])
+    edited = edit_json(edited, edited, "logits", max=[20.0])
+    status, _, err = cli(capsys, "table", "show", edited)
+    assert status == 0
+    assert err.splitlines() == [
+        f"ptq table: note: {edited}: tensor 'act': 'scale'/'zero_point'/'signed'/'narrow' edited: used as written; "
+        "'min'/'max'/'bits' changed too and are kept as written; 'scale' 0.1 is not a float32 value: using the "
+        "nearest one, 0.100000001 (scales are float32, as in the QDQ model)",
+        f"ptq table: note: {edited}: tensor 'logits': 'min'/'max'/'bits' changed: scale and zero_point recomputed "
+        f"from them (scale {load_quant_table(table_path).tensors['logits'].qparams.scale[0]:.9g} -> "
+        f"{load_edited(edited).tensors['logits'].qparams.scale[0]:.9g}, zero_point "
+        f"{load_quant_table(table_path).tensors['logits'].qparams.zero_point[0]} -> "
+        f"{load_edited(edited).tensors['logits'].qparams.zero_point[0]})",
+    ]
+
+
+# The workflow on the bundled EfficientNet-Lite0: one activation's scale divided by 20 by hand.
+LAYER = "getitem_6"  # the output of the third Conv: a signed range of about +-50
+
+
+@pytest.fixture(scope="module")
+def effnet_table(model_path, calib_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("table")
+    assert main(["calibrate", str(model_path), "--images", str(calib_dir), "--out", str(out), "-q",
+                 "--num-images", "4"]) == 0
+    return out / "efficientnet_lite0.quant.json"
+
+
+def report(model_path, calib_dir, table: Path, out: Path) -> dict:
+    assert main(["report", str(model_path), "--quant", str(table), "--images", str(calib_dir), "--num-images", "1",
+                 "--isolated-images", "1", "--out", str(out)]) == 0
+    return json.loads((out / "report.json").read_text())
+
+
+def test_hand_edited_scale_drives_the_report_and_equals_table_set(model_path, calib_dir, effnet_table, tmp_path,
+                                                                 capsys):
+    saved = json.loads(effnet_table.read_text())["tensors"][LAYER]
+    assert saved["kind"] == "activation" and saved["axis"] is None
+    by_hand = edit_json(effnet_table, tmp_path / "hand.quant.json", LAYER, scale=[saved["scale"][0] / 20])
+    before = report(model_path, calib_dir, effnet_table, tmp_path / "before")
+    capsys.readouterr()
+    after = report(model_path, calib_dir, by_hand, tmp_path / "after")
+    err = capsys.readouterr().err
+    assert f"ptq report: note: {by_hand}: tensor '{LAYER}': 'scale'/'zero_point'/'signed'/'narrow' edited: used as " \
+           "written" in err and err.count("note:") == 1
+
+    def layer(rep):
+        return next(row for row in rep["layers"] if row["name"] == LAYER)
+
+    assert layer(after)["isolated"]["cosine"] < layer(before)["isolated"]["cosine"] - 0.05  # 95% of it saturates
+    assert layer(after)["cumulative"]["cosine"] < layer(before)["cumulative"]["cosine"] - 0.05
+    assert after["outputs"]["tensors"][0]["cosine"] < before["outputs"]["tensors"][0]["cosine"]
+    others = [r["name"] for r in before["layers"] if r["name"] != LAYER][:3]  # upstream layers are untouched
+    assert [layer_row["isolated"] for layer_row in before["layers"] if layer_row["name"] in others] == \
+        [layer_row["isolated"] for layer_row in after["layers"] if layer_row["name"] in others]
+
+    by_set = tmp_path / "set.quant.json"
+    assert main(["table", "set", str(effnet_table), LAYER, "--scale", repr(saved["scale"][0] / 20),
+                 "--out", str(by_set)]) == 0
+    assert by_set.read_bytes() == save_quant_table(load_edited(by_hand), tmp_path / "resaved.json").read_bytes()
+
+
+def test_hand_edited_range_recomputes_the_scale_and_equals_table_set(effnet_table, tmp_path, capsys):
+    untouched = load_quant_table(effnet_table)
+    assert save_quant_table(untouched, tmp_path / "same.json").read_bytes() == effnet_table.read_bytes()
+    by_hand = edit_json(effnet_table, tmp_path / "hand.quant.json", LAYER, min=[-10.0], max=[10.0])
+    status, _, err = cli(capsys, "table", "show", by_hand, LAYER)
+    assert status == 0
+    old = untouched.tensors[LAYER].qparams
+    scale = float(np.float32(20 / 255))  # asymmetric signed int8 over [-10, 10]
+    zp = round(-128 + 10 / scale)
+    assert err == (f"ptq table: note: {by_hand}: tensor '{LAYER}': 'min'/'max'/'bits' changed: scale and zero_point "
+                   f"recomputed from them (scale {old.scale[0]:.9g} -> {scale:.9g}, zero_point {old.zero_point[0]} "
+                   f"-> {zp})\n")
+    qp = load_edited(by_hand).tensors[LAYER].qparams
+    assert (qp.scale[0], qp.zero_point[0]) == (scale, zp)
+    by_set = tmp_path / "set.quant.json"
+    assert cli(capsys, "table", "set", effnet_table, LAYER, "--range=-10,10", "--out", by_set)[0] == 0
+    assert by_set.read_bytes() == save_quant_table(load_edited(by_hand), tmp_path / "resaved.json").read_bytes()
+    changed = [n for n, e in load_quant_table(by_set).tensors.items() if e != untouched.tensors[n]]
+    assert changed == [LAYER]
