@@ -65,11 +65,22 @@ class CalibrationResult:
     def weights_quantized(self) -> int:
         return sum(1 for e in self.table.tensors.values() if e.kind == "weight")
 
+    def _activation_bits(self) -> str:
+        """'8-bit', or per width under a scheme that mixes them ('18 at 8 bits, 91 at 4 bits')."""
+        widths = sorted({e.qparams.bits for e in self.table.tensors.values() if e.kind == "activation"}, reverse=True)
+        if len(widths) <= 1:
+            return f"{self.table.options.bits}-bit"
+        counts = {b: sum(1 for e in self.table.tensors.values() if e.kind == "activation" and e.qparams.bits == b)
+                  for b in widths}
+        return ", ".join(f"{counts[b]} at {b} bits" for b in widths)
+
     def summary(self) -> str:
+        scheme = self.table.options.scheme
         lines = [
             f"images used: {self.images_used}, skipped: {self.images_skipped}",
+            *([f"scheme: {scheme}"] if scheme != DEFAULT_SCHEME else []),
             f"tensors calibrated: {self.tensors_calibrated} activations "
-            f"({self.table.options.calibrator}, {self.table.options.bits}-bit), "
+            f"({self.table.options.calibrator}, {self._activation_bits()}), "
             f"{self.weights_quantized} weights ({self.table.options.weight_calibrator}, "
             f"{self.table.options.weight_bits}-bit, {'per-channel' if self.table.options.per_channel else 'per-tensor'})",
             f"time: {self.seconds:.1f} s",

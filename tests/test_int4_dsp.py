@@ -112,6 +112,9 @@ def test_table_follows_the_scheme(result):
     widest = max(max(-table.tensors[t].min[0], table.tensors[t].max[0]) for t in group)
     assert float(shared.scale[0]) == tqt_scale(widest, 8, signed=True)
     assert [n.op_type for n in graph.nodes].count("Requantize") == 3
+    summary = result.summary()
+    assert "scheme: int4-dsp" in summary
+    assert f"6 at 8 bits, {len(graph.activations) - 6} at 4 bits" in summary
 
 
 def _multipliers(quantized) -> list[np.ndarray]:
