@@ -24,7 +24,9 @@ of two; `ops.requantize` uses M = 1). Bit widths:
 - first and last layers: 4-bit like the others. The issue asked for 8 bits there, but WP521 says (section
   "Other") that the first and last layers are still INT4 and only the network output is 8-bit, and its result
   tables list first/last layer 4/4 and input/output 4/8; a 4-bit XDPU has no 8-bit lanes to run them on.
-- biases: int32 at s_x * s_w as everywhere in ptq (WP521 quantizes biases to 8 bits; not modelled).
+- biases: int32 at s_x * s_w as everywhere in ptq (WP521 quantizes biases to 8 bits; not modelled); a weight
+  scale too small for its int32 bias, or of a dead channel, is raised (`ptq.weight_scale_floor`) to the next
+  power of two above the floor.
 
 `with_requantize` inserts the Requantize nodes into the model (a model-local function whose body is ONNX
 Identity, so onnxruntime runs it as the float identity); calibration writes that model beside the table as
@@ -44,6 +46,7 @@ from ops.registry import op_of, weight_role
 from ptq.core.graph import Graph, Node, load_model
 from ptq.core.qparams import QParams
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry
+from ptq.weight_scale_floor import floor_weight_scales
 
 SCHEME = "int4-dsp"
 NARROW_BITS = 4  # weights and activations on the DSP lanes
@@ -239,4 +242,5 @@ def build_table(graph: Graph, stats: dict[str, TensorStatistics], options: Calib
     """The int4-dsp table of `graph` (which must already carry its Requantize nodes, `with_requantize`)."""
     tensors = activation_entries(graph, stats, options, bounds)
     tensors.update(weight_entries(graph, options))
+    floor_weight_scales(graph, tensors, options)  # int32 biases and dead channels; raised scales stay pow2
     return QuantTable(options=options, tensors=tensors)

@@ -148,6 +148,27 @@ def test_dsp_int4_gives_the_integers_of_the_plain_backend(result, samples):
     assert dsp.backend.stats.macs > 0
 
 
+def test_a_dead_channel_gets_a_power_of_two_scale_its_int32_bias_fits(samples):
+    """A channel of near-zero weights with a bias: its extrema scale would put b / (s_x s_w) far beyond int32;
+    the weight-scale floor raises it, to a power of two."""
+    model = residual_model()
+    weights = {t.name: t for t in model.graph.initializer}
+    w0 = numpy_helper.to_array(weights["W0"]).copy()
+    w0[1] *= 1e-11
+    b0 = numpy_helper.to_array(weights["B0"]).copy()
+    b0[1] = 2.0
+    weights["W0"].CopyFrom(numpy_helper.from_array(w0, "W0"))
+    weights["B0"].CopyFrom(numpy_helper.from_array(b0, "B0"))
+    result = calibrate(model, samples, scheme="int4-dsp", write_qdq=False)
+    qp = result.table.tensors["W0"].qparams
+    s_x = float(result.table.tensors["input"].qparams.scale[0])
+    bias = abs(float(numpy_helper.to_array(weights["B0"])[1]))
+    assert bias / (s_x * tqt_scale(float(np.abs(w0[1]).max()), 4, signed=True)) > 2 ** 31  # the extrema scale
+    assert _is_pow2(qp.scale[1]) and bias / (s_x * qp.scale[1]) < 2 ** 31
+    run = prepare(result.graph, result.table).run({"input": samples[:2]})
+    assert run.overflows == {}
+
+
 def test_scheme_fixes_the_grid_options(samples):
     with pytest.raises(ValueError, match="scheme int4-dsp fixes bits, pow2"):
         calibrate(residual_model(), samples, scheme="int4-dsp", bits=6, pow2=True, write_qdq=False)
