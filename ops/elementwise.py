@@ -87,6 +87,7 @@ def _operands(q: QuantizedElementwise, inputs) -> list[np.ndarray]:
 
 class _AddSub(OpDef):
     sign: int = 1
+    sums_inputs = True
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
 
     def forward_float(self, node, inputs):

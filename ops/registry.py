@@ -87,6 +87,8 @@ class OpDef:
     - `clip_range(node, constant)`: the interval the op clamps its input to, when its output is its input
       clamped (Relu, Clip); calibration folds its input's range to it;
     - `keeps_input_qparams`: the output takes input 0's qparams by rule (data movement, max pooling);
+    - `sums_inputs`: the output is an elementwise sum of the inputs (Add, Sub), so inputs and output on one
+      scale make the op a plain integer add (the int4-dsp scheme's ShareQuantize, `ptq.int4_dsp`);
     - `is_noop(node)`: the output holds exactly the input's codes (Identity, inference Dropout, a Cast between
       float types): reports name the layer the node feeds instead of giving it a row of its own;
     - `index_outputs(node)`: the outputs that are indices or booleans (int64/bool as in ONNX: Equal, Cast to
@@ -107,6 +109,7 @@ class OpDef:
     absorbable: ClassVar[bool] = False
     absorbs_batchnorm: ClassVar[bool] = False
     keeps_input_qparams: ClassVar[bool] = False
+    sums_inputs: ClassVar[bool] = False
     lsb_bound: ClassVar[Optional[float]] = None
 
     def weight_role(self, node: Node) -> Optional[WeightRole]:

@@ -285,6 +285,7 @@ def _custom_cases() -> list[Case]:
                attrs={"alpha": 0.25}, note="B a second activation (8-bit codes)"),
         direct("AddSoftmax", lambda x, b: [_softmax(x + b, -1)], inputs=(X, "b"), constants={"b": _c("mask", (4, 5), -3, 0)},
                attrs={"axis": -1}),
+        direct("Requantize", lambda x: [x], note="identity in float: the codes move to the output's grid"),
     ]
 
 

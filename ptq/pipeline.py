@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 
 from calibrators import TensorStatistics, calibrate_array, get_calibrator, required_stats
-from ptq import adjust
+from ptq import adjust, int4_dsp
 from ptq.atomic import atomic_write_bytes
 from ptq.float_run import collect_statistics, image_input
 from ptq.core.graph import Graph, Node, load_model
@@ -34,6 +34,10 @@ from ptq.weight_scale_floor import floor_weight_scales
 
 DEFAULT_CALIBRATOR = "extrema"
 DEFAULT_WEIGHT_CALIBRATOR = "extrema"
+DEFAULT_SCHEME = "default"
+SCHEMES = (DEFAULT_SCHEME, int4_dsp.SCHEME)
+_FREE_DEFAULTS = dict(bits=8, weight_bits=8, symmetric=False, weight_symmetric=True, narrow=False,
+                      weight_narrow=True, pow2=False)
 
 ModelSource = Union[str, Path, onnx.ModelProto]
 ImageSource = Union[str, Path, Sequence[Union[str, Path]], np.ndarray]
@@ -61,11 +65,22 @@ class CalibrationResult:
     def weights_quantized(self) -> int:
         return sum(1 for e in self.table.tensors.values() if e.kind == "weight")
 
+    def _activation_bits(self) -> str:
+        """'8-bit', or per width under a scheme that mixes them ('18 at 8 bits, 91 at 4 bits')."""
+        widths = sorted({e.qparams.bits for e in self.table.tensors.values() if e.kind == "activation"}, reverse=True)
+        if len(widths) <= 1:
+            return f"{self.table.options.bits}-bit"
+        counts = {b: sum(1 for e in self.table.tensors.values() if e.kind == "activation" and e.qparams.bits == b)
+                  for b in widths}
+        return ", ".join(f"{counts[b]} at {b} bits" for b in widths)
+
     def summary(self) -> str:
+        scheme = self.table.options.scheme
         lines = [
             f"images used: {self.images_used}, skipped: {self.images_skipped}",
+            *([f"scheme: {scheme}"] if scheme != DEFAULT_SCHEME else []),
             f"tensors calibrated: {self.tensors_calibrated} activations "
-            f"({self.table.options.calibrator}, {self.table.options.bits}-bit), "
+            f"({self.table.options.calibrator}, {self._activation_bits()}), "
             f"{self.weights_quantized} weights ({self.table.options.weight_calibrator}, "
             f"{self.table.options.weight_bits}-bit, {'per-channel' if self.table.options.per_channel else 'per-tensor'})",
             f"time: {self.seconds:.1f} s",
@@ -235,6 +250,19 @@ def _check_not_input(model: ModelSource, paths: Iterable[Path]) -> None:
             raise ValueError(f"refusing to overwrite the input model {model} with {path}")
 
 
+def _scheme_options(scheme: str, **given) -> dict:
+    """The grid options under `scheme`: as given for the default scheme; fixed by int4-dsp, which refuses
+    any that differs from its default (the user asked for something the scheme overrides)."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown quantization scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+    if scheme == DEFAULT_SCHEME:
+        return given
+    changed = sorted(k for k, v in given.items() if v != _FREE_DEFAULTS[k])
+    if changed:
+        raise ValueError(f"scheme {scheme} fixes {', '.join(changed)}; leave them at their defaults")
+    return dict(int4_dsp.SCHEME_OPTIONS)
+
+
 def calibrate(
     model: ModelSource,
     images: ImageSource,
@@ -264,6 +292,7 @@ def calibrate(
     equalize: bool = False,
     bias_correction: bool = False,
     adaround: bool = False,
+    scheme: str = DEFAULT_SCHEME,
 ) -> CalibrationResult:
     """Calibrate `model` on `images` and, with `out_dir`, write `<stem>.quant.json` and `<stem>.qdq.onnx`.
 
@@ -277,9 +306,17 @@ def calibrate(
     (`ptq.adjusted_model`). The input model is never modified; files are written atomically.
     `workers` > 1 processes (or a Ray cluster: `ray` 'auto', an address or 'local') collect the statistics
     of image files in shards, with the same result as one process (`ptq.calibration_shards`).
+    `scheme="int4-dsp"` quantizes for the packed-DSP backend `dsp:int4` (`ptq.int4_dsp`: 4-bit, power-of-two
+    scales, 8-bit Add groups and outputs, Requantize nodes written into the adjusted model); it fixes the bit
+    widths, symmetry, ranges and pow2, so those arguments must keep their defaults.
     """
     start = time.perf_counter()
     preprocess = preprocess or Preprocess()
+    fixed = _scheme_options(scheme, bits=bits, weight_bits=weight_bits, symmetric=symmetric,
+                            weight_symmetric=weight_symmetric, narrow=narrow, weight_narrow=weight_narrow, pow2=pow2)
+    bits, weight_bits, symmetric = fixed["bits"], fixed["weight_bits"], fixed["symmetric"]
+    weight_symmetric, narrow, weight_narrow, pow2 = (fixed["weight_symmetric"], fixed["narrow"],
+                                                     fixed["weight_narrow"], fixed["pow2"])
     options = CalibrationOptions(
         calibrator=get_calibrator(calibrator).spelling,
         weight_calibrator=get_calibrator(weight_calibrator).spelling,
@@ -287,7 +324,7 @@ def calibrate(
         narrow=narrow, weight_narrow=weight_narrow, per_channel=per_channel, pow2=pow2, fold_clip=fold_clip,
         num_images=num_images, batch_size=batch_size, seed=seed,
         preprocess=preprocess.to_dict(), input_shapes=_normalize_input_shapes(input_shapes),
-        equalize=equalize, bias_correction=bias_correction, adaround=adaround,
+        equalize=equalize, bias_correction=bias_correction, adaround=adaround, scheme=scheme,
     )
     paths = output_paths(model, out_dir) if out_dir is not None else None
     if paths is not None:
@@ -295,19 +332,25 @@ def calibrate(
     graph = load_model(model, input_shapes)
     if equalize:
         graph = adjust.equalized(graph, input_shapes)
+    rewritten = scheme == int4_dsp.SCHEME
+    if rewritten:
+        graph, _copies = int4_dsp.with_requantize(graph)
     needs = required_stats([options.calibrator])
     if (workers > 1 or ray is not None) and not isinstance(images, np.ndarray):
         from ptq.calibration_shards import sharded_statistics
 
         # the workers load the model they are sent: the equalized one when equalization changed it
-        source = graph.model if equalize else model
+        source = graph.model if equalize or rewritten else model
         stats, log = sharded_statistics(source, graph, images, needs, preprocess=preprocess, num_images=num_images,
                                         batch_size=batch_size, seed=seed, input_shapes=input_shapes,
                                         workers=workers, ray=ray, progress=progress)
     else:
         stats, log = collect_image_statistics(graph, images, needs, preprocess=preprocess, num_images=num_images,
                                               batch_size=batch_size, seed=seed, progress=progress)
-    table = build_table(graph, stats, options)
+    if rewritten:
+        table = int4_dsp.build_table(graph, stats, options, folded_ranges(graph) if fold_clip else {})
+    else:
+        table = build_table(graph, stats, options)
     if bias_correction or adaround:
         graph = adjust.after_table(
             graph, table, lambda: adjust.sample_batches(graph, images, preprocess, num_images, batch_size, seed),
@@ -318,7 +361,7 @@ def calibrate(
     result = CalibrationResult(table=table, graph=graph, images_used=len(log.used), skipped=list(log.skipped))
     if paths is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        if equalize or bias_correction or adaround:
+        if equalize or bias_correction or adaround or rewritten:
             relative, digest = adjust.write_adjusted(graph, paths[0])
             table.options = dataclasses.replace(table.options, adjusted_model=relative, adjusted_sha256=digest)
         result.table_path = save_quant_table(table, paths[0])

@@ -88,6 +88,7 @@ class CalibrationOptions:
     adaround: bool = False  # learned weight rounding (ptq.adaround)
     adjusted_model: Optional[str] = None  # the adjusted float model, relative to the table (ptq.adjusted_model)
     adjusted_sha256: Optional[str] = None
+    scheme: str = "default"  # "int4-dsp": ptq.int4_dsp's rules (the adjusted model carries its Requantize nodes)
 
     def __post_init__(self):
         for name in ("bits", "weight_bits"):

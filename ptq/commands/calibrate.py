@@ -12,7 +12,7 @@ HELP = "calibrate a model on a folder of images; write <stem>.quant.json and <st
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from calibrators.registry import describe_calibrators
-    from ptq.pipeline import DEFAULT_CALIBRATOR, DEFAULT_WEIGHT_CALIBRATOR
+    from ptq.pipeline import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "calibrators (names are case-insensitive; a number in front sets the parameter):\n" + "\n".join(
@@ -23,6 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=".", help="output folder (created if needed; default: .)")
 
     cal = parser.add_argument_group("calibration")
+    cal.add_argument("--scheme", choices=SCHEMES, default=DEFAULT_SCHEME,
+                     help="int4-dsp: Xilinx WP521's 4-bit scheme for --backend dsp:int4 (4-bit weights and uint4 "
+                          "activations, power-of-two scales, Add groups and outputs at 8 bits); it fixes --bits, "
+                          "--weight-bits, --symmetric, --narrow, --weight-full-range, --pow2 (default: default)")
     cal.add_argument("--calibrator", default=DEFAULT_CALIBRATOR,
                      help=f"activation calibrator, e.g. extrema, mean, nstd, 4std, percentile, 99.9percentile, "
                           f"kld, mse; all listed below (default: {DEFAULT_CALIBRATOR})")
@@ -108,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
             equalize=args.equalize,
             bias_correction=args.bias_correction,
             adaround=args.adaround,
+            scheme=args.scheme,
         )
     finally:
         logger.setLevel(previous_level)

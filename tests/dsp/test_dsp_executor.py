@@ -29,6 +29,13 @@ def int8(model_path, calib_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def int4(model_path, calib_dir, tmp_path_factory):
+    """Lite0 under `calibrate --scheme int4-dsp` (WP521: every Conv/Gemm operand a uint4 or int4 code)."""
+    out = tmp_path_factory.mktemp("calib4")
+    return calibrate(model_path, calib_dir, out, num_images=8, preprocess=PRE, scheme="int4-dsp", write_qdq=False)
+
+
+@pytest.fixture(scope="module")
 def plain8(model_path, int8):
     return prepare(load_model(model_path), int8.table)
 
@@ -49,11 +56,9 @@ def _macs(graph) -> int:
 
 
 @pytest.mark.parametrize("backend", ["dsp:int8", "dsp:int4"])
-def test_lite0_integer_tensors_identical_through_the_dsp_backend(backend, model_path, calib_dir, samples, int8, plain8):
-    if backend == "dsp:int4":  # a 4-bit model: every Conv/Gemm operand a 4-bit code
-        result = calibrate(model_path, calib_dir, num_images=8, preprocess=PRE, bits=4, weight_bits=4,
-                           write_qdq=False)
-        graph, table = result.graph, result.table
+def test_lite0_integer_tensors_identical_through_the_dsp_backend(backend, model_path, samples, int8, int4, plain8):
+    if backend == "dsp:int4":
+        graph, table = int4.graph, int4.table
         plain = prepare(graph, table)
     else:
         graph, table, plain = load_model(model_path), int8.table, plain8
@@ -76,19 +81,25 @@ def test_naive_extraction_changes_the_lite0_result(model_path, samples, int8, pl
     assert not np.array_equal(naive.outputs[logits], plain.outputs[logits])
 
 
-def test_debug_dump_with_dsp_backend_matches_the_plain_dump(model_path, eval_dir, int8, tmp_path):
-    """The issue's check, on one photo (the API test above covers more)."""
+@pytest.mark.parametrize("scheme,photos", [("int8", 1), ("int4", 2)])
+def test_debug_dump_with_dsp_backend_matches_the_plain_dump(scheme, photos, model_path, eval_dir, int8, int4, tmp_path):
+    """The issue's check, `ptq debug --dump DIR --dump-images N --backend dsp:...` against the same without
+    --backend, on one or two photos (the API test above covers more; bench/dsp.py all 20). The int4-dsp table brings its model with the
+    Requantize nodes (the adjusted model the debug command loads)."""
+    table_path = (int8 if scheme == "int8" else int4).table_path
     dumps = {}
-    for backend in ("numpy", "dsp:int8"):
-        out = tmp_path / backend.replace(":", "_")
-        argv = ["debug", str(model_path), "--quant", str(int8.table_path), "--images", str(eval_dir),
-                "--num-images", "1", "--out", str(out), "--dump", str(out / "dump"), "--backend", backend]
-        assert main(argv) == 0
+    for backend in (None, f"dsp:{scheme}"):
+        out = tmp_path / (backend or "plain").replace(":", "_")
+        argv = ["debug", str(model_path), "--quant", str(table_path), "--images", str(eval_dir),
+                "--num-images", str(photos), "--out", str(out), "--dump", str(out / "dump"), "--dump-images", str(photos)]
+        assert main(argv + (["--backend", backend] if backend else [])) == 0
         dumps[backend] = out / "dump"
-    files = sorted(p.name for p in Path(dumps["numpy"]).glob("*.int.npy"))
-    assert len(files) > 60
+    files = sorted(p.name for p in Path(dumps[None]).glob("*.int.npy"))
+    assert len(files) > photos * 60 and any(name.startswith(f"img{photos - 1:03d}_") for name in files)
+    if scheme == "int4":
+        assert sum(name.endswith("_uint4.int.npy") for name in files) == photos * 14  # the Requantize outputs
     for name in files:
-        assert np.array_equal(np.load(dumps["numpy"] / name), np.load(dumps["dsp:int8"] / name)), name
+        assert np.array_equal(np.load(dumps[None] / name), np.load(dumps[f"dsp:{scheme}"] / name)), name
 
 
 def test_unknown_backend_is_a_one_line_cli_error(model_path, int8, eval_dir, capsys):
