@@ -150,13 +150,18 @@ ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM
 @contextlib.contextmanager
 def worker_environment() -> Iterator[None]:
     """The environment processes spawned meanwhile inherit: one BLAS thread (OpenBLAS reads it when numpy
-    loads, before any code of ours runs in the child). A value the user set is kept."""
+    loads, before any code of ours runs in the child), a value the user set is kept; and SIGINT blocked.
+    Ctrl-C is the driver's: a child inherits the blocked signal through exec, so one that is still importing
+    when Ctrl-C comes prints no traceback (`_init_worker` then ignores it for good), while the driver gets a
+    Ctrl-C that arrived meanwhile as soon as the signal is unblocked."""
     saved = {name: os.environ.get(name) for name in ONE_BLAS_THREAD}
     for name, value in ONE_BLAS_THREAD.items():
         os.environ.setdefault(name, value)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         for name, value in saved.items():
             if value is None:
                 del os.environ[name]

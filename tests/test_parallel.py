@@ -196,7 +196,8 @@ def _session_processes(sid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
-def test_ctrl_c_stops_the_workers_and_writes_nothing(model_path, calib_dir, tmp_path):
+@pytest.mark.parametrize("delay", [0.3, 2.0], ids=["workers-starting", "workers-running"])
+def test_ctrl_c_stops_the_workers_and_writes_nothing(model_path, calib_dir, tmp_path, delay):
     import signal
     import subprocess
     import sys
@@ -218,7 +219,7 @@ def test_ctrl_c_stops_the_workers_and_writes_nothing(model_path, calib_dir, tmp_
     while len(_session_processes(process.pid)) < 3 and time.monotonic() < deadline:  # driver, 2 workers
         time.sleep(0.2)
     assert process.poll() is None, "the run ended before it could be interrupted"
-    time.sleep(2)
+    time.sleep(delay)  # 0.3 s: the workers are still importing (their SIGINT must already be blocked)
     os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130 and stderr == b"ptq calibrate: interrupted\n"  # one line, no traceback
