@@ -13,7 +13,7 @@ from ptq.executor import prepare
 from ptq.images import Preprocess
 from ptq.pipeline import calibrate
 from ptq.quant_table import load_quant_table
-from ptq.tune import tune
+from ptq.tuning import tune
 from reports.image_source import ImageSet
 from tests.test_equalize import chain
 from tests.tiny_models import write_images
@@ -22,7 +22,7 @@ RAW = Preprocess(mean=0, std=1)
 
 
 def cosine_of(graph, table, images):
-    """Mean per-image cosine of the integer graph against onnxruntime (independent of ptq.tune)."""
+    """Mean per-image cosine of the integer graph against onnxruntime (independent of ptq.tuning)."""
     import onnxruntime as ort
 
     sess = ort.InferenceSession(graph.model.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -1,5 +1,5 @@
 """`ptq tune MODEL --images DIR --quant TABLE --target-cosine 0.995 [--budget-int16 N] [--allow-float N]`:
-change the table step by step (`ptq.tune`) until the logits cosine on the images reaches the target; write
+change the table step by step (`ptq.tuning`) until the logits cosine on the images reaches the target; write
 `<stem>.tuned.quant.json` (and the adjusted weights the table uses, beside it) and `<stem>.tune.json` with
 what each step changed and bought. Tune on calibration images; judge the result on held-out ones."""
 from __future__ import annotations
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from ptq.images import Preprocess
     from ptq.pipeline import collect_image_statistics
     from ptq.quant_table import load_quant_table, save_quant_table
-    from ptq.tune import tune
+    from ptq.tuning import tune
     from reports.image_source import ImageSet
     from calibrators import required_stats
 
