@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ptq.core.graph import Graph
@@ -60,6 +61,8 @@ class TuneResult:
     steps: list[TuneStep]
     int16_tensors: list[str]
     float_nodes: list[str]
+    table_path: Optional[Path] = None  # where `ptq.tune` wrote the tuned table and the record of the steps
+    record_path: Optional[Path] = None
 
     @property
     def reached(self) -> bool:
