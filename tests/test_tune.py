@@ -28,9 +28,9 @@ def cosine_of(graph, table, images):
     sess = ort.InferenceSession(graph.model.SerializeToString(), providers=["CPUExecutionProvider"])
     prepared = prepare(graph, table)
     values = []
-    for _, x, _ in images.samples(graph):
-        ref = sess.run(None, {"input": x})[0].ravel()
-        out = prepared.run({"input": x}).outputs[graph.outputs[0]].ravel()
+    for _, x, _ in images.samples(graph):  # x: {input name: sample}
+        ref = sess.run(None, x)[0].ravel()
+        out = prepared.run(x).outputs[graph.outputs[0]].ravel()
         values.append(float(np.dot(ref, out) / np.linalg.norm(ref) / np.linalg.norm(out)))
     return float(np.mean(values))
 

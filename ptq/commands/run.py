@@ -42,11 +42,12 @@ def print_result(result) -> None:
         else:
             print(f"{s.path.name}: " + "  ".join(f"{c}:{p:.4f}" for c, p in s.classes))
     skipped = f", {result.skipped} skipped" if result.skipped else ""
-    print(f"\n{result.images} sample(s) in integers, {1000 * result.seconds / result.images:.1f} ms per sample{skipped}")
+    print(f"\n{result.images} image(s) in integers, {1000 * result.seconds / result.images:.1f} ms per image{skipped}")
     agree = sum(bool(s.agrees) for s in result.classified)
     print(f"top-1 agreement with the float model {agree}/{result.images}")
     if result.labelled:
-        print(f"top-1 accuracy {result.correct}/{result.labelled} on the labelled samples")
+        how = result.inputs.get("labels") or "their file name (name_LABEL.jpg)"
+        print(f"top-1 accuracy {result.correct}/{result.labelled} on the images labelled by {how}")
     else:
         print("no labels")
     if result.float_nodes:
