@@ -87,19 +87,22 @@ class InputSlot:
         where = f"{path}: input {self.name!r}"
         if self.shape is not None:
             rank = len(self.shape)
-            if array.ndim == rank and rank > 0:
-                if array.shape[0] != 1:
-                    raise ValueError(f"{where} has shape {array.shape}: one sample per file (a leading batch "
-                                     f"axis must be 1), the model expects {_dims(self.shape)}")
+            expected = f"the model's input is {_dims(self.shape)}: one sample per file, {_accepted(self.shape)}"
+            if array.ndim == rank and rank > 0 and array.shape[0] == 1:
                 array = array[0]
             elif array.ndim != rank - 1:
-                raise ValueError(f"{where} has shape {array.shape} (rank {array.ndim}); the model expects "
-                                 f"{_dims(self.shape)}: rank {rank - 1} without the batch axis or {rank} with it")
+                raise ValueError(f"{where} has shape {array.shape}; {expected}")
             for axis, (got, want) in enumerate(zip(array.shape, self.shape[1:]), 1):
                 if want is not None and got != want:
-                    raise ValueError(f"{where} has shape {array.shape}; the model expects {_dims(self.shape)} "
-                                     f"(dimension {axis} must be {want})")
+                    raise ValueError(f"{where} has shape {array.shape}; {expected} (dimension {axis} must be {want})")
         return _cast(array, self.dtype, where)
+
+
+def _accepted(shape: tuple) -> str:
+    """The two shapes a sample may have: without the batch axis, or with a batch axis of 1."""
+    inner = ["?" if d is None else str(d) for d in shape[1:]]
+    without = "(" + ", ".join(inner) + ("," if len(inner) == 1 else "") + ")"
+    return f"{without} or (1, {', '.join(inner)})" if inner else f"{without} or (1,)"
 
 
 def _dims(shape: tuple) -> str:
