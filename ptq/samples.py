@@ -114,7 +114,9 @@ def _cast(array: np.ndarray, dtype: np.dtype, where: str) -> np.ndarray:
     kind = {"f": "float", "i": "integer", "u": "integer", "b": "bool"}
     want, got = kind.get(dtype.kind), kind.get(array.dtype.kind)
     if want is None or got != want:
-        raise ValueError(f"{where} is {array.dtype}, the model input is {dtype}: give a {want or dtype} array")
+        wanted = want or str(dtype)
+        raise ValueError(f"{where} is {array.dtype}, the model input is {dtype}: give "
+                         f"{'an' if wanted[0] in 'aeiou' else 'a'} {wanted} array")
     if want == "integer" and array.size and not np.can_cast(array.dtype, dtype, casting="safe"):
         info = np.iinfo(dtype)
         lo, hi = int(array.min()), int(array.max())
