@@ -499,7 +499,7 @@ def tune(
             return stats
 
         result = run_tuning(graph, table, samples, target_cosine, budget_int16=budget_int16, allow_float=allow_float,
-                            stats_for=stats_for)
+                            stats_for=stats_for, progress=opts.progress)
     out_dir = Path(out) if out is not None else table_path.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = table_path.name[: -len(".quant.json")] if table_path.name.endswith(".quant.json") else table_path.stem
