@@ -175,7 +175,7 @@ def main(argv=None) -> int:
                            progress=False).table),
     }
     images = ImageSet.from_folder(args.images, pre)
-    samples = [s for _p, s, _l in images.samples(graph)]
+    samples = [inputs[graph.inputs[0]] for _p, inputs, _l in images.samples(graph)]
     runs = {}
     for scheme, (label, table) in models.items():
         timing(label, graph, table, samples[: args.time_images], scheme)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 from typing import Optional
@@ -40,8 +41,24 @@ def one_blas_thread() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+class LogFormat(logging.Formatter):
+    """`ptq: warning: message` (warnings and errors), `ptq: message` (information: the steps of `ptq tune`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
+        return f"ptq: {level}{record.getMessage()}"
+
+
+def log_to_stderr() -> None:
+    """The `ptq` loggers print on stderr in that format (the Python API leaves logging to its caller)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(LogFormat())
+    logging.basicConfig(handlers=[handler])
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     one_blas_thread()
+    log_to_stderr()
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)

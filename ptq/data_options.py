@@ -97,9 +97,8 @@ def _location(value: Location) -> Union[Path, tuple]:
 
 @contextlib.contextmanager
 def quiet_logging(quiet: bool) -> Iterator[None]:
-    """Warnings of the `ptq` loggers (skipped files, notes) printed as `ptq: warning: ...`, or, with `quiet`,
-    silenced for the duration."""
-    logging.basicConfig(format="ptq: warning: %(message)s")
+    """Warnings of the `ptq` loggers (skipped files, notes) on, or with `quiet` silenced, for the duration
+    (where they go is the caller's logging configuration; `ptq.cli` prints them on stderr)."""
     logger = logging.getLogger("ptq")
     previous = logger.level
     logger.setLevel(logging.ERROR if quiet else logging.WARNING)

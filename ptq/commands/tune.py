@@ -26,7 +26,6 @@ def run(args: argparse.Namespace) -> int:
     from ptq.api import tune
 
     if not args.quiet:  # each step as it is measured
-        logging.basicConfig(format="ptq: %(message)s")
         logging.getLogger("ptq.tune").setLevel(logging.INFO)
     result = tune(args.model, quant=args.quant, target_cosine=args.target_cosine, budget_int16=args.budget_int16,
                   allow_float=args.allow_float, out=args.out, **data_kwargs(args))
