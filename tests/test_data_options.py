@@ -235,3 +235,42 @@ def test_array_reader_casts_by_the_documented_rule(tmp_path):
     sample = reader.read(path)
     assert sample["x"].dtype == np.float32 and sample["x"].shape == (4,) and sample["x"][0] == np.float32(0.1)
     assert sample["ids"].dtype == np.int64 and sample["ids"].tolist() == [0, 1, 2]
+
+
+class _Terminal:
+    """A stderr that says it is a terminal (tqdm draws its bars only there) and keeps what is written."""
+
+    def __init__(self):
+        self.text = ""
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("command", ["calibrate", "run", "report", "debug", "tune"])
+def test_progress_bars_on_a_terminal_and_quiet_silences_them(command, tiny, tmp_path, monkeypatch, capsys):
+    model, images = tiny
+    table = ptq.calibrate(model, images=images, out=tmp_path / "table", quiet=True).table_path
+    argv = {
+        "calibrate": ["calibrate", str(model), "--out", str(tmp_path / "cal")],
+        "run": ["run", str(model), "--quant", str(table)],
+        "report": ["report", str(model), "--quant", str(table), "--out", str(tmp_path / "report")],
+        "debug": ["debug", str(model), "--quant", str(table), "--out", str(tmp_path / "debug"), "--fake-quant-ops",
+                  "Conv"],
+        "tune": ["tune", str(model), "--quant", str(table), "--target-cosine", "0.01", "--out", str(tmp_path / "t")],
+    }[command] + ["--images", str(images)]
+    for quiet in (False, True):
+        terminal = _Terminal()
+        monkeypatch.setattr("sys.stderr", terminal)
+        assert main(argv + (["--quiet"] if quiet else [])) == 0
+        monkeypatch.undo()
+        bars = "/3 [" in terminal.text  # a bar over the 3 images: "0/3 [00:00<?, ?img/s]"
+        assert bars != quiet, terminal.text
+    capsys.readouterr()
