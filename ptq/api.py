@@ -20,7 +20,16 @@ from ptq.data_options import DataOptions, quiet_logging
 from ptq.pipeline import DEFAULT_CALIBRATOR, DEFAULT_WEIGHT_CALIBRATOR, CalibrationResult
 
 if TYPE_CHECKING:
+    from ptq.core.graph import Graph
+    from ptq.executor import FloatNode
+    from ptq.quant_table import QuantTable
+    from ptq.samples import SampleSource
     from ptq.tuning import TuneResult
+    from reports.auto_debug import AutoResult
+    from reports.dsp_resources import DspReport
+    from reports.fake_quant import FakeQuantResult
+    from reports.image_source import ImageSet
+    from reports.layers import Bottleneck, LayerReport, OutputReport, Report
 
 DEFAULT_ISOLATED_IMAGES = 2  # images the report's isolated metrics cover by default
 
@@ -96,10 +105,10 @@ class Loaded:
     """What run, report, debug and tune start from: the graph (adjusted weights when the table names them),
     the table, and the samples."""
 
-    graph: object
-    table: object
-    source: object  # ptq.samples.SampleSource
-    samples: object  # reports.image_source.ImageSet
+    graph: Graph
+    table: QuantTable
+    source: SampleSource
+    samples: ImageSet
     inputs: dict  # what report.json / debug.json / tune.json record as the samples used
 
 
@@ -152,7 +161,7 @@ class RunResult:
     """`ptq.run`: every sample in order, the nodes that ran in float, the int32 accumulator overflows."""
 
     samples: list[SampleResult]
-    float_nodes: list  # ptq.executor.FloatNode: name, op_type, reason
+    float_nodes: list[FloatNode]  # name, op_type, reason
     overflows: dict[str, int]
     inputs: dict
 
@@ -255,12 +264,12 @@ class ReportResult:
     """`ptq.report`: the report (layers, outputs, ranked bottlenecks), the files written, and with a DSP
     backend the resource report."""
 
-    report: object  # reports.layers.Report
+    report: Report
     paths: list[Path] = field(default_factory=list)
-    dsp: Optional[object] = None  # reports.dsp_resources.DspReport
+    dsp: Optional[DspReport] = None
 
     @property
-    def outputs(self) -> list:
+    def outputs(self) -> list[OutputReport]:
         """Per graph output: cosine, MSE, SQNR, max error of the integer graph against the float model."""
         return self.report.outputs
 
@@ -270,16 +279,16 @@ class ReportResult:
         return self.report.classification
 
     @property
-    def bottlenecks(self) -> list:
+    def bottlenecks(self) -> list[Bottleneck]:
         """The suspect layers, most damaging first."""
         return self.report.bottlenecks
 
     @property
-    def layers(self) -> list:
+    def layers(self) -> list[LayerReport]:
         return self.report.layers
 
 
-def write_report(report, out_dir: Path) -> list[Path]:
+def write_report(report: Report, out_dir: Path) -> list[Path]:
     from reports.html import write_html
     from reports.writers import write_csv, write_json
 
@@ -350,8 +359,8 @@ class DebugResult:
     """`ptq.debug`: the fake-quant comparison or the `auto` trials (with their report), the dump, the files."""
 
     inputs: dict
-    fake_quant: Optional[object] = None  # reports.fake_quant.FakeQuantResult
-    auto: Optional[object] = None  # reports.auto_debug.AutoResult
+    fake_quant: Optional[FakeQuantResult] = None
+    auto: Optional[AutoResult] = None
     report_paths: list[Path] = field(default_factory=list)
     written_quant: Optional[Path] = None
     dump_index: Optional[Path] = None
