@@ -168,12 +168,15 @@ def test_two_input_model_calibrated_and_reported_from_npz_samples(two, tmp_path,
     assert result.agreement == 1.0 and result.accuracy == 1.0
 
 
-def test_data_shards_give_the_one_process_table(two, tmp_path):
+def test_data_shards_give_the_one_process_table_and_report(two, tmp_path):
     model, data, _ = two
     one = ptq.calibrate(model, data=data, out=tmp_path / "one", calibrator="mean", batch_size=2, quiet=True)
     two_workers = ptq.calibrate(model, data=data, out=tmp_path / "two", calibrator="mean", batch_size=2, workers=2,
                                 quiet=True)
     assert one.table_path.read_bytes() == two_workers.table_path.read_bytes()
+    reports = [ptq.report(model, quant=one.table_path, data=data, quiet=True, workers=w).report.to_dict()
+               for w in (1, 2)]
+    assert reports[0]["images"] == 6 and reports[1] == reports[0]
 
 
 @pytest.mark.parametrize("arrays, message", [
