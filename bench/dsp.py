@@ -186,7 +186,7 @@ def main(argv=None) -> int:
         "int4": ("Lite0 int4 (calibrate --scheme int4-dsp)", int4.graph, int4.table),
     }
     images = ImageSet.from_folder(args.images, pre)
-    samples = [s for _p, s, _l in images.samples(graph)]
+    samples = [inputs[graph.inputs[0]] for _p, inputs, _l in images.samples(graph)]
     runs = {}
     for scheme, (label, graph, table) in models.items():
         identical(label, graph, table, samples, scheme)

@@ -75,7 +75,7 @@ def run(args) -> int:
         table = calibrate(args.model, REPO / "examples" / "calib", write_qdq=False).table
     graph = load_model(args.model, table.options.input_shapes)
     images = ImageSet.from_folder(args.images, Preprocess(**table.options.preprocess), limit=args.num_images)
-    samples = [sample for _, sample, _ in images.samples(graph)]
+    samples = [inputs[image_input(graph)] for _, inputs, _ in images.samples(graph)]
     name = image_input(graph)
     prepared = prepare(graph, table)
     runner = FloatRunner.create(graph, list(graph.outputs))

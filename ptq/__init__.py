@@ -1,6 +1,8 @@
 """ptq: post-training quantization for ONNX models.
 
-The public API is imported lazily so that `import ptq` stays cheap (no onnxruntime at import time).
+The public API is imported lazily so that `import ptq` stays cheap (no onnxruntime at import time). One
+function per command (`ptq.calibrate`, `ptq.run`, `ptq.report`, `ptq.debug`, `ptq.tune`, in `ptq.api`) takes
+the command's flags as keyword arguments and returns its result as an object.
 """
 from __future__ import annotations
 
@@ -16,8 +18,18 @@ _EXPORTS = {
     "load_model": "ptq.core.graph",
     "ModelError": "ptq.core.graph",
     "Preprocess": "ptq.images",
-    "calibrate": "ptq.pipeline",
+    "calibrate": "ptq.api",
+    "run": "ptq.api",
+    "report": "ptq.api",
+    "debug": "ptq.api",
+    "tune": "ptq.api",
     "CalibrationResult": "ptq.pipeline",
+    "RunResult": "ptq.api",
+    "SampleResult": "ptq.api",
+    "ReportResult": "ptq.api",
+    "DebugResult": "ptq.api",
+    "TuneResult": "ptq.tuning",
+    "DataOptions": "ptq.data_options",
     "CalibrationOptions": "ptq.quant_table",
     "QuantTable": "ptq.quant_table",
     "TensorEntry": "ptq.quant_table",

@@ -6,31 +6,30 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from ptq.core.graph import Graph, load_model
-from ptq.images import ImageLog, Preprocess, iter_batches, iter_images, select_files
+from ptq.images import ImageLog, iter_batches
 from ptq.quant_table import QuantTable
+from ptq.samples import SampleSource, iter_sample_batches, iter_samples
 
 logger = logging.getLogger("ptq.adjust")
 
 
-def sample_batches(graph: Graph, images, preprocess: Preprocess, num_images: Optional[int], batch_size: int,
-                   seed: int) -> Iterator[np.ndarray]:
+def sample_batches(graph: Graph, source: Union[SampleSource, np.ndarray], num_images: Optional[int], batch_size: int,
+                   seed: int) -> Iterator:
     """The calibration samples again, as `collect_image_statistics` reads them (same files, same order)."""
-    from ptq.pipeline import input_spec
-
-    if isinstance(images, np.ndarray):
-        samples = list(images[:num_images] if num_images else images)
+    if isinstance(source, np.ndarray):
+        samples = list(source[:num_images] if num_images else source)
         return iter_batches(iter(samples), batch_size)
     log = ImageLog()
-    files = select_files(images, log, num_images=num_images, seed=seed)
-    return iter_batches(iter_images(files, preprocess, input_spec(graph, preprocess), log, num_images=num_images),
-                        batch_size)
+    files = source.candidates(log, num_images, seed)
+    return iter_sample_batches(iter_samples(files, source.format.reader(graph), log, num_images=num_images),
+                               batch_size)
 
 
 def equalized(graph: Graph, input_shapes: Optional[dict]) -> Graph:

@@ -1,6 +1,6 @@
 """Calibration statistics over shards of the image list (`ptq calibrate --workers N`, `--ray`).
 
-Each shard's statistics are collected by `ptq.float_run.collect_statistics` in a worker, exactly as the
+Workers read the shard's files themselves (images or `--data` sample files, `ptq.samples`). Each shard's statistics are collected by `ptq.float_run.collect_statistics` in a worker, exactly as the
 one-process run collects those batches, and merged in shard order: min/max and the histograms merge
 exactly in any order; per-batch extrema (`mean`) and moments (`Nstd`) keep one entry per batch and are
 folded in batch order, so the table is byte-identical to the one-process table (`ptq.parallel`).
@@ -11,37 +11,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-import numpy as np
 import onnx
 
 from calibrators import TensorStatistics
 from ptq.core.graph import Graph, load_model
-from ptq.float_run import FloatRunner, collect_statistics, image_input
-from ptq.images import ImageLog, InputSpec, Preprocess, load_image, select_files
+from ptq.float_run import FloatRunner, collect_statistics
+from ptq.images import ImageLog
 from ptq.parallel import Shard, ShardResult, make_runner, run_sharded, shard_batches_for
+from ptq.samples import SampleFormat, SampleSource, UnreadableSample, stack
 
 
 @dataclass(frozen=True)
 class WorkerContext:
     graph: Graph
-    spec: InputSpec
+    reader: object  # the sample format's reader (ptq.samples)
     runner: FloatRunner
 
 
 @dataclass(frozen=True)
 class CalibrationJob:
-    """Statistics of every activation of a model (a file path, or a serialized model) over image shards."""
+    """Statistics of every activation of a model (a file path, or a serialized model) over sample shards."""
 
     model: Union[str, bytes]
     input_shapes: Optional[dict]
-    preprocess: Preprocess
+    format: SampleFormat
     needs: frozenset
 
     def setup(self) -> WorkerContext:
         model = self.model if isinstance(self.model, str) else onnx.load_from_string(self.model)
         graph = load_model(model, self.input_shapes)
-        spec = InputSpec.from_shape(graph.tensors[image_input(graph)].shape, self.preprocess.layout)
-        return WorkerContext(graph, spec, FloatRunner.create(graph, graph.activations, intra_op_threads=1))
+        return WorkerContext(graph, self.format.reader(graph),
+                             FloatRunner.create(graph, graph.activations, intra_op_threads=1))
 
     def run(self, context: WorkerContext, shard: Shard) -> ShardResult:
         batches, skipped = [], []
@@ -49,19 +49,19 @@ class CalibrationJob:
             batch = []
             for path in files:
                 try:
-                    batch.append(load_image(path, self.preprocess, context.spec))
-                except ValueError as exc:
+                    batch.append((path, context.reader.read(path)))
+                except UnreadableSample as exc:
                     skipped.append((path, str(exc)))
             batches.append(batch)
         if skipped:  # the layout changes: the driver plans again
             return ShardResult(skipped=skipped)
-        stats = collect_statistics(context.graph, (np.stack(b) for b in batches), context.graph.activations,
+        stats = collect_statistics(context.graph, (stack(b) for b in batches), context.graph.activations,
                                    self.needs, runner=context.runner)
         return ShardResult(payload=stats)
 
 
 def sharded_statistics(
-    model, graph: Graph, images, needs: frozenset, *, preprocess: Preprocess, num_images: Optional[int],
+    model, graph: Graph, source: SampleSource, needs: frozenset, *, num_images: Optional[int],
     batch_size: int, seed: int, input_shapes: Optional[dict], workers: int, ray: Optional[str] = None,
     progress: bool = False,
 ) -> tuple[dict[str, TensorStatistics], ImageLog]:
@@ -69,10 +69,10 @@ def sharded_statistics(
     from tqdm import tqdm
 
     log = ImageLog()
-    candidates = select_files(images, log, num_images=num_images, seed=seed)
-    InputSpec.from_shape(graph.tensors[image_input(graph)].shape, preprocess.layout)  # errors before spawning
-    source = str(Path(model).resolve()) if isinstance(model, (str, Path)) else model.SerializeToString()
-    job = CalibrationJob(source, input_shapes, preprocess, frozenset(needs))
+    candidates = source.candidates(log, num_images, seed)
+    source.format.reader(graph)  # errors (no image input, ...) before spawning
+    shipped = str(Path(model).resolve()) if isinstance(model, (str, Path)) else model.SerializeToString()
+    job = CalibrationJob(shipped, input_shapes, source.format, frozenset(needs))
     expected = len(candidates) if num_images is None else min(num_images, len(candidates))
     per_shard = shard_batches_for(expected, batch_size, workers)
     with make_runner(job, workers, ray) as runner, \
@@ -81,7 +81,7 @@ def sharded_statistics(
         payloads = run_sharded(runner, candidates, log, limit=num_images, batch_size=batch_size,
                                shard_batches=per_shard, on_shard=bar.update)
     if not payloads:
-        raise ValueError(f"no valid image in {images} ({len(log.skipped)} files skipped)")
+        raise ValueError(f"no valid image in {source.location} ({len(log.skipped)} files skipped)")
     stats = payloads[0]
     for shard_stats in payloads[1:]:
         for name, collector in stats.items():

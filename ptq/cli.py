@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 import warnings
@@ -56,8 +57,24 @@ def print_notes(command: str):
     return show
 
 
+class LogFormat(logging.Formatter):
+    """`ptq: warning: message` (warnings and errors), `ptq: message` (information: the steps of `ptq tune`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
+        return f"ptq: {level}{record.getMessage()}"
+
+
+def log_to_stderr() -> None:
+    """The `ptq` loggers print on stderr in that format (the Python API leaves logging to its caller)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(LogFormat())
+    logging.basicConfig(handlers=[handler])
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     one_blas_thread()
+    log_to_stderr()
     args = build_parser().parse_args(argv)
     try:
         with warnings.catch_warnings():

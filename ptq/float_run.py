@@ -12,7 +12,7 @@ is folded on its own (the result is the same, the memory one sample's activation
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import onnx
@@ -54,12 +54,13 @@ def sample_input(graph: Graph) -> str:
 
 @dataclass
 class FloatRunner:
-    """An onnxruntime session that returns the listed activations for a batch of model inputs."""
+    """An onnxruntime session that returns the listed activations for a batch of model inputs: a dict
+    {input name: batch}, or for a one-input model the batch array itself."""
 
     graph: Graph
     tensors: list[str]
-    input_name: str
-    fixed_batch: Optional[int]  # the model's batch dimension when it is a fixed number
+    input_names: list[str]
+    fixed_batch: Optional[int]  # 1 when an input's batch dimension is fixed at 1 (run sample by sample)
     session: object
 
     @classmethod
@@ -68,10 +69,14 @@ class FloatRunner:
         """`intra_op_threads`: onnxruntime's intra-op pool size (None: its default, one thread per core)."""
         import onnxruntime as ort  # imported lazily: it is slow to import
 
-        name = sample_input(graph)
-        batch_dim = graph.tensors[name].shape[0]
-        if batch_dim not in (None, 0, 1):
-            raise ModelError(f"input {name!r} has a fixed batch of {batch_dim}; ptq needs batch 1 or a dynamic batch")
+        fixed = None
+        for name in graph.inputs:
+            shape = graph.tensors[name].shape
+            batch_dim = shape[0] if shape else None
+            if batch_dim not in (None, 0, 1):
+                raise ModelError(f"input {name!r} has a fixed batch of {batch_dim}; ptq needs batch 1 or a "
+                                 "dynamic batch")
+            fixed = fixed or batch_dim or None
         tensors = list(dict.fromkeys(tensors))
         options = ort.SessionOptions()
         options.log_severity_level = 3
@@ -85,36 +90,51 @@ class FloatRunner:
             )
         except _ort_errors() as exc:
             raise ModelError(f"onnxruntime cannot load the model: {exc}") from exc
-        return cls(graph, tensors, name, batch_dim or None, session)
+        return cls(graph, tensors, list(graph.inputs), fixed, session)
 
-    def _session_run(self, names: list[str], batch: np.ndarray) -> list[np.ndarray]:
+    def feeds(self, batch) -> dict[str, np.ndarray]:
+        """The batch as {input name: array in the input's dtype}."""
+        if not isinstance(batch, Mapping):
+            batch = {sample_input(self.graph): batch}
+        return {name: np.asarray(value, dtype=self.graph.tensors[name].dtype) for name, value in batch.items()}
+
+    def _session_run(self, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         try:
-            return self.session.run(names, {self.input_name: batch})
+            return self.session.run(names, feeds)
         except _ort_errors() as exc:
-            raise ModelError(f"onnxruntime failed on a batch of shape {batch.shape}: {exc}") from exc
+            shapes = {name: value.shape for name, value in feeds.items()}
+            raise ModelError(f"onnxruntime failed on a batch of shape(s) {shapes}: {exc}") from exc
 
-    def run(self, batch: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
+    def run(self, batch) -> Iterator[tuple[str, np.ndarray]]:
         """(name, activation with the batch on axis 0) for every listed tensor, one tensor at a time.
 
         For a batch-1 model each tensor's per-sample pieces are concatenated only when it is yielded and
         then released, so the peak is one batch of activations plus one tensor, not two batches.
         """
-        if self.input_name in self.tensors:
-            yield self.input_name, batch
-        wanted = [t for t in self.tensors if t != self.input_name]
-        if self.fixed_batch == 1 and batch.shape[0] != 1:
-            per_sample = [self._session_run(wanted, batch[i : i + 1]) for i in range(len(batch))]
+        feeds = self.feeds(batch)
+        for name in self.input_names:
+            if name in self.tensors:
+                yield name, feeds[name]
+        wanted = [t for t in self.tensors if t not in self.input_names]
+        size = batch_size(feeds)
+        if self.fixed_batch == 1 and size != 1:
+            per_sample = [self._session_run(wanted, {n: v[i : i + 1] for n, v in feeds.items()}) for i in range(size)]
             for k, name in enumerate(wanted):
                 pieces = [sample[k] for sample in per_sample]
                 for sample in per_sample:
                     sample[k] = None
                 yield name, _concat(pieces)
         else:
-            yield from zip(wanted, self._session_run(wanted, batch))
+            yield from zip(wanted, self._session_run(wanted, feeds))
 
-    def run_dict(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+    def run_dict(self, batch) -> dict[str, np.ndarray]:
         """Every listed tensor by name for one batch, held together (the reports keep one image's tensors)."""
         return dict(self.run(batch))
+
+
+def batch_size(feeds: Mapping[str, np.ndarray]) -> int:
+    """The samples in a batch of feeds (axis 0 of its inputs)."""
+    return len(next(iter(feeds.values())))
 
 
 def _ort_errors() -> tuple:
@@ -137,7 +157,8 @@ def collect_statistics(
     on_batch: Optional[Callable[[int], None]] = None,
     runner: Optional[FloatRunner] = None,
 ) -> dict[str, TensorStatistics]:
-    """Per-tensor statistics of `tensors` over all `batches` (each folded in and dropped).
+    """Per-tensor statistics of `tensors` over all `batches` (each folded in and dropped). A batch is a dict
+    {input name: array, batch on axis 0}, or for a one-input model the array.
 
     `on_batch(n)` is called after each batch of n samples (progress reporting). `runner`: a session made
     once for `tensors` (a worker process computing many shards), instead of a new one.
@@ -148,15 +169,16 @@ def collect_statistics(
     # histograms do not), so without them a batch-1 model folds sample by sample: one sample's activations
     # in memory instead of a batch's.
     sample_by_sample = runner.fixed_batch == 1 and Stat.BATCH_EXTREMA not in needs
-    dtype = graph.tensors[runner.input_name].dtype
     for batch in batches:
-        batch = np.asarray(batch, dtype=dtype)
-        for part in (np.split(batch, len(batch)) if sample_by_sample else [batch]):
+        feeds = runner.feeds(batch)
+        size = batch_size(feeds)
+        for part in ([{n: v[i : i + 1] for n, v in feeds.items()} for i in range(size)] if sample_by_sample
+                     else [feeds]):
             for name, value in runner.run(part):
                 try:
                     stats[name].update(value)
                 except ValueError as exc:
                     raise ValueError(f"tensor {name!r}: {exc}") from exc
         if on_batch is not None:
-            on_batch(len(batch))
+            on_batch(size)
     return stats

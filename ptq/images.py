@@ -148,13 +148,17 @@ class ImageLog:
         self.skipped.append((path, reason))
 
 
-def find_files(folder: Union[str, Path]) -> list[Path]:
-    """Every non-hidden file under `folder` (recursively), sorted."""
+def _noun(flag: str) -> str:
+    return "image" if flag == "--images" else "sample"
+
+
+def find_files(folder: Union[str, Path], flag: str = "--images") -> list[Path]:
+    """Every non-hidden file under `folder` (recursively), sorted. `flag` names the option in errors."""
     folder = Path(folder)
     if not folder.exists():
-        raise ValueError(f"image folder not found: {folder}")
+        raise ValueError(f"{_noun(flag)} folder not found: {folder}")
     if not folder.is_dir():
-        raise ValueError(f"--images expects a folder, {folder} is a file")
+        raise ValueError(f"{flag} expects a folder, {folder} is a file")
     return sorted(
         p for p in folder.rglob("*")
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
@@ -228,8 +232,11 @@ def select_files(
     *,
     num_images: Optional[int] = None,
     seed: int = 0,
+    extensions: frozenset = IMAGE_EXTENSIONS,
+    flag: str = "--images",
 ) -> list[Path]:
-    """The candidate image files of a folder (or an explicit list of files), non-image extensions skipped.
+    """The candidate files of a folder (or an explicit list of files), other extensions than `extensions`
+    skipped. `flag` names the option in errors (`--images`, or `--data` for sample files).
 
     With `num_images`, the candidates are shuffled with `seed` so that the first valid `num_images` files
     are a random sample; otherwise they stay in sorted order.
@@ -237,19 +244,20 @@ def select_files(
     if num_images is not None and num_images <= 0:
         raise ValueError(f"--num-images must be positive, got {num_images}")
     if isinstance(folder, (str, Path)):
-        files = find_files(folder)
+        files = find_files(folder, flag)
         if not files:
-            raise ValueError(f"image folder {folder} is empty")
+            raise ValueError(f"{_noun(flag)} folder {folder} is empty")
     else:
         files = [Path(f) for f in folder]
         if not files:
-            raise ValueError("no image files given")
+            raise ValueError(f"no {_noun(flag)} files given")
+    kind = "an image" if extensions is IMAGE_EXTENSIONS else "a " + "/".join(sorted(extensions))
     candidates = []
     for path in files:
-        if path.suffix.lower() in IMAGE_EXTENSIONS:
+        if path.suffix.lower() in extensions:
             candidates.append(path)
         else:
-            log_.skip(path, f"not an image file (extension {path.suffix or 'none'!r})")
+            log_.skip(path, f"not {kind} file (extension {path.suffix or 'none'!r})")
     if num_images is not None:
         random.Random(seed).shuffle(candidates)
     return candidates

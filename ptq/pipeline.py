@@ -25,7 +25,8 @@ from ptq import adjust, int4_dsp
 from ptq.atomic import atomic_write_bytes
 from ptq.float_run import collect_statistics, image_input
 from ptq.core.graph import Graph, Node, load_model
-from ptq.images import ImageLog, InputSpec, Preprocess, iter_batches, iter_images, select_files
+from ptq.images import ImageLog, InputSpec, Preprocess, iter_batches
+from ptq.samples import ArrayFormat, ImageFormat, SampleSource, iter_sample_batches, iter_samples
 from ptq.qdq_export import export_qdq
 from ptq.core.qparams import compute_qparams
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
@@ -100,19 +101,26 @@ def input_spec(graph: Graph, pre: Preprocess) -> InputSpec:
     return InputSpec.from_shape(graph.tensors[image_input(graph)].shape, pre.layout)
 
 
+def sample_source(images: ImageSource, preprocess: Optional[Preprocess]) -> "SampleSource":
+    """Image files (a folder, one file or a list of files) as a `SampleSource`."""
+    location = Path(images) if isinstance(images, (str, Path)) else tuple(Path(p) for p in images)
+    return SampleSource(location, ImageFormat(preprocess or Preprocess()))
+
+
 def collect_image_statistics(
     graph: Graph,
-    images: ImageSource,
+    images: Union[ImageSource, SampleSource],
     needs: frozenset,
     *,
-    preprocess: Preprocess,
+    preprocess: Optional[Preprocess] = None,
     num_images: Optional[int] = None,
     batch_size: int = 8,
     seed: int = 0,
     progress: bool = False,
 ) -> tuple[dict[str, TensorStatistics], ImageLog]:
-    """Statistics of every activation of `graph` over the images (a folder, a list of files, or an array of
-    already preprocessed samples with the batch on axis 0)."""
+    """Statistics of every activation of `graph` over the samples: a `SampleSource` (image or `--data`
+    files), image files (a folder or a list, preprocessed with `preprocess`), or an array of already
+    preprocessed samples with the batch on axis 0."""
     from tqdm import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -122,18 +130,20 @@ def collect_image_statistics(
         if not samples:
             raise ValueError("no images given (empty array)")
         log.used = [Path(f"<array sample {k}>") for k in range(len(samples))]
-        batches: Iterable[np.ndarray] = iter_batches(iter(samples), batch_size)
+        batches: Iterable = iter_batches(iter(samples), batch_size)
         total = len(samples)
     else:
-        spec = input_spec(graph, preprocess)
-        candidates = select_files(images, log, num_images=num_images, seed=seed)
+        source = images if isinstance(images, SampleSource) else sample_source(images, preprocess)
+        reader = source.format.reader(graph)
+        candidates = source.candidates(log, num_images, seed)
         total = len(candidates) if num_images is None else min(num_images, len(candidates))
-        batches = iter_batches(iter_images(candidates, preprocess, spec, log, num_images=num_images), batch_size)
+        batches = iter_sample_batches(iter_samples(candidates, reader, log, num_images=num_images), batch_size)
     bar = tqdm(total=total, unit="img", desc="calibrating", disable=None if progress else True, leave=False)
     with bar, logging_redirect_tqdm():  # skip warnings are printed above the bar, not through it
         stats = collect_statistics(graph, batches, graph.activations, needs, on_batch=bar.update)
     if not log.used:
-        raise ValueError(f"no valid image in {images} ({len(log.skipped)} files skipped)")
+        where = images.location if isinstance(images, SampleSource) else images
+        raise ValueError(f"no valid image in {where} ({len(log.skipped)} files skipped)")
     return stats, log
 
 
@@ -265,9 +275,10 @@ def _scheme_options(scheme: str, **given) -> dict:
 
 def calibrate(
     model: ModelSource,
-    images: ImageSource,
+    images: Optional[ImageSource] = None,
     out_dir: Optional[Union[str, Path]] = None,
     *,
+    data: Optional[Union[str, Path, Sequence[Union[str, Path]]]] = None,
     calibrator: str = DEFAULT_CALIBRATOR,
     weight_calibrator: str = DEFAULT_WEIGHT_CALIBRATOR,
     bits: int = 8,
@@ -297,7 +308,7 @@ def calibrate(
     """Calibrate `model` on `images` and, with `out_dir`, write `<stem>.quant.json` and `<stem>.qdq.onnx`.
 
     `images`: a folder (searched recursively), a list of image files, or an ndarray of preprocessed samples
-    (batch on axis 0). Activations use `calibrator` at `bits` (asymmetric unless `symmetric`), weights
+    (batch on axis 0); or instead `data`: a folder (or list) of .npy/.npz files of model inputs (`ptq.samples`). Activations use `calibrator` at `bits` (asymmetric unless `symmetric`), weights
     `weight_calibrator` at `weight_bits` (symmetric unless `weight_symmetric=False`), per channel unless
     `per_channel=False`. `narrow` selects the restricted signed range [-(2^(b-1)-1), 2^(b-1)-1]; `pow2`
     rounds scales up to powers of two. `align` writes the qparams the integer graph fixes by rule into the
@@ -311,19 +322,29 @@ def calibrate(
     widths, symmetry, ranges and pow2, so those arguments must keep their defaults.
     """
     start = time.perf_counter()
+    if (images is None) == (data is None):
+        raise ValueError("give the samples as images or as data (one of them)")
     preprocess = preprocess or Preprocess()
     fixed = _scheme_options(scheme, bits=bits, weight_bits=weight_bits, symmetric=symmetric,
                             weight_symmetric=weight_symmetric, narrow=narrow, weight_narrow=weight_narrow, pow2=pow2)
     bits, weight_bits, symmetric = fixed["bits"], fixed["weight_bits"], fixed["symmetric"]
     weight_symmetric, narrow, weight_narrow, pow2 = (fixed["weight_symmetric"], fixed["narrow"],
                                                      fixed["weight_narrow"], fixed["pow2"])
+    if data is not None:
+        location = Path(data) if isinstance(data, (str, Path)) else tuple(Path(p) for p in data)
+        source: Union[SampleSource, np.ndarray] = SampleSource(location, ArrayFormat())
+    elif isinstance(images, np.ndarray):
+        source = images
+    else:
+        source = sample_source(images, preprocess)
     options = CalibrationOptions(
         calibrator=get_calibrator(calibrator).spelling,
         weight_calibrator=get_calibrator(weight_calibrator).spelling,
         bits=bits, weight_bits=weight_bits, symmetric=symmetric, weight_symmetric=weight_symmetric,
         narrow=narrow, weight_narrow=weight_narrow, per_channel=per_channel, pow2=pow2, fold_clip=fold_clip,
         num_images=num_images, batch_size=batch_size, seed=seed,
-        preprocess=preprocess.to_dict(), input_shapes=_normalize_input_shapes(input_shapes),
+        preprocess=None if data is not None else preprocess.to_dict(),
+        input_shapes=_normalize_input_shapes(input_shapes),
         equalize=equalize, bias_correction=bias_correction, adaround=adaround, scheme=scheme,
     )
     paths = output_paths(model, out_dir) if out_dir is not None else None
@@ -336,24 +357,24 @@ def calibrate(
     if rewritten:
         graph, _copies = int4_dsp.with_requantize(graph)
     needs = required_stats([options.calibrator])
-    if (workers > 1 or ray is not None) and not isinstance(images, np.ndarray):
+    if (workers > 1 or ray is not None) and isinstance(source, SampleSource):
         from ptq.calibration_shards import sharded_statistics
 
         # the workers load the model they are sent: the equalized one when equalization changed it
-        source = graph.model if equalize or rewritten else model
-        stats, log = sharded_statistics(source, graph, images, needs, preprocess=preprocess, num_images=num_images,
-                                        batch_size=batch_size, seed=seed, input_shapes=input_shapes,
-                                        workers=workers, ray=ray, progress=progress)
+        shipped = graph.model if equalize or rewritten else model
+        stats, log = sharded_statistics(shipped, graph, source, needs, num_images=num_images, batch_size=batch_size,
+                                        seed=seed, input_shapes=input_shapes, workers=workers, ray=ray,
+                                        progress=progress)
     else:
-        stats, log = collect_image_statistics(graph, images, needs, preprocess=preprocess, num_images=num_images,
-                                              batch_size=batch_size, seed=seed, progress=progress)
+        stats, log = collect_image_statistics(graph, source, needs, num_images=num_images, batch_size=batch_size,
+                                              seed=seed, progress=progress)
     if rewritten:
         table = int4_dsp.build_table(graph, stats, options, folded_ranges(graph) if fold_clip else {})
     else:
         table = build_table(graph, stats, options)
     if bias_correction or adaround:
         graph = adjust.after_table(
-            graph, table, lambda: adjust.sample_batches(graph, images, preprocess, num_images, batch_size, seed),
+            graph, table, lambda: adjust.sample_batches(graph, source, num_images, batch_size, seed),
             bias_correction=bias_correction, adaround=adaround, input_shapes=input_shapes)
     if align:
         align_with_integer_graph(graph, table)

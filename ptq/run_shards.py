@@ -1,8 +1,9 @@
-"""`ptq run --workers N` / `--ray`: the images classified in shards, printed in file order.
+"""`ptq run`'s per-sample step (`classify_image`) and, with `--workers N` / `--ray`, the samples classified in
+shards and handed back in file order.
 
-Each worker classifies its shard's images (one at a time, as `ptq run` does) and returns one
-`ImageOutcome` per file; the driver prints them in file order as soon as every earlier shard is in, and
-tallies them as the one-process loop does. An unreadable image is an outcome like any other here (there is
+Each worker classifies its shard's samples (one at a time, as `ptq run` does) and returns one
+`ImageOutcome` per file; the driver takes them in file order as soon as every earlier shard is in, as the
+one-process loop does. An unreadable image is an outcome like any other here (there is
 no batching and no image limit, so it shifts nothing).
 """
 from __future__ import annotations
@@ -12,40 +13,48 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Union
 
+import numpy as np
 import onnx
 
 from ptq.core.graph import Graph, load_model
 from ptq.executor import ExecutorOptions, IntegerGraph, prepare
-from ptq.float_run import image_input
-from ptq.images import InputSpec, Preprocess, load_image
+from ptq.float_run import FloatRunner
 from ptq.parallel import Shard, ShardResult, make_runner, plan_shards, shard_batches_for
-from ptq.pipeline import input_spec
 from ptq.quant_table import QuantTable
+from ptq.samples import SampleFormat, UnreadableSample
+from reports.float_reference import float_reference
 
 
 @dataclass
 class ImageOutcome:
-    """One file: its top-k (class, probability) or why it was skipped, the integer run's time and overflows."""
+    """One file: its top-k (class, probability) and the float model's top-1, or why it was skipped; the
+    integer run's time and overflows."""
 
     path: Path
     ranked: Optional[list[tuple[int, float]]] = None
     skipped: Optional[str] = None
     seconds: float = 0.0
     overflows: dict[str, int] = field(default_factory=dict)
+    float_class: Optional[int] = None
 
 
 @dataclass(frozen=True)
 class RunContext:
     graph: Graph
     prepared: IntegerGraph
-    spec: InputSpec
+    reader: object  # the sample format's reader (ptq.samples)
+    floats: FloatRunner  # the float model's output, for the top-1 agreement
+
+
+def run_context(graph: Graph, prepared: IntegerGraph, format: SampleFormat) -> RunContext:
+    return RunContext(graph, prepared, format.reader(graph), float_reference(graph, graph.outputs[:1]))
 
 
 @dataclass(frozen=True)
 class ClassifyJob:
     model: Union[str, bytes]
     table: QuantTable
-    preprocess: Preprocess
+    format: SampleFormat
     float_nodes: tuple
     backend: Optional[str]
     strict: bool
@@ -56,73 +65,57 @@ class ClassifyJob:
         graph = load_model(model, self.table.options.input_shapes)
         prepared = prepare(graph, self.table, float_nodes=list(self.float_nodes), backend=self.backend,
                            options=ExecutorOptions(strict=self.strict))
-        return RunContext(graph, prepared, input_spec(graph, self.preprocess))
+        return run_context(graph, prepared, self.format)
 
     def run(self, context: RunContext, shard: Shard) -> ShardResult:
-        return ShardResult(payload=[classify_image(context, path, self.preprocess, self.top)
+        return ShardResult(payload=[classify_image(context, path, self.top)
                                     for batch in shard.batches for path in batch])
 
 
-def classify_image(context: RunContext, path: Path, preprocess: Preprocess, top: int) -> ImageOutcome:
-    """One file through the integer graph: its top-k classes, or why it was skipped (`ptq run`'s per-image
-    step, in one process or on a worker)."""
-    from ptq.commands.run import softmax, top_k
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Probabilities along the last axis (float64, max-subtracted)."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = np.exp(z - z.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
 
+
+def top_k(probs: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The k most probable classes of a 1-D probability vector, most probable first (ties: lower index)."""
+    order = np.argsort(-probs, kind="stable")[:k]
+    return [(int(c), float(probs[c])) for c in order]
+
+
+def classify_image(context: RunContext, path: Path, top: int) -> ImageOutcome:
+    """One file through the integer graph: its top-k classes, or why it was skipped (`ptq run`'s per-image
+    step, in one process or on a worker); and the float model's top-1 class."""
     try:
-        sample = load_image(path, preprocess, context.spec)[None]
-    except ValueError as exc:
+        sample = {name: value[None] for name, value in context.reader.read(path).items()}
+    except UnreadableSample as exc:
         return ImageOutcome(path, skipped=str(exc))
     start = time.perf_counter()
-    result = context.prepared.run({image_input(context.graph): sample}, keep_all=False)
+    result = context.prepared.run(sample, keep_all=False)
     seconds = time.perf_counter() - start
-    ranked = top_k(softmax(result.outputs[context.graph.outputs[0]].reshape(-1)), top)
-    return ImageOutcome(path, ranked, None, seconds, dict(result.overflows))
+    output = context.graph.outputs[0]
+    ranked = top_k(softmax(result.outputs[output].reshape(-1)), top)
+    float_class = int(np.argmax(context.floats.run_dict(sample)[output].reshape(-1)))
+    return ImageOutcome(path, ranked, None, seconds, dict(result.overflows), float_class)
 
 
-def classify_sharded(job: ClassifyJob, files: list[Path], workers: int, ray: Optional[str], tally,
-                     print_outcome, labels: Callable[[Path], Optional[int]]) -> None:
-    """Classify `files` on workers; `print_outcome(outcome)` is called in file order, `tally` filled with
-    the top-1 against `labels(path)`."""
+def classify_sharded(job: ClassifyJob, files: list[Path], workers: int, ray: Optional[str],
+                     on_outcome: Callable[[ImageOutcome], None], progress: bool = False) -> None:
+    """Classify `files` on workers; `on_outcome(outcome)` is called in file order."""
+    from tqdm import tqdm
+
     shards = plan_shards(files, 1, shard_batches_for(len(files), 1, workers))
     index = {shard: k for k, shard in enumerate(shards)}
     done: dict[int, list[ImageOutcome]] = {}
     following = 0
-    with make_runner(job, workers, ray) as runner:
+    with make_runner(job, workers, ray) as runner, \
+            tqdm(total=len(files), unit="img", desc="run", disable=None if progress else True, leave=False) as bar:
         for shard, result in runner.map(shards):
             done[index[shard]] = result.payload
+            bar.update(shard.images)
             while following in done:
                 for outcome in done.pop(following):
-                    tally_outcome(tally, outcome, labels(outcome.path))
-                    print_outcome(outcome)
+                    on_outcome(outcome)
                 following += 1
-
-
-def tally_outcome(tally, outcome: ImageOutcome, label: Optional[int]) -> None:
-    """Add one file's outcome to `ptq run`'s tally (images, skipped, time, overflows, top-1 against `label`)."""
-    if outcome.skipped is not None:
-        tally.skipped += 1
-        return
-    tally.images += 1
-    tally.seconds += outcome.seconds
-    for node, count in outcome.overflows.items():
-        tally.overflows[node] = tally.overflows.get(node, 0) + count
-    if label is not None:
-        tally.labelled += 1
-        tally.correct += int(outcome.ranked[0][0] == label)
-
-
-def print_outcome(outcome: ImageOutcome) -> None:
-    """The line `ptq run` prints for one file."""
-    if outcome.skipped is not None:
-        print(f"{outcome.path.name}: skipped ({outcome.skipped})")
-    else:
-        print(f"{outcome.path.name}: " + "  ".join(f"{c}:{p:.4f}" for c, p in outcome.ranked))
-
-
-def classify_on_workers(args, graph: Graph, table: QuantTable, preprocess: Preprocess, files: list[Path],
-                        tally, labels: Callable[[Path], Optional[int]]) -> None:
-    """`ptq run` with --workers N > 1 or --ray: the lines and the tally of the one-process loop. The workers
-    get the model as loaded here (the adjusted one when the table records weight adjustments)."""
-    job = ClassifyJob(graph.model.SerializeToString(), table, preprocess, tuple(args.float_nodes), args.backend,
-                      args.strict, args.top)
-    classify_sharded(job, files, args.workers, args.ray, tally, print_outcome, labels)

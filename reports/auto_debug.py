@@ -79,9 +79,9 @@ class AutoResult:
 
 
 def outputs_only(graph: Graph, table: QuantTable, images, float_nodes: Sequence[str] = (), desc: str = "",
-                  backend=None) -> OutputMetrics:
+                  backend=None, progress: bool = False) -> OutputMetrics:
     ev = evaluate(graph, table, images, float_nodes=float_nodes, layers=False, isolated=False, desc=desc,
-                  backend=backend)
+                  backend=backend, progress=progress)
     return OutputMetrics.of(ev)
 
 
@@ -117,12 +117,12 @@ def auto_debug(graph: Graph, table: QuantTable, images, k: int, *, model: str = 
         if spec.op_type != INPUT_OP:
             nodes = float_node_names(base, [suspect.name])
             float_trial = Trial("float", outputs_only(graph, table, images, nodes, desc=f"float {suspect.name}",
-                                                       backend=backend))
+                                                       backend=backend, progress=progress))
         int16_trial = Trial("int16", None)
         if suspect.name in table.tensors and table.tensors[suspect.name].kind == "activation":
             wide = with_bits(table, [suspect.name], 16)
             int16_trial = Trial("int16", outputs_only(graph, wide, images, desc=f"int16 {suspect.name}",
-                                                       backend=backend))
+                                                       backend=backend, progress=progress))
         rows.append(AutoRow(suspect.name, spec.op_type, suspect.reason, float_trial, int16_trial))
     rows.sort(key=lambda r: -r.best_cosine())
     suggestion = suggest(baseline, rows)
@@ -132,5 +132,5 @@ def auto_debug(graph: Graph, table: QuantTable, images, k: int, *, model: str = 
     mixed = with_bits(table, suggestion.int16_tensors, 16) if suggestion.int16_tensors else None
     if suggestion.int16_tensors or suggestion.float_layers:
         suggestion.metrics = outputs_only(graph, mixed or table, images, suggestion.float_nodes, desc="suggested",
-                                           backend=backend)
+                                           backend=backend, progress=progress)
     return AutoResult(report, baseline, rows, suggestion, mixed)

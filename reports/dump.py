@@ -9,7 +9,6 @@ import numpy as np
 
 from ptq.core.graph import Graph
 from ptq.executor import prepare
-from ptq.float_run import image_input
 from ptq.quant_table import QuantTable
 from reports.float_reference import float_reference
 from reports.layer_specs import layer_specs
@@ -45,7 +44,6 @@ def dump_tensors(graph: Graph, table: QuantTable, images, out_dir: Union[str, Pa
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     runner = float_reference(graph, [s.name for s in specs])
-    input_name = image_input(graph)
     index = {"float_nodes": [f.name for f in prepared.float_nodes], "images": [], "tensors": []}
     for spec in specs:
         qp = prepared.qparams[spec.name]
@@ -56,7 +54,7 @@ def dump_tensors(graph: Graph, table: QuantTable, images, out_dir: Union[str, Pa
         if k >= max_images:
             break
         floats = runner.run_dict(sample)
-        ints = prepared.run({input_name: sample}).tensors
+        ints = prepared.run(sample).tensors
         files = {}
         for position, spec in enumerate(specs):
             stem = f"img{k:03d}_t{position:04d}_{_safe(spec.name)}"

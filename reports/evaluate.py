@@ -19,7 +19,7 @@ from typing import Iterator, Optional, Sequence, Union
 
 from ptq.core.graph import Graph
 from ptq.executor import IntegerGraph, prepare
-from ptq.float_run import FloatRunner, image_input
+from ptq.float_run import FloatRunner
 from ptq.pipeline import folded_ranges
 from ptq.quant_table import QuantTable
 from reports.evaluation import Evaluation
@@ -74,7 +74,6 @@ def evaluate(
     if prepared is not None and (float_nodes or backend is not None):
         raise ValueError("give float_nodes and backend to prepare(), not with an already prepared graph")
     prepared = prepared or prepare(graph, table, float_nodes=float_nodes, backend=backend)
-    input_name = image_input(graph)
     outputs = [o for o in prepared.graph.outputs if o in prepared.qparams]
     if not outputs:
         raise ValueError(f"no graph output of the model is quantized ({prepared.graph.outputs})")
@@ -105,7 +104,7 @@ def evaluate(
     # images 5.00 s user CPU against 4.75 s without histograms (+5%), wall time within the noise
     ev.histograms = {s.name: ValueHistogram.for_grid(ev.qparams[s.name], ranks[s.name]) for s in specs}
     folded = folded_ranges(graph) if table.options.fold_clip else {}
-    image = ImageRun(prepared, ev, specs, steps, bounds, input_name, outputs,
+    image = ImageRun(prepared, ev, specs, steps, bounds, outputs,
                      {name: span for name, span in folded.items() if name in bounds})
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ptq-report") as pool, \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="ptq-float") as float_pool, \
@@ -129,7 +128,7 @@ def evaluate(
 
 
 def _start_float_run(pool: ThreadPoolExecutor, runner: FloatRunner, samples: Iterator):
-    """(sample, label, future float tensors) of the next decodable image, or None when there is none left.
+    """(inputs, label, future float tensors) of the next readable sample, or None when there is none left.
     The float runs have a thread of their own: queued behind an isolated run, the next image's would stall
     the integer graph."""
     item = next(samples, None)

@@ -18,10 +18,9 @@ import onnx
 
 from ptq.core.graph import Graph, load_model
 from ptq.executor import IntegerGraph, prepare
-from ptq.float_run import image_input
-from ptq.images import ImageLog, Preprocess, iter_images
+from ptq.images import ImageLog
 from ptq.parallel import Shard, ShardResult, make_runner, run_sharded, shard_batches_for
-from ptq.pipeline import input_spec
+from ptq.samples import SampleFormat
 from ptq.quant_table import QuantTable
 from reports.evaluate import evaluate
 from reports.evaluation import Evaluation
@@ -51,10 +50,10 @@ class QuietLog(ImageLog):
 
 @dataclass
 class ShardImages:
-    """A shard's files as a report image source (what `ImageSet.samples` yields), unreadable ones logged."""
+    """A shard's files as a report sample source (what `ImageSet.samples` yields), unreadable ones logged."""
 
     files: list[Path]
-    preprocess: Preprocess
+    format: SampleFormat
     labels: LabelResolver
     log: QuietLog = field(default_factory=QuietLog)
 
@@ -62,11 +61,8 @@ class ShardImages:
     def expected(self) -> int:
         return len(self.files)
 
-    def samples(self, graph: Graph) -> Iterator[tuple[Path, object, Optional[int]]]:
-        dtype = graph.tensors[image_input(graph)].dtype
-        for sample in iter_images(self.files, self.preprocess, input_spec(graph, self.preprocess), self.log):
-            path = self.log.used[-1]
-            yield path, sample[None].astype(dtype, copy=False), self.labels(path)
+    def samples(self, graph: Graph) -> Iterator[tuple[Path, dict, Optional[int]]]:
+        return ImageSet(self.files, self.format, self.labels).samples(graph, self.log)
 
 
 @dataclass(frozen=True)
@@ -81,7 +77,7 @@ class ReportJob:
 
     model: Union[str, bytes]
     table: QuantTable
-    preprocess: Preprocess
+    format: SampleFormat
     labels: LabelResolver
     float_nodes: tuple = ()
     backend: Optional[str] = None
@@ -95,7 +91,7 @@ class ReportJob:
                                             backend=self.backend))
 
     def run(self, context: ReportContext, shard: Shard) -> ShardResult:
-        source = ShardImages([p for batch in shard.batches for p in batch], self.preprocess, self.labels)
+        source = ShardImages([p for batch in shard.batches for p in batch], self.format, self.labels)
         try:
             ev = evaluate(context.graph, self.table, source, layers=self.layers, isolated=self.isolated,
                           isolated_images=shard.isolated, prepared=context.prepared,
@@ -158,7 +154,7 @@ def sharded_evaluate(
     from tqdm import tqdm
 
     source = str(Path(model).resolve()) if isinstance(model, (str, Path)) else model.SerializeToString()
-    job = ReportJob(source, table, images.preprocess, images.labels, tuple(float_nodes), backend, layers, isolated)
+    job = ReportJob(source, table, images.format, images.labels, tuple(float_nodes), backend, layers, isolated)
     prefix = images.expected if isolated_images is None else isolated_images
     log = ImageLog()
     with make_runner(job, workers, ray) as runner, \

@@ -1,5 +1,6 @@
-"""Where a report's samples come from: image files preprocessed as at calibration (`ImageSet`), or arrays
-already preprocessed (`ArraySamples`). Both yield (path, sample with a batch axis of 1, label) per sample."""
+"""Where a report's samples come from: image files preprocessed as at calibration or `--data` sample files
+(`ImageSet`, see `ptq.samples`), or arrays already preprocessed (`ArraySamples`). Both yield (path, inputs
+{name: value with a batch axis of 1}, label) per sample."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,18 +10,19 @@ from typing import Iterator, Optional, Sequence, Union
 import numpy as np
 
 from ptq.core.graph import Graph
-from ptq.float_run import image_input
-from ptq.images import ImageLog, Preprocess, iter_images, select_files
-from ptq.pipeline import input_spec
+from ptq.float_run import sample_input
+from ptq.images import ImageLog, Preprocess
+from ptq.samples import ArrayFormat, ImageFormat, SampleFormat, SampleSource, iter_samples
 from reports.labels import LabelResolver
 
 
 @dataclass
 class ImageSet:
-    """The evaluation images: files, how they are preprocessed, and their labels."""
+    """The evaluation samples: files (images or `--data` sample files), their format, their labels, and how
+    many of them to use (the first `limit` readable ones)."""
 
     files: list[Path]
-    preprocess: Preprocess
+    format: SampleFormat
     labels: LabelResolver = field(default_factory=LabelResolver)
     limit: Optional[int] = None
 
@@ -32,26 +34,43 @@ class ImageSet:
         labels_file: Optional[Union[str, Path]] = None,
         limit: Optional[int] = None,
     ) -> "ImageSet":
-        path = Path(images)
-        files = [path] if path.is_file() else select_files(path, ImageLog())
+        """Images of a folder (or one image file) in sorted order, the first `limit` used."""
+        return cls.from_source(SampleSource(Path(images), ImageFormat(preprocess)), labels_file, limit, sample=False)
+
+    @classmethod
+    def from_source(
+        cls,
+        source: SampleSource,
+        labels_file: Optional[Union[str, Path]] = None,
+        num_images: Optional[int] = None,
+        seed: int = 0,
+        *,
+        sample: bool = True,
+    ) -> "ImageSet":
+        """The files of `source`; with `num_images`, a sample of them drawn with `seed` (as calibration draws
+        it) unless `sample=False` (the first ones). Labels: the labels file; without one, image file names
+        when every image has a label suffix, and none for `--data` samples."""
+        if num_images is not None and num_images <= 0:
+            raise ValueError(f"--num-images must be positive, got {num_images}")
+        files = source.candidates(ImageLog(), num_images if sample else None, seed)
         if not files:
-            raise ValueError(f"no image files in {images}")
-        if limit is not None and limit <= 0:
-            raise ValueError(f"--num-images must be positive, got {limit}")
-        return cls(files, preprocess, LabelResolver.from_option(labels_file, files), limit)
+            raise ValueError(f"no {source.format.flag[2:]} files in {source.location}")
+        if labels_file is None and isinstance(source.format, ArrayFormat):
+            labels = LabelResolver({})
+        else:
+            labels = LabelResolver.from_option(labels_file, files)
+        return cls(files, source.format, labels, num_images)
 
     @property
     def expected(self) -> int:
         return len(self.files) if self.limit is None else min(self.limit, len(self.files))
 
-    def samples(self, graph: Graph) -> Iterator[tuple[Path, np.ndarray, Optional[int]]]:
-        """(path, sample with a batch axis of 1, label) per decodable image; unreadable files are skipped."""
-        log = ImageLog()
-        spec = input_spec(graph, self.preprocess)
-        dtype = graph.tensors[image_input(graph)].dtype
-        for sample in iter_images(self.files, self.preprocess, spec, log, num_images=self.limit):
-            path = log.used[-1]
-            yield path, sample[None].astype(dtype, copy=False), self.labels(path)
+    def samples(self, graph: Graph, log: Optional[ImageLog] = None) -> Iterator[tuple[Path, dict, Optional[int]]]:
+        """(path, inputs with a batch axis of 1, label) per readable file; undecodable images are skipped
+        (into `log`)."""
+        reader = self.format.reader(graph)
+        for path, sample in iter_samples(self.files, reader, log or ImageLog(), num_images=self.limit):
+            yield path, {name: value[None] for name, value in sample.items()}, self.labels(path)
 
 
 @dataclass
@@ -71,8 +90,9 @@ class ArraySamples:
     def expected(self) -> int:
         return len(self.arrays)
 
-    def samples(self, graph: Graph) -> Iterator[tuple[Path, np.ndarray, Optional[int]]]:
-        dtype = graph.tensors[image_input(graph)].dtype
+    def samples(self, graph: Graph) -> Iterator[tuple[Path, dict, Optional[int]]]:
+        name = sample_input(graph)
+        dtype = graph.tensors[name].dtype
         for k, sample in enumerate(self.arrays):
             label = None if self.labels is None else self.labels[k]
-            yield Path(f"<sample {k}>"), np.asarray(sample)[None].astype(dtype, copy=False), label
+            yield Path(f"<sample {k}>"), {name: np.asarray(sample)[None].astype(dtype, copy=False)}, label

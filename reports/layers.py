@@ -156,6 +156,7 @@ class Report:
     float_reasons: dict[str, str] = field(default_factory=dict)  # node -> "OpType: why it runs in float"
     notes: list[str] = field(default_factory=list)
     isolated_images: int = 0  # images the isolated metrics were accumulated over (the first ones)
+    inputs: dict = field(default_factory=dict)  # the samples used: --images or --data, preprocessing, labels, ...
 
     def to_dict(self) -> dict:
         outputs: dict = {"tensors": [o.to_dict() for o in self.outputs]}
@@ -164,6 +165,7 @@ class Report:
         return {
             "model": self.model,
             "quant": self.quant,
+            "inputs": dict(self.inputs),
             "images": self.images,
             "isolated_images": self.isolated_images,
             "metric_definitions": METRIC_DEFINITIONS,

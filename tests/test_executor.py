@@ -264,9 +264,15 @@ def _run_args(**flags):
     return parser.parse_args(argv)
 
 
-def test_cli_run_preprocessing_comes_from_the_table_and_flags_override(tmp_path):
-    from ptq.commands.run import _preprocess
+def _preprocess(args, recorded):
+    """The preprocessing `ptq run` uses: its flags, parsed, through the shared options."""
+    from ptq.commands.data_options import data_kwargs
+    from ptq.data_options import DataOptions
 
+    return DataOptions(**data_kwargs(args)).preprocess(recorded)
+
+
+def test_cli_run_preprocessing_comes_from_the_table_and_flags_override(tmp_path):
     recorded = {"mean": [1.0, 2.0, 3.0], "std": [4.0, 5.0, 6.0], "resize": 300, "crop_ratio": 0.9, "bgr": True,
                 "layout": "NHWC"}
     pre = _preprocess(_run_args(), recorded)

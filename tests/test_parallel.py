@@ -14,6 +14,7 @@ from ptq.calibration_shards import CalibrationJob
 from ptq.cli import main
 from ptq.images import ImageLog, Preprocess
 from ptq.parallel import LocalPool, optimistic_used, plan_shards, run_sharded
+from ptq.samples import ImageFormat
 from tiny_models import conv_relu_gemm, write_images
 
 RAW_FLAGS = ["--mean", "0", "--std", "255", "--crop-ratio", "1", "-q"]
@@ -133,7 +134,7 @@ def test_a_worker_that_dies_mid_run_has_its_shard_rerun_with_the_same_result(tmp
     expected, _ = collect_image_statistics(load_model(str(model)), images, needs, preprocess=pre, batch_size=2)
 
     marker = tmp_path / "died"
-    job = DiesOnce(CalibrationJob(str(model), None, pre, needs), start=6, marker=str(marker))
+    job = DiesOnce(CalibrationJob(str(model), None, ImageFormat(pre), needs), start=6, marker=str(marker))
     log = ImageLog()
     with LocalPool(job, workers=2) as pool:
         parts = run_sharded(pool, sorted(files), log, limit=None, batch_size=2, shard_batches=1)

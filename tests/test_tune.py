@@ -13,7 +13,7 @@ from ptq.executor import prepare
 from ptq.images import Preprocess
 from ptq.pipeline import calibrate
 from ptq.quant_table import load_quant_table
-from ptq.tune import tune
+from ptq.tuning import tune
 from reports.image_source import ImageSet
 from tests.test_equalize import chain
 from tests.tiny_models import write_images
@@ -22,15 +22,15 @@ RAW = Preprocess(mean=0, std=1)
 
 
 def cosine_of(graph, table, images):
-    """Mean per-image cosine of the integer graph against onnxruntime (independent of ptq.tune)."""
+    """Mean per-image cosine of the integer graph against onnxruntime (independent of ptq.tuning)."""
     import onnxruntime as ort
 
     sess = ort.InferenceSession(graph.model.SerializeToString(), providers=["CPUExecutionProvider"])
     prepared = prepare(graph, table)
     values = []
-    for _, x, _ in images.samples(graph):
-        ref = sess.run(None, {"input": x})[0].ravel()
-        out = prepared.run({"input": x}).outputs[graph.outputs[0]].ravel()
+    for _, x, _ in images.samples(graph):  # x: {input name: sample}
+        ref = sess.run(None, x)[0].ravel()
+        out = prepared.run(x).outputs[graph.outputs[0]].ravel()
         values.append(float(np.dot(ref, out) / np.linalg.norm(ref) / np.linalg.norm(out)))
     return float(np.mean(values))
 
@@ -92,7 +92,7 @@ def test_recalibrated_ranges_keep_the_float_flags(tmp_path):
     from calibrators import required_stats
     from ptq.pipeline import collect_image_statistics
     from ptq.table_edit import with_float
-    from ptq.tune import recalibrated
+    from ptq.tuning import recalibrated
 
     model_path, table_path = setup(tmp_path)
     table, graph = load_quant_table(table_path), load_model(model_path)

@@ -10,12 +10,9 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
-from ptq.commands.report import (
-    DEFAULT_ISOLATED_IMAGES, add_common_arguments, isolated_images, load_inputs, require_integer_graph, write_report,
-)
+from ptq.commands.data_options import data_kwargs
+from ptq.commands.report import DEFAULT_ISOLATED_IMAGES, add_common_arguments, isolated_images
 
 HELP = "fake-quant debugging: run suspect layers in float or 16 bits and measure the recovery"
 
@@ -28,7 +25,7 @@ def _names(text: str) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser)
+    add_common_arguments(parser, parallel=False)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--fake-quant", type=_names, metavar="LAYER[,LAYER...]",
                       help="layers (tensor or node names, as in the report) to run in float; a name a rewrite "
@@ -43,66 +40,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dump-images", type=int, default=1, help="images to dump (default 1)")
 
 
-def _fake_quant(args, graph, table, images) -> dict:
-    from reports.console import fake_quant_table
-    from reports.fake_quant import fake_quant
-
-    result = fake_quant(graph, table, images, layers=args.fake_quant or (), op_types=args.fake_quant_ops or (),
-                        progress=True, backend=args.backend)
-    print(fake_quant_table(result))
-    return {"mode": "fake_quant", **result.to_dict()}
-
-
-def _auto(args, graph, table, images, out_dir: Path) -> dict:
-    from ptq.quant_table import save_quant_table
-    from reports.auto_debug import auto_debug
-    from reports.console import auto_table
-    from reports.writers import summary_text
-
-    result = auto_debug(graph, table, images, args.auto, model=str(args.model), quant=str(args.quant),
-                        isolated_images=args.isolated_images, progress=True, backend=args.backend)
-    write_report(result.report, out_dir)
-    print(summary_text(result.report, top=args.auto))
-    print()
-    print(auto_table(result))
-    data = {"mode": "auto", **result.to_dict()}
-    if args.write_quant:
-        if result.mixed_table is None:
-            print("no 16-bit tensor suggested: --write-quant writes the table unchanged")
-        path = save_quant_table(result.mixed_table or table, args.write_quant)
-        print(f"wrote {path}")
-        data["written_quant"] = str(path)
-    return data
+DEBUG_FLAGS = ("quant", "out", "fake_quant", "fake_quant_ops", "auto", "write_quant", "isolated_images", "dump",
+               "dump_images", "strict", "backend")
 
 
 def run(args: argparse.Namespace) -> int:
-    from reports.dump import dump_tensors
-    from reports.writers import finite_or_none
+    from ptq.api import debug
+    from reports.console import auto_table, fake_quant_table
+    from reports.writers import summary_text
 
-    if args.auto is None and not (args.fake_quant or args.fake_quant_ops or args.dump):
-        raise ValueError("choose --fake-quant LAYERS, --fake-quant-ops OPS, --auto K or --dump DIR")
-    if args.write_quant and args.auto is None:
-        raise ValueError("--write-quant needs --auto")
-    graph, table, images = load_inputs(args)
-    require_integer_graph(args, graph, table)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    data: dict = {"model": str(args.model), "quant": str(args.quant)}
-    if args.auto is not None:
-        data.update(_auto(args, graph, table, images, out_dir))
-    elif args.fake_quant or args.fake_quant_ops:
-        data.update(_fake_quant(args, graph, table, images))
-    if args.dump:
-        from ptq.executor import prepare
-        from reports.layer_nodes import float_node_names
-
-        chosen = args.fake_quant or []
-        float_nodes = float_node_names(prepare(graph, table), chosen) + list(args.fake_quant_ops or [])
-        index = dump_tensors(graph, table, images, args.dump, layers=chosen, float_nodes=float_nodes,
-                             max_images=args.dump_images, backend=args.backend)
-        print(f"dumped tensors: {index}")
-        data["dump_index"] = str(index)
-    path = out_dir / "debug.json"
-    path.write_text(json.dumps(finite_or_none(data), indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    print(f"wrote {path}")
+    result = debug(args.model, **{name: getattr(args, name) for name in DEBUG_FLAGS}, **data_kwargs(args))
+    if result.auto is not None:
+        print(summary_text(result.auto.report, top=args.auto))
+        print()
+        print(auto_table(result.auto))
+        if result.written_quant is not None:
+            if result.auto.mixed_table is None:
+                print("no 16-bit tensor suggested: --write-quant writes the table unchanged")
+            print(f"wrote {result.written_quant}")
+    elif result.fake_quant is not None:
+        print(fake_quant_table(result.fake_quant))
+    if result.dump_index is not None:
+        print(f"dumped tensors: {result.dump_index}")
+    print(f"wrote {result.json_path}")
     return 0

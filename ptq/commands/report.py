@@ -2,7 +2,8 @@
 
 Runs the float model and the integer graph on the images and writes `report.json`, `report.csv` and a
 self-contained `report.html` (see `reports/`), then prints the output metrics and the top suspects.
-Images are preprocessed as the quant table records it was calibrated. The isolated metrics (each layer
+Images are preprocessed as the quant table records it was calibrated (a flag overrides a field; report.json
+records what was used), or `--data` gives the model inputs directly. The isolated metrics (each layer
 alone on its quantized float inputs) cost a second integer pass per image, so by default they are
 accumulated over the first 2 images only (`--isolated-images N|all`); the cumulative and output metrics
 always cover every image.
@@ -10,12 +11,11 @@ always cover every image.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from ptq.parallel import add_parallel_arguments
+from ptq.api import DEFAULT_ISOLATED_IMAGES
+from ptq.commands.data_options import add_data_arguments, data_kwargs
 
 HELP = "compare the integer graph with the float model layer by layer and rank the bottlenecks"
-DEFAULT_ISOLATED_IMAGES = 2
 
 
 def isolated_images(text: str):
@@ -31,14 +31,11 @@ def isolated_images(text: str):
     return value
 
 
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    """MODEL, --quant, --images, --labels, --num-images: shared by `ptq report` and `ptq debug`."""
+def add_common_arguments(parser: argparse.ArgumentParser, *, parallel: bool = True) -> None:
+    """MODEL, --quant, the shared sample options, --strict, --backend: shared by `ptq report`, `ptq debug`."""
     parser.add_argument("model", help="the float ONNX model")
     parser.add_argument("--quant", required=True, help="the quantization table (.quant.json) from `ptq calibrate`")
-    parser.add_argument("--images", required=True, help="an image file or a folder of images (searched recursively)")
-    parser.add_argument("--labels", help="labels file (JSON {file: label} or 'NAME LABEL' lines); default: the "
-                        "number at the end of each file name, e.g. imagenet_00_243.jpg -> 243")
-    parser.add_argument("--num-images", type=int, help="use only the first N images")
+    add_data_arguments(parser, parallel=parallel)
     add_strict_argument(parser)
     add_backend_argument(parser)
 
@@ -47,15 +44,6 @@ def add_strict_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action="store_true",
                         help="fail if any node would run in float (not registered, or a rule that cannot quantize "
                         "it) instead of running it in float with a notice")
-
-
-def require_integer_graph(args: argparse.Namespace, graph, table) -> None:
-    """With --strict: prepare the graph in strict mode, so that the first node that would run in float is
-    an error naming it and the reason."""
-    if args.strict:
-        from ptq.executor import ExecutorOptions, prepare
-
-        prepare(graph, table, options=ExecutorOptions(strict=True))
 
 
 def add_backend_argument(parser: argparse.ArgumentParser) -> None:
@@ -79,69 +67,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--float-nodes", nargs="+", default=[], metavar="NAME",
                         help="node names, output tensor names or op types to run in float")
     parser.add_argument("--top", type=int, default=5, help="suspects printed on stdout (default 5)")
-    add_parallel_arguments(parser)
-
-
-def load_inputs(args: argparse.Namespace):
-    """(graph, table, images) from the common arguments."""
-    from ptq.adjusted_model import load_model_for_table
-    from ptq.images import Preprocess
-    from ptq.quant_table import load_quant_table
-    from reports.image_source import ImageSet
-
-    table = load_quant_table(args.quant)
-    graph = load_model_for_table(args.model, table, args.quant)
-    pre = Preprocess(**(table.options.preprocess or {}))
-    images = ImageSet.from_folder(args.images, pre, args.labels, args.num_images)
-    return graph, table, images
-
-
-def write_report(report, out_dir: Path) -> list[Path]:
-    from reports.html import write_html
-    from reports.writers import write_csv, write_json
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return [write_json(report, out_dir / "report.json"), write_csv(report, out_dir / "report.csv"),
-            write_html(report, out_dir / "report.html")]
 
 
 def run(args: argparse.Namespace) -> int:
-    from reports.build import build_report
-    from reports.evaluate import evaluate
+    from ptq.api import report
     from reports.writers import summary_text
 
     if args.top <= 0:
         raise ValueError(f"--top must be positive, got {args.top}")
-    graph, table, images = load_inputs(args)
-    require_integer_graph(args, graph, table)
-    if args.workers > 1 or args.ray is not None:
-        from reports.evaluate_shards import sharded_evaluate
+    result = report(args.model, quant=args.quant, out=args.out, isolated_images=args.isolated_images,
+                    float_nodes=args.float_nodes, strict=args.strict, backend=args.backend, **data_kwargs(args))
+    print(summary_text(result.report, top=args.top))
+    if result.dsp is not None:  # with a DSP backend: the resource report beside the accuracy ranks
+        from reports.dsp_resources import accuracy_ranks, report_text
 
-        # the loaded model (the adjusted one when the table records weight adjustments) goes to the workers
-        ev = sharded_evaluate(graph.model, table, images, workers=args.workers, ray=args.ray,
-                              float_nodes=args.float_nodes, isolated_images=args.isolated_images, progress=True,
-                              backend=args.backend)
-    else:
-        ev = evaluate(graph, table, images, float_nodes=args.float_nodes, isolated_images=args.isolated_images,
-                      progress=True, backend=args.backend)
-    report = build_report(ev, str(args.model), str(args.quant))
-    paths = write_report(report, Path(args.out))
-    print(summary_text(report, top=args.top))
-    if args.backend.startswith("dsp:"):
-        paths.append(_dsp_section(graph, table, report, Path(args.out), args.top))
-    print("wrote " + ", ".join(str(p) for p in paths))
+        print()
+        print(report_text(result.dsp, args.top, accuracy_ranks(result.report.to_dict())))
+    print("wrote " + ", ".join(str(p) for p in result.paths))
     return 0
-
-
-def _dsp_section(graph, table, report, out_dir: Path, top: int) -> Path:
-    """With a DSP backend: the resource report (`ptq dsp-report`, default array) beside the accuracy ranks."""
-    import json
-
-    from reports.dsp_resources import accuracy_ranks, dsp_report, report_text
-
-    resources = dsp_report(graph, table)
-    print()
-    print(report_text(resources, top, accuracy_ranks(report.to_dict())))
-    path = out_dir / "dsp_report.json"
-    path.write_text(json.dumps(resources.to_dict(), indent=1) + "\n", encoding="utf-8")
-    return path

@@ -19,7 +19,7 @@ PRE = Preprocess(mean=127, std=128)
 def samples(model_path, eval_dir):
     graph = load_model(model_path)
     images = ImageSet.from_folder(eval_dir, PRE, limit=IMAGES)
-    return [sample for _path, sample, _label in images.samples(graph)]
+    return [inputs["input"] for _path, inputs, _label in images.samples(graph)]
 
 
 @pytest.fixture(scope="module")

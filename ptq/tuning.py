@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ptq.core.graph import Graph
@@ -62,6 +63,8 @@ class TuneResult:
     steps: list[TuneStep]
     int16_tensors: list[str]
     float_nodes: list[str]
+    table_path: Optional[Path] = None  # where `ptq.tune` wrote the tuned table and the record of the steps
+    record_path: Optional[Path] = None
 
     @property
     def reached(self) -> bool:
@@ -167,14 +170,15 @@ def prune(graph: Graph, original: QuantTable, state: dict, steps: list, measure,
 
 def tune(graph: Graph, table: QuantTable, images, target: float, *, budget_int16: int = 8, allow_float: int = 0,
          stats_for: Optional[Callable[[Sequence[str]], dict]] = None,
-         range_calibrators: Sequence[str] = DEFAULT_RANGE_CALIBRATORS, min_gain: float = 1e-5) -> TuneResult:
+         range_calibrators: Sequence[str] = DEFAULT_RANGE_CALIBRATORS, min_gain: float = 1e-5,
+         progress: bool = False) -> TuneResult:
     """See the module docstring. `stats_for(calibrators)`: activation statistics on the tuning images for the
-    range step (None skips it)."""
+    range step (None skips it). `progress`: a progress bar per pass over the images."""
     state = {"table": table, "float": [], "int16": []}
 
     def measure(candidate: QuantTable, float_layers=()) -> float:
         nodes = float_node_names(prepare(graph, candidate), list(float_layers)) if float_layers else []
-        return outputs_only(graph, candidate, images, nodes).cosine
+        return outputs_only(graph, candidate, images, nodes, desc="tune", progress=progress).cosine
 
     baseline = current = measure(table)
     steps: list[TuneStep] = []
@@ -219,7 +223,7 @@ def tune(graph: Graph, table: QuantTable, images, target: float, *, budget_int16
                     with_weight_bits(graph, state["table"], rest, 16), int16=rest)
     ranking = []
     if not done() and (budget_int16 > len(state["int16"]) or allow_float > 0):
-        ev = evaluate(graph, state["table"], images, isolated=True)
+        ev = evaluate(graph, state["table"], images, isolated=True, desc="ranking", progress=progress)
         ranking = [b.name for b in build_report(ev, "", "").bottlenecks]
     if not done() and budget_int16 > 0:
         for name in ranking:

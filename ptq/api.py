@@ -1,0 +1,526 @@
+"""The Python API: one function per command, `ptq.calibrate`, `ptq.run`, `ptq.report`, `ptq.debug` and
+`ptq.tune`, with the command's options as keyword arguments named as the flags (`--crop-ratio` is
+`crop_ratio`, `--fake-quant` is `fake_quant`) and results as objects. The `ptq` commands parse their flags
+and call these functions; they only print.
+
+Every function takes the shared options (`ptq.data_options.DataOptions`): `images` or `data`, the
+preprocessing (`config`, `mean`, `std`, `resize`, `crop_ratio`, `bgr`, `layout`; default: what the quant
+table records), `labels` (run, report, debug), `num_images`, `seed`, `batch_size`, `quiet`, `workers`, `ray`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional, Sequence, Union
+
+from ptq.backends import DEFAULT_BACKEND_NAME
+from ptq.data_options import DataOptions, quiet_logging
+from ptq.pipeline import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, CalibrationResult
+
+if TYPE_CHECKING:
+    from ptq.core.graph import Graph
+    from ptq.executor import FloatNode
+    from ptq.quant_table import QuantTable
+    from ptq.samples import SampleSource
+    from ptq.tuning import TuneResult
+    from reports.auto_debug import AutoResult
+    from reports.dsp_resources import DspReport
+    from reports.fake_quant import FakeQuantResult
+    from reports.image_source import ImageSet
+    from reports.layers import Bottleneck, LayerReport, OutputReport, Report
+
+DEFAULT_ISOLATED_IMAGES = 2  # images the report's isolated metrics cover by default
+
+PathLike = Union[str, Path]
+
+
+def _options(function: str, options: dict, *, labels: bool = True, parallel: bool = True) -> DataOptions:
+    opts = DataOptions.of(function, options)
+    if not labels and opts.labels is not None:
+        raise ValueError(f"--labels: `ptq {function}` uses no labels")
+    if not parallel and opts.sharded:
+        raise ValueError(f"`ptq {function}` runs in one process (no --workers, --ray)")
+    return opts
+
+
+def _input_shapes(input_shape) -> Optional[dict]:
+    """`--input-shape NAME:D0,D1,...` (repeatable) or a dict {name: dims}."""
+    from ptq.core.graph import parse_input_shapes
+
+    if input_shape is None or isinstance(input_shape, dict):
+        return input_shape
+    return parse_input_shapes(list(input_shape))
+
+
+def calibrate(
+    model: PathLike,
+    *,
+    out: Optional[PathLike] = None,
+    calibrator: str = DEFAULT_CALIBRATOR,
+    weight_calibrator: str = DEFAULT_WEIGHT_CALIBRATOR,
+    bits: int = 8,
+    weight_bits: int = 8,
+    symmetric: bool = False,
+    weight_asymmetric: bool = False,
+    narrow: bool = False,
+    weight_full_range: bool = False,
+    per_tensor: bool = False,
+    pow2: bool = False,
+    no_fold_clip: bool = False,
+    equalize: bool = False,
+    bias_correction: bool = False,
+    adaround: bool = False,
+    scheme: str = DEFAULT_SCHEME,
+    input_shape=None,
+    **options,
+) -> CalibrationResult:
+    """`ptq calibrate`: the quant table (and, with `out`, `<stem>.quant.json` and `<stem>.qdq.onnx` there).
+
+    >>> import tempfile, ptq
+    >>> out = tempfile.mkdtemp()
+    >>> result = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=out,
+    ...                        num_images=2, mean=127.5, std=127.5, quiet=True)
+    >>> result.images_used, result.table.options.preprocess["mean"], result.table_path.name
+    (2, [127.5, 127.5, 127.5], 'efficientnet_lite0.quant.json')
+    """
+    from ptq.pipeline import calibrate as run_calibration
+
+    opts = _options("calibrate", options, labels=False)
+    with quiet_logging(opts.quiet):
+        return run_calibration(
+            model, images=opts.images, data=opts.data, out_dir=out,
+            calibrator=calibrator, weight_calibrator=weight_calibrator, bits=bits, weight_bits=weight_bits,
+            symmetric=symmetric, weight_symmetric=not weight_asymmetric, narrow=narrow,
+            weight_narrow=not weight_full_range, per_channel=not per_tensor, pow2=pow2, fold_clip=not no_fold_clip,
+            preprocess=opts.preprocess() if opts.images is not None else None,
+            num_images=opts.num_images, batch_size=opts.batch_size, seed=opts.seed,
+            input_shapes=_input_shapes(input_shape), progress=opts.progress, workers=opts.workers, ray=opts.ray,
+            equalize=equalize, bias_correction=bias_correction, adaround=adaround, scheme=scheme,
+        )
+
+
+@dataclass
+class Loaded:
+    """What run, report, debug and tune start from: the graph (adjusted weights when the table names them),
+    the table, and the samples."""
+
+    graph: Graph
+    table: QuantTable
+    source: SampleSource
+    samples: ImageSet
+    inputs: dict  # what report.json / debug.json / tune.json record as the samples used
+
+
+def load(model: PathLike, quant: PathLike, opts: DataOptions, strict: bool = False) -> Loaded:
+    from ptq.adjusted_model import load_model_for_table
+    from ptq.quant_table import load_quant_table
+    from reports.image_source import ImageSet
+
+    table = load_quant_table(quant)
+    graph = load_model_for_table(model, table, quant)
+    source = opts.source(table.options.preprocess)
+    samples = ImageSet.from_source(source, opts.labels, opts.num_images, opts.seed)
+    source.format.reader(graph)  # a model the samples cannot feed is an error before any work
+    if strict:  # the first node that would run in float is an error naming it and the reason
+        from ptq.executor import ExecutorOptions, prepare
+
+        prepare(graph, table, options=ExecutorOptions(strict=True))
+    inputs = {**source.to_dict(), "labels": None if opts.labels is None else str(opts.labels),
+              "num_images": opts.num_images, "seed": opts.seed}
+    return Loaded(graph, table, source, samples, inputs)
+
+
+# ------------------------------------------------------------------------------------------------------- run
+
+@dataclass
+class SampleResult:
+    """One sample of `ptq.run`: the integer run's top-k (class, probability), the float model's top-1 and the
+    label (None: unlabelled), or why the file was skipped."""
+
+    path: Path
+    classes: Optional[list[tuple[int, float]]]
+    float_class: Optional[int]
+    label: Optional[int]
+    skipped: Optional[str] = None
+    seconds: float = 0.0
+
+    @property
+    def agrees(self) -> Optional[bool]:
+        """Integer top-1 == float top-1 (None when skipped)."""
+        return None if self.classes is None else self.classes[0][0] == self.float_class
+
+    @property
+    def correct(self) -> Optional[bool]:
+        """Integer top-1 == label (None when skipped or unlabelled)."""
+        return None if self.classes is None or self.label is None else self.classes[0][0] == self.label
+
+
+@dataclass
+class RunResult:
+    """`ptq.run`: every sample in order, the nodes that ran in float, the int32 accumulator overflows."""
+
+    samples: list[SampleResult]
+    float_nodes: list[FloatNode]  # name, op_type, reason
+    overflows: dict[str, int]
+    inputs: dict
+
+    @property
+    def classified(self) -> list[SampleResult]:
+        return [s for s in self.samples if s.classes is not None]
+
+    @property
+    def images(self) -> int:
+        return len(self.classified)
+
+    @property
+    def skipped(self) -> int:
+        return len(self.samples) - self.images
+
+    @property
+    def seconds(self) -> float:
+        return sum(s.seconds for s in self.classified)
+
+    @property
+    def agreement(self) -> float:
+        """Fraction of the samples whose integer top-1 is the float top-1."""
+        return sum(bool(s.agrees) for s in self.classified) / max(1, self.images)
+
+    @property
+    def labelled(self) -> int:
+        return sum(s.label is not None for s in self.classified)
+
+    @property
+    def correct(self) -> int:
+        return sum(bool(s.correct) for s in self.classified)
+
+    @property
+    def accuracy(self) -> Optional[float]:
+        """Top-1 accuracy over the labelled samples (None: no labels)."""
+        return self.correct / self.labelled if self.labelled else None
+
+
+def run(
+    model: PathLike,
+    *,
+    quant: PathLike,
+    top: int = 5,
+    float_nodes: Sequence[str] = (),
+    strict: bool = False,
+    backend: str = DEFAULT_BACKEND_NAME,
+    **options,
+) -> RunResult:
+    """`ptq run`: classify each sample with the integer graph (and the float model, for the agreement).
+    With `num_images`, that many files drawn with `seed`.
+
+    >>> import tempfile, ptq
+    >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
+    ...                     num_images=2, quiet=True)
+    >>> result = ptq.run("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
+    ...                  num_images=2, top=3, quiet=True)
+    >>> result.images, len(result.samples[0].classes), result.agreement, result.accuracy is None
+    (2, 3, 1.0, True)
+    """
+    from tqdm import tqdm
+
+    from ptq.executor import ExecutorOptions, prepare
+    from ptq.run_shards import ClassifyJob, classify_image, classify_sharded, run_context
+
+    opts = _options("run", options)
+    if top <= 0:
+        raise ValueError(f"--top must be positive, got {top}")
+    with quiet_logging(opts.quiet):
+        loaded = load(model, quant, opts)
+        graph, table, samples = loaded.graph, loaded.table, loaded.samples
+        if len(graph.outputs) != 1:
+            raise ValueError(f"`ptq run` prints classes of a model with one output; this one has {graph.outputs}")
+        files = samples.files[:samples.limit] if samples.limit else samples.files
+        prepared = prepare(graph, table, float_nodes=list(float_nodes), backend=backend,
+                           options=ExecutorOptions(strict=strict))
+        outcomes = []
+        if opts.sharded:  # the workers get the model as loaded here (the adjusted one with adjusted weights)
+            job = ClassifyJob(graph.model.SerializeToString(), table, samples.format, tuple(float_nodes), backend,
+                              strict, top)
+            classify_sharded(job, files, opts.workers, opts.ray, outcomes.append, progress=opts.progress)
+        else:
+            context = run_context(graph, prepared, samples.format)
+            for path in tqdm(files, unit="img", desc="run", disable=None if opts.progress else True, leave=False):
+                outcomes.append(classify_image(context, path, top))
+    result = RunResult(
+        [SampleResult(o.path, o.ranked, o.float_class, samples.labels(o.path), o.skipped, o.seconds) for o in outcomes],
+        list(prepared.float_nodes), {}, loaded.inputs)
+    for outcome in outcomes:
+        for node, count in outcome.overflows.items():
+            result.overflows[node] = result.overflows.get(node, 0) + count
+    if not result.images:
+        raise ValueError(f"no sample of {loaded.inputs.get('images') or loaded.inputs.get('data')} could be read")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------- report
+
+@dataclass
+class ReportResult:
+    """`ptq.report`: the report (layers, outputs, ranked bottlenecks), the files written, and with a DSP
+    backend the resource report."""
+
+    report: Report
+    paths: list[Path] = field(default_factory=list)
+    dsp: Optional[DspReport] = None
+
+    @property
+    def outputs(self) -> list[OutputReport]:
+        """Per graph output: cosine, MSE, SQNR, max error of the integer graph against the float model."""
+        return self.report.outputs
+
+    @property
+    def classification(self) -> Optional[dict]:
+        """Top-1/top-5 agreement (and accuracy when labelled) of the first output, if it is class scores."""
+        return self.report.classification
+
+    @property
+    def bottlenecks(self) -> list[Bottleneck]:
+        """The suspect layers, most damaging first."""
+        return self.report.bottlenecks
+
+    @property
+    def layers(self) -> list[LayerReport]:
+        return self.report.layers
+
+
+def write_report(report: Report, out_dir: Path) -> list[Path]:
+    from reports.html import write_html
+    from reports.writers import write_csv, write_json
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [write_json(report, out_dir / "report.json"), write_csv(report, out_dir / "report.csv"),
+            write_html(report, out_dir / "report.html")]
+
+
+def report(
+    model: PathLike,
+    *,
+    quant: PathLike,
+    out: Optional[PathLike] = None,
+    isolated_images: Optional[int] = DEFAULT_ISOLATED_IMAGES,
+    float_nodes: Sequence[str] = (),
+    strict: bool = False,
+    backend: str = DEFAULT_BACKEND_NAME,
+    **options,
+) -> ReportResult:
+    """`ptq report`: the integer graph against the float model, layer by layer; with `out`, report.json, .csv
+    and .html there. `isolated_images=None` computes the isolated metrics on every sample.
+
+    >>> import tempfile, ptq
+    >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
+    ...                     num_images=2, quiet=True)
+    >>> result = ptq.report("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
+    ...                     num_images=2, out=tempfile.mkdtemp(), quiet=True)
+    >>> result.report.images, [p.name for p in result.paths], result.outputs[0].similarity.cosine > 0.9
+    (2, ['report.json', 'report.csv', 'report.html'], True)
+    >>> result.report.inputs["preprocess"]["crop_ratio"], len(result.bottlenecks) > 0
+    (0.875, True)
+    """
+    from reports.build import build_report
+    from reports.evaluate import evaluate
+
+    opts = _options("report", options)
+    with quiet_logging(opts.quiet):
+        loaded = load(model, quant, opts, strict)
+        graph, table, samples = loaded.graph, loaded.table, loaded.samples
+        if opts.sharded:
+            from reports.evaluate_shards import sharded_evaluate
+
+            # the loaded model (the adjusted one when the table records weight adjustments) goes to the workers
+            ev = sharded_evaluate(graph.model, table, samples, workers=opts.workers, ray=opts.ray,
+                                  float_nodes=float_nodes, isolated_images=isolated_images, progress=opts.progress,
+                                  backend=backend)
+        else:
+            ev = evaluate(graph, table, samples, float_nodes=float_nodes, isolated_images=isolated_images,
+                          progress=opts.progress, backend=backend)
+    built = build_report(ev, str(model), str(quant))
+    built.inputs = loaded.inputs
+    result = ReportResult(built, write_report(built, Path(out)) if out is not None else [])
+    if backend.startswith("dsp:"):
+        from reports.dsp_resources import dsp_report
+
+        result.dsp = dsp_report(graph, table)
+        if out is not None:
+            path = Path(out) / "dsp_report.json"
+            path.write_text(json.dumps(result.dsp.to_dict(), indent=1) + "\n", encoding="utf-8")
+            result.paths.append(path)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------- debug
+
+@dataclass
+class DebugResult:
+    """`ptq.debug`: the fake-quant comparison or the `auto` trials (with their report), the dump, the files."""
+
+    inputs: dict
+    fake_quant: Optional[FakeQuantResult] = None
+    auto: Optional[AutoResult] = None
+    report_paths: list[Path] = field(default_factory=list)
+    written_quant: Optional[Path] = None
+    dump_index: Optional[Path] = None
+    json_path: Optional[Path] = None
+
+    def to_dict(self, model: str, quant: str) -> dict:
+        data: dict = {"model": model, "quant": quant, "inputs": self.inputs}
+        if self.auto is not None:
+            data.update({"mode": "auto", **self.auto.to_dict()})
+        elif self.fake_quant is not None:
+            data.update({"mode": "fake_quant", **self.fake_quant.to_dict()})
+        if self.written_quant is not None:
+            data["written_quant"] = str(self.written_quant)
+        if self.dump_index is not None:
+            data["dump_index"] = str(self.dump_index)
+        return data
+
+
+def _names(value) -> list[str]:
+    """Names as a list, from a list or a comma-separated string."""
+    if value is None:
+        return []
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return [n.strip() for n in items if n.strip()]
+
+
+def debug(
+    model: PathLike,
+    *,
+    quant: PathLike,
+    out: Optional[PathLike] = None,
+    fake_quant=None,
+    fake_quant_ops=None,
+    auto: Optional[int] = None,
+    write_quant: Optional[PathLike] = None,
+    isolated_images: Optional[int] = DEFAULT_ISOLATED_IMAGES,
+    dump: Optional[PathLike] = None,
+    dump_images: int = 1,
+    strict: bool = False,
+    backend: str = DEFAULT_BACKEND_NAME,
+    **options,
+) -> DebugResult:
+    """`ptq debug`: run the `fake_quant` layers (or `fake_quant_ops` op types) in float inside the integer
+    graph; or with `auto=K` try the report's top K suspects in float and in 16 bits (`write_quant`: the
+    suggested mixed-precision table); `dump`: the float and integer tensors as .npy. With `out`, debug.json.
+
+    >>> import tempfile, ptq
+    >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
+    ...                     num_images=2, quiet=True)
+    >>> result = ptq.debug("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
+    ...                    num_images=2, fake_quant_ops=["Conv"], quiet=True)
+    >>> result.fake_quant.after.cosine > result.fake_quant.before.cosine
+    True
+    """
+    from ptq.quant_table import save_quant_table
+    from reports.auto_debug import auto_debug
+    from reports.dump import dump_tensors
+    from reports.fake_quant import fake_quant as run_fake_quant
+    from reports.layer_nodes import float_node_names
+    from reports.writers import finite_or_none
+
+    opts = _options("debug", options, parallel=False)
+    layers, op_types = _names(fake_quant), _names(fake_quant_ops)
+    if layers and op_types:
+        raise ValueError("choose --fake-quant or --fake-quant-ops, not both")
+    if auto is None and not (layers or op_types or dump):
+        raise ValueError("choose --fake-quant LAYERS, --fake-quant-ops OPS, --auto K or --dump DIR")
+    if auto is not None and (layers or op_types):
+        raise ValueError("--auto tries its own layers: not with --fake-quant or --fake-quant-ops")
+    if write_quant and auto is None:
+        raise ValueError("--write-quant needs --auto")
+    with quiet_logging(opts.quiet):
+        loaded = load(model, quant, opts, strict)
+        graph, table, samples = loaded.graph, loaded.table, loaded.samples
+        result = DebugResult(loaded.inputs)
+        if auto is not None:
+            result.auto = auto_debug(graph, table, samples, auto, model=str(model), quant=str(quant),
+                                     isolated_images=isolated_images, progress=opts.progress, backend=backend)
+            result.auto.report.inputs = loaded.inputs
+            if out is not None:
+                result.report_paths = write_report(result.auto.report, Path(out))
+            if write_quant:
+                result.written_quant = save_quant_table(result.auto.mixed_table or table, write_quant)
+        elif layers or op_types:
+            result.fake_quant = run_fake_quant(graph, table, samples, layers=layers, op_types=op_types,
+                                               progress=opts.progress, backend=backend)
+        if dump:
+            from ptq.executor import prepare
+
+            nodes = float_node_names(prepare(graph, table), layers) + op_types
+            result.dump_index = dump_tensors(graph, table, samples, dump, layers=layers, float_nodes=nodes,
+                                             max_images=dump_images, backend=backend)
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        result.json_path = Path(out) / "debug.json"
+        result.json_path.write_text(json.dumps(finite_or_none(result.to_dict(str(model), str(quant))), indent=1,
+                                               allow_nan=False) + "\n", encoding="utf-8")
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------ tune
+
+def tune(
+    model: PathLike,
+    *,
+    quant: PathLike,
+    target_cosine: float,
+    budget_int16: int = 8,
+    allow_float: int = 0,
+    out: Optional[PathLike] = None,
+    **options,
+) -> TuneResult:
+    """`ptq tune`: change the table step by step until the logits cosine on the samples reaches
+    `target_cosine`; write `<stem>.tuned.quant.json` and `<stem>.tune.json` to `out` (default: the table's
+    folder). Tune on calibration samples; judge the result on held-out ones.
+
+    >>> import tempfile, ptq
+    >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
+    ...                     num_images=2, quiet=True)
+    >>> result = ptq.tune("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
+    ...                   num_images=2, target_cosine=0.9, quiet=True)
+    >>> result.reached, result.steps, result.table_path.name
+    (True, [], 'efficientnet_lite0.tuned.quant.json')
+    """
+    from calibrators import required_stats
+    from ptq.adjusted_model import save_adjusted
+    from ptq.pipeline import collect_image_statistics
+    from ptq.quant_table import save_quant_table
+    from ptq.tuning import tune as run_tuning
+
+    opts = _options("tune", options, labels=False, parallel=False)
+    if not 0 < target_cosine <= 1:
+        raise ValueError(f"--target-cosine must be in (0, 1], got {target_cosine}")
+    if budget_int16 < 0 or allow_float < 0:
+        raise ValueError("--budget-int16 and --allow-float must be >= 0")
+    table_path = Path(quant)
+    with quiet_logging(opts.quiet):
+        loaded = load(model, quant, opts)
+        graph, table, samples = loaded.graph, loaded.table, loaded.samples
+
+        def stats_for(calibrators):
+            stats, _ = collect_image_statistics(graph, loaded.source, required_stats(calibrators),
+                                                num_images=opts.num_images, batch_size=opts.batch_size,
+                                                seed=opts.seed, progress=opts.progress)
+            return stats
+
+        result = run_tuning(graph, table, samples, target_cosine, budget_int16=budget_int16, allow_float=allow_float,
+                            stats_for=stats_for, progress=opts.progress)
+    out_dir = Path(out) if out is not None else table_path.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = table_path.name[: -len(".quant.json")] if table_path.name.endswith(".quant.json") else table_path.stem
+    tuned_path = out_dir / f"{stem}.tuned.quant.json"
+    tuned = result.table
+    if tuned.options.adjusted_model is not None:  # the weights move with the table
+        _, relative, digest = save_adjusted(graph.model, tuned_path)
+        tuned.options = dataclasses.replace(tuned.options, adjusted_model=relative, adjusted_sha256=digest)
+    result.table_path = save_quant_table(tuned, tuned_path)
+    result.record_path = out_dir / f"{stem}.tune.json"
+    result.record_path.write_text(json.dumps({"model": str(model), "quant": str(table_path), "tuned": str(tuned_path),
+                                              "inputs": loaded.inputs, **result.to_dict()}, indent=1) + "\n",
+                                  encoding="utf-8")
+    return result
