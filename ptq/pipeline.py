@@ -26,7 +26,8 @@ from ptq.atomic import atomic_write_bytes
 from ptq.float_run import collect_statistics, image_input
 from ptq.core.graph import Graph, Node, load_model
 from ptq.images import ImageLog, InputSpec, Preprocess, iter_batches, iter_images, select_files
-from ptq.qdq_export import export_qdq
+from ptq.qdq_check import CHECK_SAMPLES, QDQCheck, QDQCheckError, check_qdq
+from ptq.qdq_export import DEFAULT_TARGET, export_qdq, get_target
 from ptq.core.qparams import compute_qparams
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
 from ops.registry import op_of, weight_role
@@ -48,6 +49,8 @@ class CalibrationResult:
     seconds: float = 0.0
     table_path: Optional[Path] = None
     qdq_path: Optional[Path] = None
+    qdq_target: str = DEFAULT_TARGET
+    qdq_check: Optional[QDQCheck] = None
 
     @property
     def images_skipped(self) -> int:
@@ -73,7 +76,9 @@ class CalibrationResult:
         if self.table_path is not None:
             lines.append(f"quantization table: {self.table_path}")
         if self.qdq_path is not None:
-            lines.append(f"QDQ model: {self.qdq_path}")
+            lines.append(f"QDQ model: {self.qdq_path} (target {self.qdq_target})")
+        if self.qdq_check is not None:
+            lines.append(self.qdq_check.summary())
         return "\n".join(lines)
 
 
@@ -221,6 +226,25 @@ def align_with_integer_graph(graph: Graph, table: QuantTable) -> list[str]:
     return changed
 
 
+def _check_qdq_model(float_model: onnx.ModelProto, qdq: onnx.ModelProto, target: str, graph: Graph,
+                     images: ImageSource, preprocess: Preprocess, num_images: Optional[int],
+                     seed: int) -> Optional[QDQCheck]:
+    """`ptq.qdq_check` on up to CHECK_SAMPLES of the calibration samples; a warning when the optimized and
+    unoptimized runs disagree, or when onnxruntime cannot run the check."""
+    logger = logging.getLogger("ptq.pipeline")
+    count = min(CHECK_SAMPLES, num_images) if num_images else CHECK_SAMPLES
+    name = image_input(graph)
+    feeds = [{name: batch} for batch in adjust.sample_batches(graph, images, preprocess, count, 1, seed)]
+    try:
+        check = check_qdq(float_model, qdq, feeds, target)
+    except QDQCheckError as exc:
+        logger.warning("could not check the QDQ model in onnxruntime: %s", exc)
+        return None
+    if check.warning() is not None:
+        logger.warning("%s", check.warning())
+    return check
+
+
 def output_paths(model: ModelSource, out_dir: Union[str, Path]) -> tuple[Path, Path]:
     stem = Path(model).stem if isinstance(model, (str, Path)) else (model.graph.name or "model")
     out_dir = Path(out_dir)
@@ -264,6 +288,8 @@ def calibrate(
     equalize: bool = False,
     bias_correction: bool = False,
     adaround: bool = False,
+    qdq_target: str = DEFAULT_TARGET,
+    check_qdq: bool = False,
 ) -> CalibrationResult:
     """Calibrate `model` on `images` and, with `out_dir`, write `<stem>.quant.json` and `<stem>.qdq.onnx`.
 
@@ -277,9 +303,13 @@ def calibrate(
     (`ptq.adjusted_model`). The input model is never modified; files are written atomically.
     `workers` > 1 processes (or a Ray cluster: `ray` 'auto', an address or 'local') collect the statistics
     of image files in shards, with the same result as one process (`ptq.calibration_shards`).
+    `qdq_target` names the runtime the QDQ model is stored for (`ptq.qdq_export.QDQ_TARGETS`; the table does
+    not depend on it); `check_qdq` runs it in onnxruntime with optimizations off and on against the float model
+    on a few calibration samples (`result.qdq_check`, `ptq.qdq_check`).
     """
     start = time.perf_counter()
     preprocess = preprocess or Preprocess()
+    target = get_target(qdq_target)
     options = CalibrationOptions(
         calibrator=get_calibrator(calibrator).spelling,
         weight_calibrator=get_calibrator(weight_calibrator).spelling,
@@ -293,6 +323,7 @@ def calibrate(
     if paths is not None:
         _check_not_input(model, paths)
     graph = load_model(model, input_shapes)
+    float_model = graph.model
     if equalize:
         graph = adjust.equalized(graph, input_shapes)
     needs = required_stats([options.calibrator])
@@ -314,8 +345,12 @@ def calibrate(
             bias_correction=bias_correction, adaround=adaround, input_shapes=input_shapes)
     if align:
         align_with_integer_graph(graph, table)
-    qdq = export_qdq(graph, table) if write_qdq else None
-    result = CalibrationResult(table=table, graph=graph, images_used=len(log.used), skipped=list(log.skipped))
+    qdq = export_qdq(graph, table, target) if write_qdq else None
+    result = CalibrationResult(table=table, graph=graph, images_used=len(log.used), skipped=list(log.skipped),
+                               qdq_target=target.name)
+    if qdq is not None and check_qdq:
+        result.qdq_check = _check_qdq_model(float_model, qdq, target.name, graph, images, preprocess, num_images,
+                                            seed)
     if paths is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         if equalize or bias_correction or adaround:

@@ -16,10 +16,22 @@ domain; before that the `com.microsoft` Q/DQ (onnxruntime contrib ops) is used. 
 Codes narrower than their container (e.g. 4 bits in int8, or the restricted range [-127, 127]) would
 otherwise saturate at the container's limits: a `Clip` to the real range `[(qmin - zp) * s, (qmax - zp) * s]`
 before `QuantizeLinear` makes `round(x / s) + zp` land in [qmin, qmax]. Stored weights are already in range.
+
+Targets (`QDQ_TARGETS`): the runtime the model is meant for picks how 8-bit weights are stored, never their
+values. With optimizations on, onnxruntime's CPU provider fuses each QDQ group into an integer kernel
+(QLinearConv, QGemm, QLinearMatMul) and first turns int8 activations into uint8 (zero point + 128) on x86. Its
+uint8 x int8 GEMM on x86 CPUs without VNNI multiplies with `vpmaddubsw`, which adds two u8*s8 products in a
+saturating int16 (255*127*2 = 64770 > 32767), so the fused model computes something else than the QDQ graph
+describes (EfficientNet-Lite0: logits cosine 0.934 instead of 0.993). Its uint8 x uint8 GEMM widens both
+operands to int16 and adds pairs in int32 (`vpmaddwd`), which is exact. `ort-cpu` therefore stores every
+8-bit signed weight as uint8 with code and zero point moved up by 128: `(q + 128) - (zp + 128) = q - zp`, the
+same real values, the same table, and the fused kernels compute exactly what ptq's integer run computes.
+See docs/qdq_targets.md.
 """
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Union
 
 import numpy as np
 import onnx
@@ -32,6 +44,39 @@ from ops.registry import bias_role, weight_role
 from ptq.core.bias import bias_scale, quantize_bias
 
 MS_DOMAIN = "com.microsoft"
+UNSIGNED_SHIFT = 128  # int8 code q is stored as uint8 q + 128, its zero point zp as zp + 128
+
+
+@dataclass(frozen=True)
+class QDQTarget:
+    """A runtime the QDQ model is meant for and the storage that keeps its arithmetic exact there."""
+
+    name: str
+    description: str
+    unsigned_weights: bool  # 8-bit signed weights stored as uint8, codes and zero point + 128 (same values)
+
+
+QDQ_TARGETS = {
+    t.name: t
+    for t in (
+        QDQTarget("ort-cpu", "onnxruntime's CPU provider on any CPU: 8-bit weights stored as uint8 (zero point "
+                             "+ 128), so its fused kernels are uint8 x uint8, which add in int32 and do not saturate", True),
+        QDQTarget("ort-cpu-vnni", "onnxruntime's CPU provider on an x86 CPU with VNNI (avx512_vnni, avx_vnni): "
+                                  "int8 weights, whose faster uint8 x int8 kernels saturate without VNNI", False),
+        QDQTarget("none", "weights stored as the table has them (int8), for any other runtime", False),
+    )
+}
+DEFAULT_TARGET = "ort-cpu"
+
+
+def get_target(target: Union[str, QDQTarget]) -> QDQTarget:
+    """A target by name (case-insensitive) or as given."""
+    if isinstance(target, QDQTarget):
+        return target
+    found = QDQ_TARGETS.get(str(target).lower())
+    if found is None:
+        raise ValueError(f"unknown QDQ target {target!r}; available: {', '.join(QDQ_TARGETS)}")
+    return found
 
 
 def _container_range(qp: QParams) -> tuple[int, int]:
@@ -116,7 +161,18 @@ def _opset(model: onnx.ModelProto) -> int:
     return max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 
-def _quantize_weights(graph: Graph, table: QuantTable, b: _Builder, initializers: dict) -> tuple[list, set]:
+def stored_weight(qp: QParams, w: np.ndarray, unsigned: bool) -> tuple[np.ndarray, QParams]:
+    """The codes and QParams a weight is stored with: the table's, or with `unsigned` an 8-bit signed weight
+    moved into uint8 (codes and zero point + 128: the same real values `(q - zp) * s`)."""
+    codes = qp.quantize(w)
+    if not unsigned or qp.dtype != np.int8:
+        return codes, qp
+    moved = QParams(qp.scale, qp.zero_point + UNSIGNED_SHIFT, bits=8, signed=False, axis=qp.axis)
+    return (codes.astype(np.int16) + UNSIGNED_SHIFT).astype(np.uint8), moved
+
+
+def _quantize_weights(graph: Graph, table: QuantTable, b: _Builder, initializers: dict,
+                      target: QDQTarget) -> tuple[list, set]:
     """DequantizeLinear nodes for weights and biases; returns (nodes, names of replaced float initializers)."""
     nodes, replaced = [], set()
     consumers = graph.consumers()
@@ -135,9 +191,10 @@ def _quantize_weights(graph: Graph, table: QuantTable, b: _Builder, initializers
             raise ModelError(f"weight {w!r} of shape {initializers[w].shape} does not match its table entry "
                              f"({qp.scale.size} scales on axis {qp.axis}); was the table calibrated on this model?")
         if w not in replaced:
-            quantized = b.constant(f"{w}_quantized", qp.quantize(initializers[w]))
-            scale, zp = b.scale_zp(w, qp)
-            nodes.append(b.dequantize(quantized, scale, zp, w, qp.dtype, qp.axis))
+            codes, stored = stored_weight(qp, initializers[w], target.unsigned_weights)
+            quantized = b.constant(f"{w}_quantized", codes)
+            scale, zp = b.scale_zp(w, stored)
+            nodes.append(b.dequantize(quantized, scale, zp, w, stored.dtype, stored.axis))
             replaced.add(w)
         nodes.extend(_quantize_bias(node, entry.qparams, table, b, initializers, consumers, replaced))
     return nodes, replaced
@@ -162,12 +219,14 @@ def _quantize_bias(node, weight_qp: QParams, table: QuantTable, b: _Builder, ini
     return [b.dequantize(quantized, scale_name, zp_name, bias_name, np.dtype(np.int32), axis)]
 
 
-def export_qdq(graph: Graph, table: QuantTable) -> onnx.ModelProto:
-    """The QDQ model of `graph` with the QParams of `table` (see the module docstring)."""
+def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = DEFAULT_TARGET) -> onnx.ModelProto:
+    """The QDQ model of `graph` with the QParams of `table`, its weights stored for `target` (a name of
+    `QDQ_TARGETS`; see the module docstring)."""
+    target = get_target(target)
     model = _prepare_model(graph, table)
     b = _Builder(model, _opset(model))
     initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    weight_nodes, replaced = _quantize_weights(graph, table, b, initializers)
+    weight_nodes, replaced = _quantize_weights(graph, table, b, initializers, target)
 
     activations = {
         name: table.tensors[name].qparams

@@ -13,10 +13,13 @@ HELP = "calibrate a model on a folder of images; write <stem>.quant.json and <st
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from calibrators.registry import describe_calibrators
     from ptq.pipeline import DEFAULT_CALIBRATOR, DEFAULT_WEIGHT_CALIBRATOR
+    from ptq.qdq_export import DEFAULT_TARGET, QDQ_TARGETS
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "calibrators (names are case-insensitive; a number in front sets the parameter):\n" + "\n".join(
         f"  {line}" for line in describe_calibrators())
+    parser.epilog += "\n\nQDQ targets (--target):\n" + "\n".join(
+        f"  {t.name:13s} {t.description}" for t in QDQ_TARGETS.values())
 
     parser.add_argument("model", help="the float ONNX model (never modified)")
     parser.add_argument("--images", required=True, help="folder of calibration images (searched recursively)")
@@ -61,6 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     img.add_argument("--num-images", type=int, help="use this many images, sampled with --seed (default: all)")
     img.add_argument("--batch-size", type=int, default=8, help="images per statistics batch (default: 8)")
     img.add_argument("--seed", type=int, default=0, help="seed for sampling --num-images (default: 0)")
+    qdq = parser.add_argument_group("QDQ model")
+    qdq.add_argument("--target", default=DEFAULT_TARGET, type=str.lower, choices=list(QDQ_TARGETS),
+                     help=f"the runtime the QDQ model is stored for, listed below (default: {DEFAULT_TARGET}); "
+                          f"the quantization table does not depend on it")
+    qdq.add_argument("--no-check", action="store_true",
+                     help="do not run the QDQ model in onnxruntime (optimizations off and on) after calibration")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar, no summary, no warnings")
     add_parallel_arguments(parser)
 
@@ -108,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
             equalize=args.equalize,
             bias_correction=args.bias_correction,
             adaround=args.adaround,
+            qdq_target=args.target,
+            check_qdq=not (args.quiet or args.no_check),
         )
     finally:
         logger.setLevel(previous_level)
