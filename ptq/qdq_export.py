@@ -17,16 +17,17 @@ Codes narrower than their container (e.g. 4 bits in int8, or the restricted rang
 otherwise saturate at the container's limits: a `Clip` to the real range `[(qmin - zp) * s, (qmax - zp) * s]`
 before `QuantizeLinear` makes `round(x / s) + zp` land in [qmin, qmax]. Stored weights are already in range.
 
-Targets (`QDQ_TARGETS`): the runtime the model is meant for picks how 8-bit weights are stored, never their
-values. With optimizations on, onnxruntime's CPU provider fuses each QDQ group into an integer kernel
-(QLinearConv, QGemm, QLinearMatMul) and first turns int8 activations into uint8 (zero point + 128) on x86. Its
-uint8 x int8 GEMM on x86 CPUs without VNNI multiplies with `vpmaddubsw`, which adds two u8*s8 products in a
-saturating int16 (255*127*2 = 64770 > 32767), so the fused model computes something else than the QDQ graph
-describes (EfficientNet-Lite0: logits cosine 0.934 instead of 0.993). Its uint8 x uint8 GEMM widens both
-operands to int16 and adds pairs in int32 (`vpmaddwd`), which is exact. `ort-cpu` therefore stores every
-8-bit signed weight as uint8 with code and zero point moved up by 128: `(q + 128) - (zp + 128) = q - zp`, the
-same real values, the same table, and the fused kernels compute exactly what ptq's integer run computes.
-See docs/qdq_targets.md.
+Targets (`QDQ_TARGETS`): the runtime the model is meant for picks how 8-bit signed codes are stored, never
+their values. With optimizations on, onnxruntime's CPU provider fuses each QDQ group into an integer kernel
+(QLinearConv, QGemm, QLinearMatMul, QLinearAdd) when its activations are uint8 (on x86 it turns an int8
+activation into uint8 itself only where the tensor has a single consumer). Its uint8 x int8 GEMM on x86 CPUs
+without VNNI multiplies with `vpmaddubsw`, which adds two u8*s8 products in a saturating int16
+(255*127*2 = 64770 > 32767), so the fused model computes something else than the QDQ graph describes
+(EfficientNet-Lite0: logits cosine 0.936 instead of 0.993). Its uint8 x uint8 GEMM widens both operands to
+int16 and adds pairs in int32 (`vpmaddwd`), which is exact. `ort-cpu` therefore stores every 8-bit signed
+weight and activation as uint8, code and zero point moved up by 128: `(q + 128) - (zp + 128) = q - zp`, the
+same real values and the same table, and every Conv/Gemm/MatMul is fused into a kernel that computes exactly
+the integer products ptq's integer run computes. See docs/qdq_targets.md.
 """
 from __future__ import annotations
 
@@ -54,16 +55,19 @@ class QDQTarget:
     name: str
     description: str
     unsigned_weights: bool  # 8-bit signed weights stored as uint8, codes and zero point + 128 (same values)
+    unsigned_activations: bool  # the same for 8-bit signed activations
 
 
 QDQ_TARGETS = {
     t.name: t
     for t in (
-        QDQTarget("ort-cpu", "onnxruntime's CPU provider on any CPU: 8-bit weights stored as uint8 (zero point "
-                             "+ 128), so its fused kernels are uint8 x uint8, which add in int32 and do not saturate", True),
+        QDQTarget("ort-cpu", "onnxruntime's CPU provider on any CPU: 8-bit weights and activations stored as "
+                             "uint8 (zero point + 128, same values); its fused uint8 x uint8 kernels do not "
+                             "saturate", True, True),
         QDQTarget("ort-cpu-vnni", "onnxruntime's CPU provider on an x86 CPU with VNNI (avx512_vnni, avx_vnni): "
-                                  "int8 weights, whose faster uint8 x int8 kernels saturate without VNNI", False),
-        QDQTarget("none", "weights stored as the table has them (int8), for any other runtime", False),
+                                  "uint8 activations, int8 weights (faster uint8 x int8 kernels, which saturate "
+                                  "without VNNI)", False, True),
+        QDQTarget("none", "codes stored as the table has them (int8 weights), for any other runtime", False, False),
     )
 }
 DEFAULT_TARGET = "ort-cpu"
@@ -82,6 +86,22 @@ def get_target(target: Union[str, QDQTarget]) -> QDQTarget:
 def _container_range(qp: QParams) -> tuple[int, int]:
     info = np.iinfo(qp.dtype)
     return int(info.min), int(info.max)
+
+
+def stored_qparams(qp: QParams, unsigned: bool) -> QParams:
+    """The QParams a tensor is stored with: the table's, or with `unsigned` an 8-bit signed tensor moved into
+    uint8 (zero point + 128; its codes move with it, so `(q - zp) * s` keeps every value)."""
+    if not unsigned or qp.dtype != np.int8:
+        return qp
+    return QParams(qp.scale, qp.zero_point + UNSIGNED_SHIFT, bits=8, signed=False, axis=qp.axis)
+
+
+def stored_codes(qp: QParams, stored: QParams, x: np.ndarray) -> np.ndarray:
+    """The codes of `x` on the table's grid `qp`, in the storage of `stored` (from `stored_qparams`)."""
+    codes = qp.quantize(x)
+    if stored is qp:
+        return codes
+    return (codes.astype(np.int16) + UNSIGNED_SHIFT).astype(stored.dtype)
 
 
 class _Builder:
@@ -126,10 +146,11 @@ class _Builder:
         return helper.make_node("DequantizeLinear", [quantized, scale, zp], [out], name=self.name(f"{out}_DequantizeLinear"),
                                 domain=self.domain(qp_dtype), **kwargs)
 
-    def qdq_chain(self, source: str, out: str, qp: QParams) -> list[onnx.NodeProto]:
-        """[Clip ->] QuantizeLinear -> DequantizeLinear from `source` to `out` (per-tensor activation)."""
+    def qdq_chain(self, source: str, out: str, qp: QParams, stored: QParams) -> list[onnx.NodeProto]:
+        """[Clip ->] QuantizeLinear -> DequantizeLinear from `source` to `out` (per-tensor activation on the grid
+        `qp`, stored as `stored`: the same codes up to a shift, so the Clip is decided on `qp`)."""
         nodes = []
-        scale, zp = self.scale_zp(out, qp)
+        scale, zp = self.scale_zp(out, stored)
         x = source
         if (qp.qmin, qp.qmax) != _container_range(qp):
             lo, hi = qp.real_range()
@@ -139,8 +160,8 @@ class _Builder:
             nodes.append(helper.make_node("Clip", [source, lo_name, hi_name], [x], name=self.name(f"{out}_Clip")))
         quantized = self.name(f"{out}_quantized")
         nodes.append(helper.make_node("QuantizeLinear", [x, scale, zp], [quantized],
-                                      name=self.name(f"{out}_QuantizeLinear"), domain=self.domain(qp.dtype)))
-        nodes.append(self.dequantize(quantized, scale, zp, out, qp.dtype, None))
+                                      name=self.name(f"{out}_QuantizeLinear"), domain=self.domain(stored.dtype)))
+        nodes.append(self.dequantize(quantized, scale, zp, out, stored.dtype, None))
         return nodes
 
 
@@ -159,16 +180,6 @@ def _prepare_model(graph: Graph, table: QuantTable) -> onnx.ModelProto:
 
 def _opset(model: onnx.ModelProto) -> int:
     return max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-
-
-def stored_weight(qp: QParams, w: np.ndarray, unsigned: bool) -> tuple[np.ndarray, QParams]:
-    """The codes and QParams a weight is stored with: the table's, or with `unsigned` an 8-bit signed weight
-    moved into uint8 (codes and zero point + 128: the same real values `(q - zp) * s`)."""
-    codes = qp.quantize(w)
-    if not unsigned or qp.dtype != np.int8:
-        return codes, qp
-    moved = QParams(qp.scale, qp.zero_point + UNSIGNED_SHIFT, bits=8, signed=False, axis=qp.axis)
-    return (codes.astype(np.int16) + UNSIGNED_SHIFT).astype(np.uint8), moved
 
 
 def _quantize_weights(graph: Graph, table: QuantTable, b: _Builder, initializers: dict,
@@ -191,8 +202,8 @@ def _quantize_weights(graph: Graph, table: QuantTable, b: _Builder, initializers
             raise ModelError(f"weight {w!r} of shape {initializers[w].shape} does not match its table entry "
                              f"({qp.scale.size} scales on axis {qp.axis}); was the table calibrated on this model?")
         if w not in replaced:
-            codes, stored = stored_weight(qp, initializers[w], target.unsigned_weights)
-            quantized = b.constant(f"{w}_quantized", codes)
+            stored = stored_qparams(qp, target.unsigned_weights)
+            quantized = b.constant(f"{w}_quantized", stored_codes(qp, stored, initializers[w]))
             scale, zp = b.scale_zp(w, stored)
             nodes.append(b.dequantize(quantized, scale, zp, w, stored.dtype, stored.axis))
             replaced.add(w)
@@ -238,12 +249,13 @@ def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = 
             raise ModelError(f"QDQ export supports float32 activations; {name!r} is {graph.tensors[name].dtype}")
         if qp.axis is not None:
             raise ModelError(f"activation {name!r} has per-channel QParams; QDQ export quantizes activations per tensor")
+    stored = {name: stored_qparams(qp, target.unsigned_activations) for name, qp in activations.items()}
 
     head, input_rename = list(weight_nodes), {}
     for name in graph.inputs:
         if name in activations:
             input_rename[name] = b.name(f"{name}_dq")
-            head.extend(b.qdq_chain(name, input_rename[name], activations[name]))
+            head.extend(b.qdq_chain(name, input_rename[name], activations[name], stored[name]))
 
     body = []
     for node in model.graph.node:
@@ -254,7 +266,7 @@ def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = 
         for k, out in enumerate(node.output):
             if out in activations:
                 node.output[k] = b.name(f"{out}_prequant")
-                chains.extend(b.qdq_chain(node.output[k], out, activations[out]))
+                chains.extend(b.qdq_chain(node.output[k], out, activations[out], stored[out]))
         body.append(node)
         body.extend(chains)
     for out in model.graph.output:

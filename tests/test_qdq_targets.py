@@ -163,9 +163,63 @@ def test_conv_transpose_with_uint8_weights_runs_optimized():
     np.testing.assert_allclose(fused, unfused, rtol=1e-5, atol=1e-5)
 
 
+def _activation_zero_points(qdq: onnx.ModelProto) -> dict:
+    inits = {i.name: numpy_helper.to_array(i) for i in qdq.graph.initializer}
+    return {n.output[0]: inits[n.input[2]] for n in qdq.graph.node
+            if n.op_type == "QuantizeLinear"}
+
+
+@pytest.mark.parametrize("target, dtype, shift", [("none", np.int8, 0), ("ort-cpu-vnni", np.uint8, 128),
+                                                  ("ort-cpu", np.uint8, 128)])
+def test_signed_activations_are_stored_as_uint8_by_the_ort_targets(target, dtype, shift):
+    model, table, _ = case_model("gemm", "int8")
+    table.tensors["y"] = entry("activation", QParams(0.05, -3, 8, True))
+    zero_points = _activation_zero_points(export_qdq(load_model(model), table, target))
+    assert {z.dtype for z in zero_points.values()} == {np.dtype(dtype)}
+    assert sorted(int(z) for z in zero_points.values()) == sorted([-128 + shift, -3 + shift])
+
+
+def residual_model(seed: int = 2) -> tuple[onnx.ModelProto, QuantTable, np.ndarray]:
+    """x -> Conv a -> (Conv b, Add(a, b)) -> y: `a` is signed with two consumers, which onnxruntime does not
+    move to uint8 itself (its int8 -> uint8 rewrite handles one consumer), so with int8 storage the Convs
+    around it are not fused."""
+    rng = np.random.default_rng(seed)
+    wa, wb = weights(rng, (C, C, 1, 1)), weights(rng, (C, C, 1, 1))
+    nodes = [helper.make_node("Conv", ["x", "WA"], ["a"]), helper.make_node("Conv", ["a", "WB"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    model = make_model(nodes, [vi("x", [1, C, 3, 3])], [vi("y", [1, C, 3, 3])],
+                       [numpy_helper.from_array(wa, "WA"), numpy_helper.from_array(wb, "WB")])
+    x = rng.uniform(0, 1, (1, C, 3, 3)).astype(np.float32)
+    names = ["a", "b", "y"]
+    values = dict(zip(names, session(helper.make_model(
+        helper.make_graph(nodes, "r", [vi("x", [1, C, 3, 3])], [vi(n, None) for n in names], model.graph.initializer),
+        opset_imports=model.opset_import), ort.GraphOptimizationLevel.ORT_DISABLE_ALL).run(names, {"x": x})))
+    tensors = {"x": entry("activation", QParams(1 / 255, 0, 8, False))}
+    for n in names:
+        lo, hi = min(float(values[n].min()), 0.0), max(float(values[n].max()), 0.0)
+        tensors[n] = entry("activation", QParams((hi - lo) / 255, round(-128 - lo / ((hi - lo) / 255)), 8, True))
+    for n, w in (("WA", wa), ("WB", wb)):
+        tensors[n] = entry("weight", QParams(np.abs(w).reshape(C, -1).max(axis=1) / 127, [0] * C, 8, True, axis=0,
+                                             narrow=True))
+    return model, QuantTable(CalibrationOptions(), tensors), x
+
+
+def test_ort_cpu_lets_onnxruntime_fuse_every_conv_and_add(tmp_path):
+    model, table, x = residual_model()
+    qdq = export_qdq(load_model(model), table, "ort-cpu")
+    optimized_path = tmp_path / "optimized.onnx"
+    fused = session(qdq, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, optimized_path).run(None, {"x": x})[0]
+    ops = [n.op_type for n in onnx.load(str(optimized_path)).graph.node]
+    assert ops.count("QLinearConv") == 2 and ops.count("QLinearAdd") == 1 and "Conv" not in ops, ops
+    unfused = session(qdq, ort.GraphOptimizationLevel.ORT_DISABLE_ALL).run(None, {"x": x})[0]
+    lsb = float(table.tensors["y"].qparams.scale[0])
+    assert np.abs(fused - unfused).max() <= 1.001 * lsb
+
+
 def test_targets_by_name():
     assert DEFAULT_TARGET == "ort-cpu" and get_target("ORT-CPU") is QDQ_TARGETS["ort-cpu"]
     assert get_target(QDQ_TARGETS["none"]) is QDQ_TARGETS["none"]
-    assert QDQ_TARGETS["ort-cpu"].unsigned_weights and not QDQ_TARGETS["none"].unsigned_weights
+    flags = {name: (t.unsigned_weights, t.unsigned_activations) for name, t in QDQ_TARGETS.items()}
+    assert flags == {"ort-cpu": (True, True), "ort-cpu-vnni": (False, True), "none": (False, False)}
     with pytest.raises(ValueError, match="unknown QDQ target 'tflite'; available: ort-cpu, ort-cpu-vnni, none"):
         get_target("tflite")
