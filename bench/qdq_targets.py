@@ -7,8 +7,8 @@ Calibrates on CALIB (extrema, int8), then on EVAL prints the mean logits cosine 
 integer run; each target's QDQ model under ORT_DISABLE_ALL / ORT_ENABLE_BASIC / ORT_ENABLE_EXTENDED /
 ORT_ENABLE_ALL (the default); the same with 7-bit weights (onnxruntime's `reduce_range`: the table follows, so
 ptq's integer run is the same arithmetic); and the time per image of each QDQ model at the default level, on
-one thread (best of 3 over 5 images), beside its unoptimized time. Targets that store the same model share a
-row. Also prints the CPU's VNNI flags: the saturation depends on them (docs/qdq_targets.md).
+one thread (best of 3 over 5 images), beside its unoptimized time. Also prints the CPU's VNNI flags: the
+saturation depends on them (docs/qdq_targets.md).
 """
 from __future__ import annotations
 
@@ -89,9 +89,6 @@ def main(argv=None) -> int:
             best = min(best, (time.perf_counter() - start) / len(samples[:5]))
         return best * 1000
 
-    storages = {}  # targets that write the same model share a row
-    for target in QDQ_TARGETS.values():
-        storages.setdefault(target.unsigned_weights, []).append(target.name)
     print(f"{'weights':18s} {'run':26s} " + " ".join(f"{lv:>8s}" for lv in levels)
           + f" {'ms/img all':>10s} {'ms/img off':>10s}")
     rows = [("per-channel", True, 8), ("per-channel 7-bit", True, 7)]
@@ -104,14 +101,14 @@ def main(argv=None) -> int:
         out = graph.outputs[0]
         integer = score([prepared.run({name: x}, keep_all=False).outputs[out] for x in samples])
         print(f"{label:18s} {'ptq integer':26s} {integer:8.4f}", flush=True)
-        for targets in storages.values():
-            qdq = export_qdq(result.graph, result.table, targets[0])
+        for target in QDQ_TARGETS:
+            qdq = export_qdq(result.graph, result.table, target)
             figures = []
             for level in levels:
                 s = session(qdq, level)
                 figures.append(score([s.run(None, {name: x})[0] for x in samples]))
             times = [ms_per_image(session(qdq, level, threads=1)) for level in ("all", "off")]
-            print(f"{'':18s} {'QDQ ' + ', '.join(targets):26s} " + " ".join(f"{f:8.4f}" for f in figures)
+            print(f"{'':18s} {'QDQ ' + target:26s} " + " ".join(f"{f:8.4f}" for f in figures)
                   + f" {times[0]:10.1f} {times[1]:10.1f}", flush=True)
     return 0
 
