@@ -99,7 +99,7 @@ def stored_qparams(qp: QParams, unsigned: bool) -> QParams:
 def stored_codes(qp: QParams, stored: QParams, x: np.ndarray) -> np.ndarray:
     """The codes of `x` on the table's grid `qp`, in the storage of `stored` (from `stored_qparams`)."""
     codes = qp.quantize(x)
-    if stored is qp:
+    if stored.dtype == qp.dtype:
         return codes
     return (codes.astype(np.int16) + UNSIGNED_SHIFT).astype(stored.dtype)
 
@@ -231,7 +231,7 @@ def _quantize_bias(node, weight_qp: QParams, table: QuantTable, b: _Builder, ini
 
 
 def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = DEFAULT_TARGET) -> onnx.ModelProto:
-    """The QDQ model of `graph` with the QParams of `table`, its weights stored for `target` (a name of
+    """The QDQ model of `graph` with the QParams of `table`, its codes stored for `target` (a name of
     `QDQ_TARGETS`; see the module docstring)."""
     target = get_target(target)
     model = _prepare_model(graph, table)
