@@ -25,7 +25,7 @@ from ptq import adjust
 from ptq.atomic import atomic_write_bytes
 from ptq.float_run import collect_statistics, image_input
 from ptq.core.graph import Graph, Node, load_model
-from ptq.images import ImageLog, InputSpec, Preprocess, iter_batches, iter_images, select_files
+from ptq.images import ImageLog, InputSpec, Preprocess, iter_batches, iter_images, load_image, select_files
 from ptq.qdq_check import CHECK_SAMPLES, QDQCheck, QDQCheckError, check_qdq
 from ptq.qdq_export import DEFAULT_TARGET, export_qdq, get_target
 from ptq.core.qparams import compute_qparams
@@ -227,14 +227,18 @@ def align_with_integer_graph(graph: Graph, table: QuantTable) -> list[str]:
 
 
 def _check_qdq_model(float_model: onnx.ModelProto, qdq: onnx.ModelProto, target: str, graph: Graph,
-                     images: ImageSource, preprocess: Preprocess, num_images: Optional[int],
-                     seed: int) -> Optional[QDQCheck]:
-    """`ptq.qdq_check` on up to CHECK_SAMPLES of the calibration samples; a warning when the optimized and
-    unoptimized runs disagree, or when onnxruntime cannot run the check."""
+                     images: ImageSource, preprocess: Preprocess, used: list[Path]) -> Optional[QDQCheck]:
+    """`ptq.qdq_check` on the first CHECK_SAMPLES calibration samples (of an array, or the image files that
+    calibration `used`: read again, none skipped twice); a warning when the optimized and unoptimized runs
+    disagree, or when onnxruntime cannot run the check."""
     logger = logging.getLogger("ptq.pipeline")
-    count = min(CHECK_SAMPLES, num_images) if num_images else CHECK_SAMPLES
+    if isinstance(images, np.ndarray):
+        samples = list(images[:min(CHECK_SAMPLES, len(used))])
+    else:
+        spec = input_spec(graph, preprocess)
+        samples = [load_image(path, preprocess, spec) for path in used[:CHECK_SAMPLES]]
     name = image_input(graph)
-    feeds = [{name: batch} for batch in adjust.sample_batches(graph, images, preprocess, count, 1, seed)]
+    feeds = [{name: sample[None]} for sample in samples]
     try:
         check = check_qdq(float_model, qdq, feeds, target)
     except QDQCheckError as exc:
@@ -349,8 +353,7 @@ def calibrate(
     result = CalibrationResult(table=table, graph=graph, images_used=len(log.used), skipped=list(log.skipped),
                                qdq_target=target.name)
     if qdq is not None and check_qdq:
-        result.qdq_check = _check_qdq_model(float_model, qdq, target.name, graph, images, preprocess, num_images,
-                                            seed)
+        result.qdq_check = _check_qdq_model(float_model, qdq, target.name, graph, images, preprocess, log.used)
     if paths is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         if equalize or bias_correction or adaround:
