@@ -57,7 +57,7 @@ ACTIVATIONS = {"uint8": QParams(0.01, 0, 8, False), "int8": QParams(0.01, -128, 
 
 
 def case_model(name: str, activation: str, seed: int = 0):
-    """(model, table, x): weights on their per-channel grid exactly, activations codes 230-255 as uint8."""
+    """(model, table, x): per-channel symmetric int8 weights, activations whose uint8 codes are 230-255."""
     nodes, x_shape, y_shape, w_shape, axis, _ = CASES[name]
     rng = np.random.default_rng(seed)
     w = weights(rng, w_shape)
