@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 from ptq.backends import DEFAULT_BACKEND_NAME
 from ptq.data_options import DataOptions, quiet_logging
 from ptq.pipeline import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, CalibrationResult
+from ptq.qdq_export import DEFAULT_TARGET
 
 if TYPE_CHECKING:
     from ptq.core.graph import Graph
@@ -73,6 +74,8 @@ def calibrate(
     bias_correction: bool = False,
     adaround: bool = False,
     scheme: str = DEFAULT_SCHEME,
+    target: str = DEFAULT_TARGET,
+    no_check: bool = False,
     input_shape=None,
     **options,
 ) -> CalibrationResult:
@@ -98,6 +101,7 @@ def calibrate(
             num_images=opts.num_images, batch_size=opts.batch_size, seed=opts.seed,
             input_shapes=_input_shapes(input_shape), progress=opts.progress, workers=opts.workers, ray=opts.ray,
             equalize=equalize, bias_correction=bias_correction, adaround=adaround, scheme=scheme,
+            qdq_target=target, check_qdq=not (opts.quiet or no_check),
         )
 
 

@@ -27,7 +27,8 @@ from ptq.float_run import collect_statistics, image_input
 from ptq.core.graph import Graph, Node, load_model
 from ptq.images import ImageLog, InputSpec, Preprocess, iter_batches
 from ptq.samples import ArrayFormat, ImageFormat, SampleSource, iter_sample_batches, iter_samples
-from ptq.qdq_export import export_qdq
+from ptq.qdq_check import CHECK_SAMPLES, QDQCheck, QDQCheckError, check_qdq
+from ptq.qdq_export import DEFAULT_TARGET, export_qdq, get_target
 from ptq.core.qparams import compute_qparams
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
 from ops.registry import op_of, weight_role
@@ -53,6 +54,8 @@ class CalibrationResult:
     seconds: float = 0.0
     table_path: Optional[Path] = None
     qdq_path: Optional[Path] = None
+    qdq_target: str = DEFAULT_TARGET
+    qdq_check: Optional[QDQCheck] = None
 
     @property
     def images_skipped(self) -> int:
@@ -89,7 +92,9 @@ class CalibrationResult:
         if self.table_path is not None:
             lines.append(f"quantization table: {self.table_path}")
         if self.qdq_path is not None:
-            lines.append(f"QDQ model: {self.qdq_path}")
+            lines.append(f"QDQ model: {self.qdq_path} (target {self.qdq_target})")
+        if self.qdq_check is not None:
+            lines.append(self.qdq_check.summary())
         return "\n".join(lines)
 
 
@@ -246,6 +251,28 @@ def align_with_integer_graph(graph: Graph, table: QuantTable) -> list[str]:
     return changed
 
 
+def _check_qdq_model(float_model: onnx.ModelProto, qdq: onnx.ModelProto, target: str, graph: Graph,
+                     source: Union[SampleSource, np.ndarray], used: list[Path]) -> Optional[QDQCheck]:
+    """`ptq.qdq_check` on the first CHECK_SAMPLES calibration samples (of an array, or the files that
+    calibration `used`: read again, none skipped twice); a warning when the optimized and unoptimized runs
+    disagree, or when onnxruntime cannot run the check."""
+    logger = logging.getLogger("ptq.pipeline")
+    if isinstance(source, np.ndarray):
+        name = image_input(graph)
+        feeds = [{name: sample[None]} for sample in source[:min(CHECK_SAMPLES, len(used))]]
+    else:
+        reader = source.format.reader(graph)
+        feeds = [{k: v[None] for k, v in reader.read(path).items()} for path in used[:CHECK_SAMPLES]]
+    try:
+        check = check_qdq(float_model, qdq, feeds, target)
+    except QDQCheckError as exc:
+        logger.warning("could not check the QDQ model in onnxruntime: %s", exc)
+        return None
+    if check.warning() is not None:
+        logger.warning("%s", check.warning())
+    return check
+
+
 def output_paths(model: ModelSource, out_dir: Union[str, Path]) -> tuple[Path, Path]:
     stem = Path(model).stem if isinstance(model, (str, Path)) else (model.graph.name or "model")
     out_dir = Path(out_dir)
@@ -304,6 +331,8 @@ def calibrate(
     bias_correction: bool = False,
     adaround: bool = False,
     scheme: str = DEFAULT_SCHEME,
+    qdq_target: str = DEFAULT_TARGET,
+    check_qdq: bool = False,
 ) -> CalibrationResult:
     """Calibrate `model` on `images` and, with `out_dir`, write `<stem>.quant.json` and `<stem>.qdq.onnx`.
 
@@ -320,6 +349,9 @@ def calibrate(
     `scheme="int4-dsp"` quantizes for the packed-DSP backend `dsp:int4` (`ptq.int4_dsp`: 4-bit, power-of-two
     scales, 8-bit Add groups and outputs, Requantize nodes written into the adjusted model); it fixes the bit
     widths, symmetry, ranges and pow2, so those arguments must keep their defaults.
+    `qdq_target` names the runtime the QDQ model is stored for (`ptq.qdq_export.QDQ_TARGETS`; the table does
+    not depend on it); `check_qdq` runs it in onnxruntime with optimizations off and on against the float model
+    on a few calibration samples (`result.qdq_check`, `ptq.qdq_check`).
     """
     start = time.perf_counter()
     if (images is None) == (data is None):
@@ -337,6 +369,7 @@ def calibrate(
         source = images
     else:
         source = sample_source(images, preprocess)
+    target = get_target(qdq_target)
     options = CalibrationOptions(
         calibrator=get_calibrator(calibrator).spelling,
         weight_calibrator=get_calibrator(weight_calibrator).spelling,
@@ -351,6 +384,7 @@ def calibrate(
     if paths is not None:
         _check_not_input(model, paths)
     graph = load_model(model, input_shapes)
+    float_model = graph.model
     if equalize:
         graph = adjust.equalized(graph, input_shapes)
     rewritten = scheme == int4_dsp.SCHEME
@@ -378,8 +412,11 @@ def calibrate(
             bias_correction=bias_correction, adaround=adaround, input_shapes=input_shapes)
     if align:
         align_with_integer_graph(graph, table)
-    qdq = export_qdq(graph, table) if write_qdq else None
-    result = CalibrationResult(table=table, graph=graph, images_used=len(log.used), skipped=list(log.skipped))
+    qdq = export_qdq(graph, table, target) if write_qdq else None
+    result = CalibrationResult(table=table, graph=graph, images_used=len(log.used), skipped=list(log.skipped),
+                               qdq_target=target.name)
+    if qdq is not None and check_qdq:
+        result.qdq_check = _check_qdq_model(float_model, qdq, target.name, graph, source, log.used)
     if paths is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         if equalize or bias_correction or adaround or rewritten:

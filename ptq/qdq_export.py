@@ -16,10 +16,23 @@ domain; before that the `com.microsoft` Q/DQ (onnxruntime contrib ops) is used. 
 Codes narrower than their container (e.g. 4 bits in int8, or the restricted range [-127, 127]) would
 otherwise saturate at the container's limits: a `Clip` to the real range `[(qmin - zp) * s, (qmax - zp) * s]`
 before `QuantizeLinear` makes `round(x / s) + zp` land in [qmin, qmax]. Stored weights are already in range.
+
+Targets (`QDQ_TARGETS`): the runtime the model is meant for picks how 8-bit signed codes are stored, never
+their values. With optimizations on, onnxruntime's CPU provider fuses each QDQ group into an integer kernel
+(QLinearConv, QGemm, QLinearMatMul, QLinearAdd) when its activations are uint8 (on x86 it turns an int8
+activation into uint8 itself only where the tensor has a single consumer). Its uint8 x int8 GEMM on x86 CPUs
+without VNNI multiplies with `vpmaddubsw`, which adds two u8*s8 products in a saturating int16
+(255*127*2 = 64770 > 32767), so the fused model computes something else than the QDQ graph describes
+(EfficientNet-Lite0: logits cosine 0.936 instead of 0.993). Its uint8 x uint8 GEMM widens both operands to
+int16 and adds pairs in int32 (`vpmaddwd`), which is exact. `ort-cpu` therefore stores every 8-bit signed
+weight and activation as uint8, code and zero point moved up by 128: `(q + 128) - (zp + 128) = q - zp`, the
+same real values and the same table, and every Conv/Gemm/MatMul is fused into a kernel that computes exactly
+the integer products ptq's integer run computes. See docs/qdq_targets.md.
 """
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Union
 
 import numpy as np
 import onnx
@@ -32,11 +45,63 @@ from ops.registry import bias_role, weight_role
 from ptq.core.bias import bias_scale, quantize_bias
 
 MS_DOMAIN = "com.microsoft"
+UNSIGNED_SHIFT = 128  # int8 code q is stored as uint8 q + 128, its zero point zp as zp + 128
+
+
+@dataclass(frozen=True)
+class QDQTarget:
+    """A runtime the QDQ model is meant for and the storage that keeps its arithmetic exact there."""
+
+    name: str
+    description: str
+    unsigned_weights: bool  # 8-bit signed weights stored as uint8, codes and zero point + 128 (same values)
+    unsigned_activations: bool  # the same for 8-bit signed activations
+
+
+QDQ_TARGETS = {
+    t.name: t
+    for t in (
+        QDQTarget("ort-cpu", "onnxruntime's CPU provider on any CPU: 8-bit weights and activations stored as "
+                             "uint8 (zero point + 128, same values); its fused uint8 x uint8 kernels do not "
+                             "saturate", True, True),
+        QDQTarget("ort-cpu-vnni", "onnxruntime's CPU provider on an x86 CPU with VNNI (avx512_vnni, avx_vnni): "
+                                  "uint8 activations, int8 weights (faster uint8 x int8 kernels, which saturate "
+                                  "without VNNI)", False, True),
+        QDQTarget("none", "codes stored as the table has them (int8 weights), for any other runtime", False, False),
+    )
+}
+DEFAULT_TARGET = "ort-cpu"
+
+
+def get_target(target: Union[str, QDQTarget]) -> QDQTarget:
+    """A target by name (case-insensitive) or as given."""
+    if isinstance(target, QDQTarget):
+        return target
+    found = QDQ_TARGETS.get(str(target).lower())
+    if found is None:
+        raise ValueError(f"unknown QDQ target {target!r}; available: {', '.join(QDQ_TARGETS)}")
+    return found
 
 
 def _container_range(qp: QParams) -> tuple[int, int]:
     info = np.iinfo(qp.dtype)
     return int(info.min), int(info.max)
+
+
+def stored_qparams(qp: QParams, unsigned: bool) -> QParams:
+    """The QParams a tensor is stored with: the table's, or with `unsigned` an 8-bit signed tensor moved into
+    uint8 (zero point + 128; its codes move with it, so `(q - zp) * s` keeps every value)."""
+    if not unsigned or qp.dtype != np.int8:
+        return qp
+    return QParams(qp.scale, qp.zero_point + UNSIGNED_SHIFT, bits=8, signed=False, axis=qp.axis)
+
+
+def stored_codes(qp: QParams, stored: QParams, x: np.ndarray) -> np.ndarray:
+    """The codes of `x` on the table's grid `qp`, in the storage of `stored` (from `stored_qparams`)."""
+    codes = qp.quantize(x)
+    if stored.dtype == qp.dtype:
+        return codes
+    return (codes.astype(np.int16) + UNSIGNED_SHIFT).astype(stored.dtype)
 
 
 class _Builder:
@@ -81,10 +146,11 @@ class _Builder:
         return helper.make_node("DequantizeLinear", [quantized, scale, zp], [out], name=self.name(f"{out}_DequantizeLinear"),
                                 domain=self.domain(qp_dtype), **kwargs)
 
-    def qdq_chain(self, source: str, out: str, qp: QParams) -> list[onnx.NodeProto]:
-        """[Clip ->] QuantizeLinear -> DequantizeLinear from `source` to `out` (per-tensor activation)."""
+    def qdq_chain(self, source: str, out: str, qp: QParams, stored: QParams) -> list[onnx.NodeProto]:
+        """[Clip ->] QuantizeLinear -> DequantizeLinear from `source` to `out` (per-tensor activation on the grid
+        `qp`, stored as `stored`: the same codes up to a shift, so the Clip is decided on `qp`)."""
         nodes = []
-        scale, zp = self.scale_zp(out, qp)
+        scale, zp = self.scale_zp(out, stored)
         x = source
         if (qp.qmin, qp.qmax) != _container_range(qp):
             lo, hi = qp.real_range()
@@ -94,8 +160,8 @@ class _Builder:
             nodes.append(helper.make_node("Clip", [source, lo_name, hi_name], [x], name=self.name(f"{out}_Clip")))
         quantized = self.name(f"{out}_quantized")
         nodes.append(helper.make_node("QuantizeLinear", [x, scale, zp], [quantized],
-                                      name=self.name(f"{out}_QuantizeLinear"), domain=self.domain(qp.dtype)))
-        nodes.append(self.dequantize(quantized, scale, zp, out, qp.dtype, None))
+                                      name=self.name(f"{out}_QuantizeLinear"), domain=self.domain(stored.dtype)))
+        nodes.append(self.dequantize(quantized, scale, zp, out, stored.dtype, None))
         return nodes
 
 
@@ -116,7 +182,8 @@ def _opset(model: onnx.ModelProto) -> int:
     return max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 
-def _quantize_weights(graph: Graph, table: QuantTable, b: _Builder, initializers: dict) -> tuple[list, set]:
+def _quantize_weights(graph: Graph, table: QuantTable, b: _Builder, initializers: dict,
+                      target: QDQTarget) -> tuple[list, set]:
     """DequantizeLinear nodes for weights and biases; returns (nodes, names of replaced float initializers)."""
     nodes, replaced = [], set()
     consumers = graph.consumers()
@@ -135,9 +202,10 @@ def _quantize_weights(graph: Graph, table: QuantTable, b: _Builder, initializers
             raise ModelError(f"weight {w!r} of shape {initializers[w].shape} does not match its table entry "
                              f"({qp.scale.size} scales on axis {qp.axis}); was the table calibrated on this model?")
         if w not in replaced:
-            quantized = b.constant(f"{w}_quantized", qp.quantize(initializers[w]))
-            scale, zp = b.scale_zp(w, qp)
-            nodes.append(b.dequantize(quantized, scale, zp, w, qp.dtype, qp.axis))
+            stored = stored_qparams(qp, target.unsigned_weights)
+            quantized = b.constant(f"{w}_quantized", stored_codes(qp, stored, initializers[w]))
+            scale, zp = b.scale_zp(w, stored)
+            nodes.append(b.dequantize(quantized, scale, zp, w, stored.dtype, stored.axis))
             replaced.add(w)
         nodes.extend(_quantize_bias(node, entry.qparams, table, b, initializers, consumers, replaced))
     return nodes, replaced
@@ -162,12 +230,14 @@ def _quantize_bias(node, weight_qp: QParams, table: QuantTable, b: _Builder, ini
     return [b.dequantize(quantized, scale_name, zp_name, bias_name, np.dtype(np.int32), axis)]
 
 
-def export_qdq(graph: Graph, table: QuantTable) -> onnx.ModelProto:
-    """The QDQ model of `graph` with the QParams of `table` (see the module docstring)."""
+def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = DEFAULT_TARGET) -> onnx.ModelProto:
+    """The QDQ model of `graph` with the QParams of `table`, its codes stored for `target` (a name of
+    `QDQ_TARGETS`; see the module docstring)."""
+    target = get_target(target)
     model = _prepare_model(graph, table)
     b = _Builder(model, _opset(model))
     initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    weight_nodes, replaced = _quantize_weights(graph, table, b, initializers)
+    weight_nodes, replaced = _quantize_weights(graph, table, b, initializers, target)
 
     activations = {
         name: table.tensors[name].qparams
@@ -179,12 +249,13 @@ def export_qdq(graph: Graph, table: QuantTable) -> onnx.ModelProto:
             raise ModelError(f"QDQ export supports float32 activations; {name!r} is {graph.tensors[name].dtype}")
         if qp.axis is not None:
             raise ModelError(f"activation {name!r} has per-channel QParams; QDQ export quantizes activations per tensor")
+    stored = {name: stored_qparams(qp, target.unsigned_activations) for name, qp in activations.items()}
 
     head, input_rename = list(weight_nodes), {}
     for name in graph.inputs:
         if name in activations:
             input_rename[name] = b.name(f"{name}_dq")
-            head.extend(b.qdq_chain(name, input_rename[name], activations[name]))
+            head.extend(b.qdq_chain(name, input_rename[name], activations[name], stored[name]))
 
     body = []
     for node in model.graph.node:
@@ -195,7 +266,7 @@ def export_qdq(graph: Graph, table: QuantTable) -> onnx.ModelProto:
         for k, out in enumerate(node.output):
             if out in activations:
                 node.output[k] = b.name(f"{out}_prequant")
-                chains.extend(b.qdq_chain(node.output[k], out, activations[out]))
+                chains.extend(b.qdq_chain(node.output[k], out, activations[out], stored[out]))
         body.append(node)
         body.extend(chains)
     for out in model.graph.output:

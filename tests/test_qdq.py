@@ -74,7 +74,9 @@ def test_conv_qdq_matches_numpy_fake_quant_reference():
     assert np.mean(np.isclose(got, expected, atol=1e-6)) > 0.95
 
 
-def test_weights_are_stored_quantized_and_bias_as_int32():
+@pytest.mark.parametrize("target, dtype, shift", [("none", np.int8, 0), ("ort-cpu", np.uint8, 128)])
+def test_weights_are_stored_quantized_and_bias_as_int32(target, dtype, shift):
+    """`none` stores the table's int8 codes; `ort-cpu` the same codes + 128 as uint8 (zero point + 128)."""
     model, w, b = conv1x1_model()
     g = load_model(model)
     s_w = np.array([0.004, 0.003])
@@ -82,13 +84,14 @@ def test_weights_are_stored_quantized_and_bias_as_int32():
         x=entry("activation", QParams(0.02, 0, 8, True)),
         W=entry("weight", QParams(s_w, [0, 0], 8, True, axis=0)),
     )
-    qdq = export_qdq(g, t)
+    qdq = export_qdq(g, t, target)
     inits = {i.name: numpy_helper.to_array(i) for i in qdq.graph.initializer}
     assert "W" not in inits and "B" not in inits
     wq = inits["W_quantized"]
-    assert wq.dtype == np.int8
+    assert wq.dtype == dtype and inits["W_zero_point"].dtype == dtype
+    np.testing.assert_array_equal(inits["W_zero_point"], [shift, shift])
     s_w32 = s_w.astype(np.float32).astype(np.float64)
-    np.testing.assert_array_equal(wq, np.clip(np.rint(w / s_w32[:, None, None, None]), -128, 127))
+    np.testing.assert_array_equal(wq, np.clip(np.rint(w / s_w32[:, None, None, None]), -128, 127) + shift)
     bq = inits["B_quantized"]
     bias_scale = np.float32(0.02) * s_w.astype(np.float32)
     assert bq.dtype == np.int32
@@ -109,12 +112,13 @@ def identity_model(opset=17):
     [(4, True, False, 2, 0.25), (4, False, False, 5, 0.25), (8, True, True, 0, 0.25), (3, True, False, -1, 0.25),
      (12, True, False, 7, 0.03125)],
 )
-def test_codes_narrower_than_the_container_clamp_to_their_own_range(bits, signed, narrow, zp, scale):
+@pytest.mark.parametrize("target", ["none", "ort-cpu"])  # ort-cpu stores signed 8-bit codes as uint8 + 128
+def test_codes_narrower_than_the_container_clamp_to_their_own_range(bits, signed, narrow, zp, scale, target):
     g = load_model(identity_model(opset=21))
     qp = QParams(scale, zp, bits, signed, narrow=narrow)
     qmin, qmax = qp.qmin, qp.qmax
     assert (qmin, qmax) != ((-128, 127) if bits <= 8 else (-32768, 32767))
-    qdq = export_qdq(g, table(y=entry("activation", qp)))
+    qdq = export_qdq(g, table(y=entry("activation", qp)), target)
     x = np.linspace(-200, 200, 64, dtype=np.float32)[None]
     expected = fake_quant(-x, scale, zp, qmin, qmax)
     for optimized in (False, True):  # onnxruntime's graph fusions must not drop the Clip

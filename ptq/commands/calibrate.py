@@ -11,10 +11,13 @@ HELP = "calibrate a model on images or --data samples; write <stem>.quant.json a
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from calibrators.registry import describe_calibrators
     from ptq.pipeline import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
+    from ptq.qdq_export import DEFAULT_TARGET, QDQ_TARGETS
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "calibrators (names are case-insensitive; a number in front sets the parameter):\n" + "\n".join(
         f"  {line}" for line in describe_calibrators())
+    parser.epilog += "\n\nQDQ targets (--target):\n" + "\n".join(
+        f"  {t.name:13s} {t.description}" for t in QDQ_TARGETS.values())
 
     parser.add_argument("model", help="the float ONNX model (never modified)")
     parser.add_argument("--out", default=".", help="output folder (created if needed; default: .)")
@@ -49,12 +52,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="learn each weight's rounding (up or down) layer by layer on the images")
     cal.add_argument("--input-shape", action="append", metavar="NAME:D0,D1,...",
                      help="fix dynamic input dimensions, e.g. input:1,3,224,224 (repeatable)")
+    qdq = parser.add_argument_group("QDQ model")
+    qdq.add_argument("--target", default=DEFAULT_TARGET, type=str.lower, choices=list(QDQ_TARGETS),
+                     help=f"the runtime the QDQ model is stored for, listed below (default: {DEFAULT_TARGET}); "
+                          f"the quantization table does not depend on it")
+    qdq.add_argument("--no-check", action="store_true",
+                     help="do not run the QDQ model in onnxruntime (optimizations off and on) after calibration")
     add_data_arguments(parser, labels=False)
 
 
 CALIBRATION_FLAGS = ("out", "calibrator", "weight_calibrator", "bits", "weight_bits", "symmetric", "weight_asymmetric",
                      "narrow", "weight_full_range", "per_tensor", "pow2", "no_fold_clip", "equalize",
-                     "bias_correction", "adaround", "scheme", "input_shape")
+                     "bias_correction", "adaround", "scheme", "target", "no_check", "input_shape")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,100 @@
+"""How the exported QDQ model fares in onnxruntime: its outputs against the float model's, with onnxruntime's
+graph optimizations off (the QDQ graph's own arithmetic, op by op) and at onnxruntime's default (ORT_ENABLE_ALL:
+QDQ groups fused into integer kernels, which is what a user deploying the model gets).
+
+    cosine = mean over samples and graph outputs of cos(float output, QDQ output)
+
+The two figures should agree: a gap above `TOLERANCE` means the fused kernels of this machine do not compute
+what the QDQ graph describes (see docs/qdq_targets.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import onnx
+
+CHECK_SAMPLES = 8  # calibration samples the check runs: enough to see a kernel's saturation, cheap
+TOLERANCE = 0.002
+
+
+class QDQCheckError(RuntimeError):
+    """onnxruntime cannot run the check (no CPU provider, or it rejects one of the models)."""
+
+
+@dataclass(frozen=True)
+class QDQCheck:
+    target: str
+    samples: int
+    cosine_unoptimized: float
+    cosine_optimized: float
+
+    @property
+    def gap(self) -> float:
+        return abs(self.cosine_unoptimized - self.cosine_optimized)
+
+    @property
+    def holds(self) -> bool:
+        return self.gap <= TOLERANCE
+
+    def summary(self) -> str:
+        return (f"QDQ model in onnxruntime (target {self.target}), output cosine to float on {self.samples} "
+                f"calibration sample{'s' if self.samples != 1 else ''}: {self.cosine_unoptimized:.4f} with graph "
+                f"optimizations off, {self.cosine_optimized:.4f} with the default (on)")
+
+    def warning(self) -> Optional[str]:
+        """None when both figures agree within TOLERANCE; otherwise what happened and what to do."""
+        if self.holds:
+            return None
+        advice = ("run it with SessionOptions.graph_optimization_level = ORT_ENABLE_BASIC (no fused integer "
+                  "kernels)" if self.target == "ort-cpu" else
+                  "--target ort-cpu stores the weights as uint8, whose fused kernels do not saturate")
+        return (f"onnxruntime's optimized run of the QDQ model loses accuracy: output cosine to float "
+                f"{self.cosine_optimized:.4f} against {self.cosine_unoptimized:.4f} unoptimized (gap "
+                f"{self.gap:.4f} > {TOLERANCE}); its fused kernels do not compute the QDQ arithmetic exactly on "
+                f"this machine; {advice}")
+
+
+def _ort_errors() -> tuple[type, ...]:
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    return (state.Fail, state.InvalidArgument, state.InvalidGraph, state.NotImplemented, state.RuntimeException)
+
+
+def _session(model: onnx.ModelProto, optimize: bool):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    norm = np.linalg.norm(a) * np.linalg.norm(b)
+    return float(a @ b / norm) if norm > 0 else float(np.array_equal(a, b))
+
+
+def has_cpu_provider() -> bool:
+    import onnxruntime as ort
+
+    return "CPUExecutionProvider" in ort.get_available_providers()
+
+
+def check_qdq(float_model: onnx.ModelProto, qdq: onnx.ModelProto, feeds: Sequence[dict], target: str) -> QDQCheck:
+    """Both figures of the module docstring over `feeds` (dicts of input name -> array, one run each)."""
+    if not feeds:
+        raise QDQCheckError("no samples to run")
+    if not has_cpu_provider():
+        raise QDQCheckError("onnxruntime has no CPUExecutionProvider")
+    try:
+        sessions = [_session(float_model, optimize=True), _session(qdq, optimize=False), _session(qdq, optimize=True)]
+        runs = [[session.run(None, feed) for feed in feeds] for session in sessions]
+    except _ort_errors() as exc:
+        raise QDQCheckError(str(exc).splitlines()[0]) from exc
+    reference, unoptimized, optimized = runs
+    figures = [float(np.mean([_cosine(f, q) for ref, got in zip(reference, run) for f, q in zip(ref, got)]))
+               for run in (unoptimized, optimized)]
+    return QDQCheck(target, len(feeds), *figures)
