@@ -21,7 +21,7 @@ from typing import Optional
 import numba
 import numpy as np
 
-from ops.compiled.requant import pack_stage, requant_positions, requant_row
+from ops.compiled.requant import lane_params, pack_stage, requant_positions, requant_row
 from ops.compiled.scratch import scratch
 
 # Grouped convolutions with more input channels per group than this go through BLAS instead.
@@ -72,139 +72,103 @@ def conv_grouped(x, w, zx, groups, sh, sw, dh, dw, pt, pl, bias, prm, lim, row, 
 
 
 @numba.njit(cache=True, nogil=True)
-def _centered_phases(x, n, c, zx, pt, pl, phases) -> None:
-    """The zero-bordered centered plane p[pt + i, pl + j] = x[n, c, i, j] - zx, stored by column phase of the
-    stride s: phases[r, i, q] = p[i, q * s + r], so that every tap reads a contiguous run."""
-    stride = phases.shape[0]
-    width = x.shape[3]
-    for r in range(stride):
-        j0 = (r - pl) % stride  # the first input column j whose padded column pl + j is in phase r
-        q0 = (j0 + pl) // stride
-        count = (width - j0 + stride - 1) // stride if width > j0 else 0
-        for i in range(x.shape[2]):
-            src = x[n, c, i]
-            dst = phases[r, i + pt]
-            for t in range(count):  # a branch-free strided copy
-                dst[q0 + t] = np.int32(src[j0 + t * stride]) - np.int32(zx)
+def _load_row(x, n, i, zx, mult, pl, dst) -> None:
+    """dst[pl + j, c * mult + k] = x[n, c, i, j] - zx for every column j, channel c and multiplier k < mult:
+    one input row, centered, channels innermost (tiles of channels keep the reads and writes in cache)."""
+    channels = x.shape[1]
+    for c0 in range(0, channels, TILE):
+        c1 = min(c0 + TILE, channels)
+        for j in range(x.shape[3]):
+            d = dst[pl + j]
+            if mult == 1:
+                for c in range(c0, c1):
+                    d[c] = np.int32(x[n, c, i, j]) - np.int32(zx)
+            else:
+                for c in range(c0, c1):
+                    v = np.int32(x[n, c, i, j]) - np.int32(zx)
+                    for k in range(mult):
+                        d[c * mult + k] = v
 
 
 @numba.njit(cache=True, nogil=True)
-def depthwise_rows(x, w, zx, sh, dh, dw, pt, pl, bias, prm, lim, phases, row, out) -> int:
-    """Depthwise conv (w: (M, KH, KW), input channel m // (M / C)) of x (N, C, H, W), one output row at a
-    time over the zero-bordered centered plane split in column phases of the stride (`_centered_phases`);
-    out (N, M, OH * OW). Long rows: wide, shallow layers."""
-    mult = w.shape[0] // x.shape[1]
-    sw = phases.shape[0]
-    ow_count = row.shape[0]
-    oh_count = out.shape[2] // ow_count
-    over = 0
-    phases[:, :, :] = 0
-    for n in range(x.shape[0]):
-        for m in range(w.shape[0]):
-            if m % mult == 0:
-                _centered_phases(x, n, m // mult, zx, pt, pl, phases)
-            for oh in range(oh_count):
-                row[:] = 0
-                for kh in range(w.shape[1]):
-                    ih = oh * sh + kh * dh
-                    if w.shape[2] == 3:  # a whole kernel row per pass over the row accumulators
-                        s0 = phases[0, ih, :]
-                        s1 = phases[dw % sw, ih, dw // sw:]
-                        s2 = phases[2 * dw % sw, ih, 2 * dw // sw:]
-                        w0, w1, w2 = w[m, kh, 0], w[m, kh, 1], w[m, kh, 2]
-                        for j in range(ow_count):
-                            row[j] += s0[j] * w0 + s1[j] * w1 + s2[j] * w2
-                        continue
-                    for kw in range(w.shape[2]):
-                        wv = w[m, kh, kw]
-                        start = kw * dw
-                        src = phases[start % sw, ih, start // sw:start // sw + ow_count]
-                        for j in range(ow_count):
-                            row[j] += src[j] * wv
-                over += requant_row(row, bias[m], m, prm, lim, out[n, m, oh * ow_count:(oh + 1) * ow_count])
-    return over
+def depthwise(x, w, zx, sh, sw, dh, dw, pt, pl, bias, prm, lim, ring, wl, acc, tile, out) -> int:
+    """Depthwise conv (w: (M, KH, KW), input channel m // (M / C)) of x (N, C, H, W) into out (N, M, OH, OW),
+    channels innermost: the SIMD lanes run along the channels, whatever the width of the layer.
 
-
-@numba.njit(cache=True, nogil=True)
-def depthwise_channels_last(x, w, zx, sh, sw, dh, dw, pt, pl, bias, prm, lim, ow_count, xl, wl, acc, out) -> int:
-    """Depthwise conv as `depthwise_rows`, channels innermost: xl (Hp, Wp, M) the centered input repeated per
-    multiplier with a zero border, wl (KH, KW, M), acc (OH * OW, M). Long channel loops: deep, small layers."""
+    ring (R, Wp, M), R = (KH - 1) * dh + 1: the centered input rows one output row reads, channels innermost
+    with a zero border (a padded row ip sits in slot ip % R, loaded once: output rows only move down);
+    wl (KH, KW, M) the weight channels-last; acc (OW, M) one output row's accumulators; tile (OW, M) its
+    codes before the transposition into out."""
     mult = w.shape[0] // x.shape[1]
     channels = w.shape[0]
     height = x.shape[2]
     width = x.shape[3]
-    over = 0
-    xl[:pt] = 0  # the padding border; the interior is written below
-    xl[pt + height:] = 0
-    xl[:, :pl] = 0
-    xl[:, pl + width:] = 0
+    slots = ring.shape[0]
+    lanes = lane_params(bias, prm)
     for m in range(channels):
         for kh in range(w.shape[1]):
             for kw in range(w.shape[2]):
                 wl[kh, kw, m] = w[m, kh, kw]
+    ring[:, :pl] = 0  # the left and right padding; row interiors are written as rows are loaded
+    ring[:, pl + width:] = 0
+    held = np.empty(slots, dtype=np.int64)
+    over = 0
     for n in range(x.shape[0]):
-        for i in range(height):
-            for c0 in range(0, x.shape[1], TILE):  # tiles of channels: reads and writes stay in cache lines
-                c1 = min(c0 + TILE, x.shape[1])
-                for j in range(width):
-                    dst = xl[i + pt, j + pl]
-                    for c in range(c0, c1):
-                        v = np.int32(x[n, c, i, j]) - np.int32(zx)
-                        for k in range(mult):
-                            dst[c * mult + k] = v
-        for p in range(acc.shape[0]):
-            oh = p // ow_count
-            ow = p % ow_count
-            a = acc[p]
-            a[:] = 0
+        held[:] = -1
+        for oh in range(out.shape[2]):
             for kh in range(w.shape[1]):
-                xrow = xl[oh * sh + kh * dh]
-                wrow = wl[kh]
+                ip = oh * sh + kh * dh
+                slot = ip % slots
+                if held[slot] != ip:
+                    held[slot] = ip
+                    if pt <= ip < pt + height:
+                        _load_row(x, n, ip - pt, zx, mult, pl, ring[slot])
+                    else:
+                        ring[slot, pl:pl + width] = 0
+            for ow in range(acc.shape[0]):
+                a = acc[ow]
+                a[:] = 0
                 col = ow * sw
-                if w.shape[2] == 3:  # a whole kernel row per pass over the accumulators
-                    s0, s1, s2 = xrow[col], xrow[col + dw], xrow[col + 2 * dw]
-                    w0, w1, w2 = wrow[0], wrow[1], wrow[2]
-                    for m in range(channels):
-                        a[m] += s0[m] * w0[m] + s1[m] * w1[m] + s2[m] * w2[m]
-                elif w.shape[2] == 5:
-                    s0, s1, s2, s3, s4 = (xrow[col], xrow[col + dw], xrow[col + 2 * dw], xrow[col + 3 * dw],
-                                          xrow[col + 4 * dw])
-                    w0, w1, w2, w3, w4 = wrow[0], wrow[1], wrow[2], wrow[3], wrow[4]
-                    for m in range(channels):
-                        a[m] += s0[m] * w0[m] + s1[m] * w1[m] + s2[m] * w2[m] + s3[m] * w3[m] + s4[m] * w4[m]
-                else:
-                    for kw in range(w.shape[2]):
-                        src = xrow[col + kw * dw]
-                        wr = wrow[kw]
+                for kh in range(w.shape[1]):
+                    xrow = ring[(oh * sh + kh * dh) % slots]
+                    wrow = wl[kh]
+                    if w.shape[2] == 3:  # a whole kernel row per pass over the accumulators
+                        s0, s1, s2 = xrow[col], xrow[col + dw], xrow[col + 2 * dw]
+                        w0, w1, w2 = wrow[0], wrow[1], wrow[2]
                         for m in range(channels):
-                            a[m] += src[m] * wr[m]
-        over += requant_positions(acc, bias, prm, lim, out[n])
+                            a[m] += s0[m] * w0[m] + s1[m] * w1[m] + s2[m] * w2[m]
+                    elif w.shape[2] == 5:
+                        s0, s1, s2, s3, s4 = (xrow[col], xrow[col + dw], xrow[col + 2 * dw], xrow[col + 3 * dw],
+                                              xrow[col + 4 * dw])
+                        w0, w1, w2, w3, w4 = wrow[0], wrow[1], wrow[2], wrow[3], wrow[4]
+                        for m in range(channels):
+                            a[m] += (s0[m] * w0[m] + s1[m] * w1[m] + s2[m] * w2[m] + s3[m] * w3[m]
+                                     + s4[m] * w4[m])
+                    else:
+                        for kw in range(w.shape[2]):
+                            src = xrow[col + kw * dw]
+                            wr = wrow[kw]
+                            for m in range(channels):
+                                a[m] += src[m] * wr[m]
+            over += requant_positions(acc, bias, prm, lim, lanes, tile, out[n, :, oh, :])
     return over
 
 
-# Channels per tile of the channels-last transposition (16 int32 values: one 64-byte cache line).
+# Channels per tile of the channels-last row loads (16 int32 values: one 64-byte cache line).
 TILE = 16
-# Output rows shorter than this run channels-last (measured on EfficientNet-Lite0's layers).
-CHANNELS_LAST_BELOW = 48
 
 
 def _depthwise(x, wk, zx, strides, dilations, pads, bias, packed, out_hw, acc_dtype, out):
-    """Run one of the two depthwise kernels on (N, C, H, W) codes into out (N, M, OH, OW)."""
+    """Run the depthwise kernel on (N, C, H, W) codes into out (N, M, OH, OW)."""
     kh, kw = wk.shape[2:]
-    hp = max(x.shape[2] + pads[0], (out_hw[0] - 1) * strides[0] + (kh - 1) * dilations[0] + 1)
     wp = max(x.shape[3] + pads[1], (out_hw[1] - 1) * strides[1] + (kw - 1) * dilations[1] + 1)
-    w3 = wk.reshape(wk.shape[0], kh, kw)
-    args = (x, w3, zx, strides[0], strides[1], dilations[0], dilations[1], pads[0], pads[1], bias, packed[0],
-            packed[1])
-    out3 = out.reshape(out.shape[0], out.shape[1], -1)
-    if out_hw[1] < CHANNELS_LAST_BELOW:
-        channels = wk.shape[0]
-        return depthwise_channels_last(*args, out_hw[1], scratch("dw_planes", (hp, wp, channels), acc_dtype),
-                                       scratch("dw_weights", (kh, kw, channels), acc_dtype),
-                                       scratch("dw_acc", (out_hw[0] * out_hw[1], channels), acc_dtype), out3)
-    phases = scratch("dw_phases", (strides[1], hp, -(-wp // strides[1])), acc_dtype)
-    return depthwise_rows(x, w3, zx, strides[0], dilations[0], dilations[1], pads[0], pads[1], bias, packed[0],
-                          packed[1], phases, scratch("dw_row", (out_hw[1],), acc_dtype), out3)
+    channels = wk.shape[0]
+    ring = scratch("dw_ring", ((kh - 1) * dilations[0] + 1, wp, channels), acc_dtype)
+    return depthwise(x, wk.reshape(channels, kh, kw), zx, strides[0], strides[1], dilations[0], dilations[1],
+                     pads[0], pads[1], bias, packed[0], packed[1], ring,
+                     scratch("dw_weights", (kh, kw, channels), acc_dtype),
+                     scratch("dw_acc", (out_hw[1], channels), acc_dtype),
+                     scratch("dw_tile", (out_hw[1], channels), out.dtype), out)
 
 
 def conv2d_grouped(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tuple[np.ndarray, int]]:
