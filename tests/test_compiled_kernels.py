@@ -88,6 +88,37 @@ def test_conv_compiled_equals_numpy(case, activation):
         op, q, inputs = _conv_case(seed, *case, per_channel=bool(seed % 2 == 0), activation=activation,
                                    out_bits=16 if seed == 2 else 8, spatial=(9, 8, 5))
         _both(op, q, inputs)
+        _both(op, q, [_channels_last_view(inputs[0])] + inputs[1:])
+
+
+def _channels_last_view(x: np.ndarray) -> np.ndarray:
+    """x (N, C, *spatial) as the view of channels-last data, the layout the compiled convolutions return."""
+    return np.moveaxis(np.ascontiguousarray(np.moveaxis(x, 1, -1)), -1, 1)
+
+
+def test_compiled_convolutions_chain_channels_last():
+    """A pointwise convolution's channels-last output into a depthwise one, into an Add with a plain tensor
+    and with another channels-last one: the same codes as the numpy kernels all along, and the layout kept
+    where both operands share it."""
+    from ops.compiled.layout import channels_last
+
+    pw_op, pw_q, pw_in = _conv_case(11, 1, 5, 6, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), activation="Clip",
+                                    spatial=(7, 9))
+    dw_op, dw_q, dw_in = _conv_case(12, 6, 6, 6, (3, 3), (2, 1), (1, 1, 1, 1), (1, 1), spatial=(7, 9))
+    rt = IntRuntime(CompiledBackend())
+    first = pw_op.forward_int(pw_q, pw_in, rt)[0]
+    assert channels_last(first) is not None
+    dw_q.in_qparams[0] = pw_q.out_qparams[0]  # the depthwise reads the pointwise output's codes
+    second = _both(dw_op, dw_q, [first] + dw_in[1:])[0]
+    got = dw_op.forward_int(dw_q, [first] + dw_in[1:], rt)[0]
+    assert channels_last(got) is not None
+    add_op, add_q, _ = _elementwise("Add", 0, (second.shape, second.shape))
+    plain = np.ascontiguousarray(got)
+    np.testing.assert_array_equal(second, got)
+    _both(add_op, add_q, [got, plain])
+    kept = add_op.forward_int(add_q, [got, got], rt)[0]
+    assert channels_last(kept) is not None
+    np.testing.assert_array_equal(kept, _both(add_op, add_q, [plain, plain])[0])
 
 
 @pytest.mark.parametrize("x_bits, w_bits", [(16, 8), (8, 16), (16, 16)])
@@ -204,13 +235,11 @@ def test_vectorized_requant_shift_at_int64_extremes():
     acc = rng.integers(-(1 << 31), 1 << 31, size=(7, channels)).astype(np.int64)
     slow = lim.copy()
     slow[requant.FAST] = 0
-    got, ref = np.empty((channels, 7), np.int64), np.empty((channels, 7), np.int64)
-    requant.requant_positions(acc, offset, prm, lim, requant.lane_params(offset, prm),
-                              np.empty((7, channels), np.int64), got)
-    requant.requant_positions(acc, offset, prm, slow, requant.lane_params(offset, prm),
-                              np.empty((7, channels), np.int64), ref)
+    got, ref = np.empty((7, channels), np.int64), np.empty((7, channels), np.int64)
+    requant.requant_positions(acc, offset, prm, lim, requant.lane_params(offset, prm), got)
+    requant.requant_positions(acc, offset, prm, slow, requant.lane_params(offset, prm), ref)
     want = [[min(max(((int(acc[p, c]) + int(offset[c])) * int(prm[requant.M, c]) + int(prm[requant.K, c]))
-                     >> int(prm[requant.N, c]), int(lim[0])), int(lim[1])) for p in range(7)] for c in range(channels)]
+                     >> int(prm[requant.N, c]), int(lim[0])), int(lim[1])) for c in range(channels)] for p in range(7)]
     assert got.tolist() == want and ref.tolist() == want
 
 

@@ -10,7 +10,9 @@ channels per group and the centered weight w = w_q - zp_w (int32):
 Taps that fall in the padding contribute (zp_x - zp_x) * w = 0, which is the numpy path's padding with the
 code zp_x followed by its zero-point fold (sum x w - zp_x sum w): the same integer A. The sum runs in int32
 when Cg * kh * kw * max|x_q - zp_x| * max|w| < 2^31 proves it exact (the wrapped int32 multiply-add is then
-the true sum), else in int64. 1-D convolutions run as 2-D ones of height 1.
+the true sum), else in int64. 1-D convolutions run as 2-D ones of height 1. Depthwise layers run channels
+innermost (`ops.compiled.layout`): they read a channels-last input as it is and return the (N, M, OH, OW)
+view of channels-last codes.
 The same integers as the numpy path, so the LSB bound stated in `ops.conv` holds unchanged.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Optional
 import numba
 import numpy as np
 
+from ops.compiled.layout import channels_first, channels_last
 from ops.compiled.requant import lane_params, pack_stage, requant_positions, requant_row
 from ops.compiled.scratch import scratch
 
@@ -72,37 +75,48 @@ def conv_grouped(x, w, zx, groups, sh, sw, dh, dw, pt, pl, bias, prm, lim, row, 
 
 
 @numba.njit(cache=True, nogil=True)
-def _load_row(x, n, i, zx, mult, pl, dst) -> None:
-    """dst[pl + j, c * mult + k] = x[n, c, i, j] - zx for every column j, channel c and multiplier k < mult:
-    one input row, centered, channels innermost (tiles of channels keep the reads and writes in cache)."""
+def _load_row(x, x_last, n, i, zx, mult, pl, dst) -> None:
+    """dst[pl + j, c * mult + k] = x_q[n, c, i, j] - zx for every column j, channel c and multiplier k < mult:
+    one input row, centered, channels innermost. x is (N, H, W, C) when `x_last` (a plain copy along the
+    channels), else (N, C, H, W) (transposed in tiles of channels, so that reads and writes stay in cache)."""
+    z = np.int32(zx)
+    if x_last:
+        src = x[n, i]
+        for j in range(src.shape[0]):
+            s = src[j]
+            d = dst[pl + j]
+            if mult == 1:
+                for c in range(s.shape[0]):
+                    d[c] = np.int32(s[c]) - z
+            else:
+                for c in range(s.shape[0]):
+                    for k in range(mult):
+                        d[c * mult + k] = np.int32(s[c]) - z
+        return
     channels = x.shape[1]
     for c0 in range(0, channels, TILE):
         c1 = min(c0 + TILE, channels)
         for j in range(x.shape[3]):
             d = dst[pl + j]
-            if mult == 1:
-                for c in range(c0, c1):
-                    d[c] = np.int32(x[n, c, i, j]) - np.int32(zx)
-            else:
-                for c in range(c0, c1):
-                    v = np.int32(x[n, c, i, j]) - np.int32(zx)
-                    for k in range(mult):
-                        d[c * mult + k] = v
+            for c in range(c0, c1):
+                v = np.int32(x[n, c, i, j]) - z
+                for k in range(mult):
+                    d[c * mult + k] = v
 
 
 @numba.njit(cache=True, nogil=True)
-def depthwise(x, w, zx, sh, sw, dh, dw, pt, pl, bias, prm, lim, ring, wl, acc, tile, out) -> int:
-    """Depthwise conv (w: (M, KH, KW), input channel m // (M / C)) of x (N, C, H, W) into out (N, M, OH, OW),
-    channels innermost: the SIMD lanes run along the channels, whatever the width of the layer.
+def depthwise(x, x_last, w, zx, sh, sw, dh, dw, pt, pl, bias, prm, lim, ring, wl, acc, out) -> int:
+    """Depthwise conv (w: (M, KH, KW), input channel m // (M / C)) of the codes x, (N, H, W, C) when `x_last`
+    else (N, C, H, W), into out (N, OH, OW, M), channels innermost: the SIMD lanes run along the channels,
+    whatever the width of the layer.
 
     ring (R, Wp, M), R = (KH - 1) * dh + 1: the centered input rows one output row reads, channels innermost
     with a zero border (a padded row ip sits in slot ip % R, loaded once: output rows only move down);
-    wl (KH, KW, M) the weight channels-last; acc (OW, M) one output row's accumulators; tile (OW, M) its
-    codes before the transposition into out."""
-    mult = w.shape[0] // x.shape[1]
+    wl (KH, KW, M) the weight channels-last; acc (OW, M) one output row's accumulators."""
     channels = w.shape[0]
-    height = x.shape[2]
-    width = x.shape[3]
+    height = x.shape[1] if x_last else x.shape[2]
+    width = x.shape[2] if x_last else x.shape[3]
+    mult = channels // (x.shape[3] if x_last else x.shape[1])
     slots = ring.shape[0]
     lanes = lane_params(bias, prm)
     for m in range(channels):
@@ -115,14 +129,14 @@ def depthwise(x, w, zx, sh, sw, dh, dw, pt, pl, bias, prm, lim, ring, wl, acc, t
     over = 0
     for n in range(x.shape[0]):
         held[:] = -1
-        for oh in range(out.shape[2]):
+        for oh in range(out.shape[1]):
             for kh in range(w.shape[1]):
                 ip = oh * sh + kh * dh
                 slot = ip % slots
                 if held[slot] != ip:
                     held[slot] = ip
                     if pt <= ip < pt + height:
-                        _load_row(x, n, ip - pt, zx, mult, pl, ring[slot])
+                        _load_row(x, x_last, n, ip - pt, zx, mult, pl, ring[slot])
                     else:
                         ring[slot, pl:pl + width] = 0
             for ow in range(acc.shape[0]):
@@ -150,25 +164,31 @@ def depthwise(x, w, zx, sh, sw, dh, dw, pt, pl, bias, prm, lim, ring, wl, acc, t
                             wr = wrow[kw]
                             for m in range(channels):
                                 a[m] += src[m] * wr[m]
-            over += requant_positions(acc, bias, prm, lim, lanes, tile, out[n, :, oh, :])
+            over += requant_positions(acc, bias, prm, lim, lanes, out[n, oh])
     return over
 
 
-# Channels per tile of the channels-last row loads (16 int32 values: one 64-byte cache line).
+# Channels per tile of the channels-first row loads (16 int32 values: one 64-byte cache line).
 TILE = 16
 
 
-def _depthwise(x, wk, zx, strides, dilations, pads, bias, packed, out_hw, acc_dtype, out):
-    """Run the depthwise kernel on (N, C, H, W) codes into out (N, M, OH, OW)."""
+def _depthwise(x, wk, zx, strides, dilations, pads, bias, packed, out_hw, acc_dtype, dtype) -> tuple[np.ndarray, int]:
+    """(output codes (N, M, OH, OW), the view of channels-last data; overflow count) of the depthwise kernel
+    on (N, C, H, W) codes, read channels-last when they are laid out so."""
     kh, kw = wk.shape[2:]
-    wp = max(x.shape[3] + pads[1], (out_hw[1] - 1) * strides[1] + (kw - 1) * dilations[1] + 1)
     channels = wk.shape[0]
+    rows = channels_last(x)
+    x_last = rows is not None
+    if not x_last:
+        rows = np.ascontiguousarray(x)
+    wp = max(x.shape[3] + pads[1], (out_hw[1] - 1) * strides[1] + (kw - 1) * dilations[1] + 1)
     ring = scratch("dw_ring", ((kh - 1) * dilations[0] + 1, wp, channels), acc_dtype)
-    return depthwise(x, wk.reshape(channels, kh, kw), zx, strides[0], strides[1], dilations[0], dilations[1],
-                     pads[0], pads[1], bias, packed[0], packed[1], ring,
+    data = np.empty((x.shape[0], out_hw[0], out_hw[1], channels), dtype=dtype)
+    over = depthwise(rows, x_last, wk.reshape(channels, kh, kw), zx, strides[0], strides[1], dilations[0],
+                     dilations[1], pads[0], pads[1], bias, packed[0], packed[1], ring,
                      scratch("dw_weights", (kh, kw, channels), acc_dtype),
-                     scratch("dw_acc", (out_hw[1], channels), acc_dtype),
-                     scratch("dw_tile", (out_hw[1], channels), out.dtype), out)
+                     scratch("dw_acc", (out_hw[1], channels), acc_dtype), data)
+    return channels_first(data), over
 
 
 def conv2d_grouped(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tuple[np.ndarray, int]]:
@@ -206,14 +226,14 @@ def conv2d_grouped(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[
     terms = math.prod(w.shape[1:])
     acc_dtype = np.int32 if terms * x_dev * q.weight_absmax < (1 << 31) else np.int64
     wk = np.ascontiguousarray(w, dtype=acc_dtype)
-    x = np.ascontiguousarray(x)
-    out = np.empty((n, channels, out_hw[0], out_hw[1]), dtype=q.stage.dtype)
-    args = (x, wk, zx, groups, strides[0], strides[1], dilations[0], dilations[1], pads[0], pads[1],
-            q.bias, packed[0], packed[1])
     if w.shape[1] == 1:
-        over = _depthwise(x, wk, zx, strides, dilations, pads, q.bias, packed, out_hw, acc_dtype, out)
+        out, over = _depthwise(x, wk, zx, strides, dilations, pads, q.bias, packed, out_hw, acc_dtype,
+                               q.stage.dtype)
     else:
-        over = conv_grouped(*args, np.empty(out_hw[1], dtype=acc_dtype), out)
+        out = np.empty((n, channels, out_hw[0], out_hw[1]), dtype=q.stage.dtype)
+        over = conv_grouped(np.ascontiguousarray(x), wk, zx, groups, strides[0], strides[1], dilations[0],
+                            dilations[1], pads[0], pads[1], q.bias, packed[0], packed[1],
+                            np.empty(out_hw[1], dtype=acc_dtype), out)
     if len(geom.kernel) == 1:
         out = out[:, :, 0, :]
     return out, int(over)

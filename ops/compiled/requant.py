@@ -152,15 +152,14 @@ def lane_params(offset, prm):
 
 
 @numba.njit(cache=True, nogil=True)
-def requant_positions(acc, offset, prm, lim, lanes, tile, out) -> int:
-    """out[c, p] = the epilogue of acc[p, c] + offset[c] (a channels-last accumulator (P, C) into a
-    channels-first output (C, P)); returns the overflow count. The common case runs along the channels with
-    their parameters (`lanes` = `lane_params(offset, prm)`) into tile (P, C) of the output dtype, then
-    transposes the tile into out."""
+def requant_positions(acc, offset, prm, lim, lanes, out) -> int:
+    """out[p, c] = the epilogue of acc[p, c] + offset[c], channels innermost (`lanes` =
+    `lane_params(offset, prm)`); returns the overflow count. The common case runs along the channels, the
+    SIMD lanes each with their channel's parameters."""
     if lim[FAST] == 0:
         over = 0
         for c in range(acc.shape[1]):
-            over += requant_row(acc[:, c], offset[c], c, prm, lim, out[c])
+            over += requant_row(acc[:, c], offset[c], c, prm, lim, out[:, c])
         return over
     lo = lim[LO]
     hi = lim[HI]
@@ -168,15 +167,26 @@ def requant_positions(acc, offset, prm, lim, lanes, tile, out) -> int:
     sub = prm[SUB]
     for p in range(acc.shape[0]):
         a = acc[p]
-        t = tile[p]
+        o = out[p]
         for c in range(acc.shape[1]):
             y = np.int64((np.uint64(_as_int64(a[c]) * np.int64(m32[c]) + k_row[c]) ^ SIGN_BIT) >> shift[c]) - sub[c]
-            t[c] = min(max(y, lo), hi)
-    for c in range(acc.shape[1]):
-        row = out[c]
-        for p in range(acc.shape[0]):
-            row[p] = tile[p, c]
+            o[c] = min(max(y, lo), hi)
     return 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _finish_lanes(acc, offset, prm, lim, out) -> int:
+    lanes = lane_params(offset, prm)
+    over = 0
+    for o in range(acc.shape[0]):
+        over += requant_positions(acc[o], offset, prm, lim, lanes, out[o])
+    return over
+
+
+def finish_lanes(acc: np.ndarray, offset: np.ndarray, packed, out: np.ndarray) -> int:
+    """out (O, P, C) = the epilogue of acc (O, P, C; integers, or floats holding exact integers) + offset[c],
+    channels innermost, with `pack_stage`'s parameters; returns the overflow count."""
+    return int(_finish_lanes(acc, offset, packed[0], packed[1], out))
 
 
 @numba.njit(cache=True, nogil=True)
