@@ -112,17 +112,22 @@ def depthwise(x, x_last, w, zx, sh, sw, dh, dw, pt, pl, bias, prm, lim, ring, wl
 
     ring (R, Wp, M), R = (KH - 1) * dh + 1: the centered input rows one output row reads, channels innermost
     with a zero border (a padded row ip sits in slot ip % R, loaded once: output rows only move down);
-    wl (KH, KW, M) the weight channels-last; acc (OW, M) one output row's accumulators."""
+    acc (OW, M) one output row's accumulators, computed `span` positions at a time: wl (KH, KW, span * M)
+    holds the weight channels-last repeated `span` times (span > 1 needs stride 1: then `span` neighbouring
+    positions read one contiguous run of the ring row, and the SIMD loop is long even for few channels)."""
     channels = w.shape[0]
     height = x.shape[1] if x_last else x.shape[2]
     width = x.shape[2] if x_last else x.shape[3]
     mult = channels // (x.shape[3] if x_last else x.shape[1])
     slots = ring.shape[0]
     lanes = lane_params(bias, prm)
+    span = wl.shape[2] // channels
+    flat_acc = acc.reshape(-1)
     for m in range(channels):
         for kh in range(w.shape[1]):
             for kw in range(w.shape[2]):
-                wl[kh, kw, m] = w[m, kh, kw]
+                for t in range(span):
+                    wl[kh, kw, t * channels + m] = w[m, kh, kw]
     ring[:, :pl] = 0  # the left and right padding; row interiors are written as rows are loaded
     ring[:, pl + width:] = 0
     held = np.empty(slots, dtype=np.int64)
@@ -139,37 +144,44 @@ def depthwise(x, x_last, w, zx, sh, sw, dh, dw, pt, pl, bias, prm, lim, ring, wl
                         _load_row(x, x_last, n, ip - pt, zx, mult, pl, ring[slot])
                     else:
                         ring[slot, pl:pl + width] = 0
-            for ow in range(acc.shape[0]):
-                a = acc[ow]
+            for ow0 in range(0, acc.shape[0], span):
+                count = min(span, acc.shape[0] - ow0) * channels
+                a = flat_acc[ow0 * channels:ow0 * channels + count]
                 a[:] = 0
-                col = ow * sw
                 for kh in range(w.shape[1]):
-                    xrow = ring[(oh * sh + kh * dh) % slots]
+                    xrow = ring[(oh * sh + kh * dh) % slots].reshape(-1)
                     wrow = wl[kh]
+                    start = ow0 * sw * channels
                     if w.shape[2] == 3:  # a whole kernel row per pass over the accumulators
-                        s0, s1, s2 = xrow[col], xrow[col + dw], xrow[col + 2 * dw]
+                        s0 = xrow[start:start + count]
+                        s1 = xrow[start + dw * channels:start + dw * channels + count]
+                        s2 = xrow[start + 2 * dw * channels:start + 2 * dw * channels + count]
                         w0, w1, w2 = wrow[0], wrow[1], wrow[2]
-                        for m in range(channels):
-                            a[m] += s0[m] * w0[m] + s1[m] * w1[m] + s2[m] * w2[m]
+                        for i in range(count):
+                            a[i] += s0[i] * w0[i] + s1[i] * w1[i] + s2[i] * w2[i]
                     elif w.shape[2] == 5:
-                        s0, s1, s2, s3, s4 = (xrow[col], xrow[col + dw], xrow[col + 2 * dw], xrow[col + 3 * dw],
-                                              xrow[col + 4 * dw])
+                        s0 = xrow[start:start + count]
+                        s1 = xrow[start + dw * channels:start + dw * channels + count]
+                        s2 = xrow[start + 2 * dw * channels:start + 2 * dw * channels + count]
+                        s3 = xrow[start + 3 * dw * channels:start + 3 * dw * channels + count]
+                        s4 = xrow[start + 4 * dw * channels:start + 4 * dw * channels + count]
                         w0, w1, w2, w3, w4 = wrow[0], wrow[1], wrow[2], wrow[3], wrow[4]
-                        for m in range(channels):
-                            a[m] += (s0[m] * w0[m] + s1[m] * w1[m] + s2[m] * w2[m] + s3[m] * w3[m]
-                                     + s4[m] * w4[m])
+                        for i in range(count):
+                            a[i] += s0[i] * w0[i] + s1[i] * w1[i] + s2[i] * w2[i] + s3[i] * w3[i] + s4[i] * w4[i]
                     else:
                         for kw in range(w.shape[2]):
-                            src = xrow[col + kw * dw]
+                            src = xrow[start + kw * dw * channels:start + kw * dw * channels + count]
                             wr = wrow[kw]
-                            for m in range(channels):
-                                a[m] += src[m] * wr[m]
+                            for i in range(count):
+                                a[i] += src[i] * wr[i]
             over += requant_positions(acc, bias, prm, lim, lanes, out[n, oh])
     return over
 
 
 # Channels per tile of the channels-first row loads (16 int32 values: one 64-byte cache line).
 TILE = 16
+# Accumulators per SIMD loop of a stride-1 depthwise layer with few channels (positions x channels).
+SPAN_LANES = 256
 
 
 def _depthwise(x, wk, zx, strides, dilations, pads, bias, packed, out_hw, acc_dtype, dtype) -> tuple[np.ndarray, int]:
@@ -183,10 +195,11 @@ def _depthwise(x, wk, zx, strides, dilations, pads, bias, packed, out_hw, acc_dt
         rows = np.ascontiguousarray(x)
     wp = max(x.shape[3] + pads[1], (out_hw[1] - 1) * strides[1] + (kw - 1) * dilations[1] + 1)
     ring = scratch("dw_ring", ((kh - 1) * dilations[0] + 1, wp, channels), acc_dtype)
+    span = max(1, min(out_hw[1], SPAN_LANES // channels)) if strides[1] == 1 else 1
     data = np.empty((x.shape[0], out_hw[0], out_hw[1], channels), dtype=dtype)
     over = depthwise(rows, x_last, wk.reshape(channels, kh, kw), zx, strides[0], strides[1], dilations[0],
                      dilations[1], pads[0], pads[1], bias, packed[0], packed[1], ring,
-                     scratch("dw_weights", (kh, kw, channels), acc_dtype),
+                     scratch("dw_weights", (kh, kw, span * channels), acc_dtype),
                      scratch("dw_acc", (out_hw[1], channels), acc_dtype), data)
     return channels_first(data), over
 
