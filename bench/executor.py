@@ -6,7 +6,8 @@
 Without `--quant` the model is calibrated first (on examples/calib, at `--input-shape` if given; not timed).
 Prints the mean warm time per image of `IntegerGraph.run` (outputs-only memory mode, as plain inference runs)
 for each backend and of onnxruntime CPU sessions on the float model (default threads, and one thread as
-ptq's kernels use: OPENBLAS_NUM_THREADS=1 unless set, as the `ptq` command runs), the ratios, the first run
+ptq's kernels use: OPENBLAS_NUM_THREADS=1 unless set, as the `ptq` command runs), wall and CPU time (the
+CPU ratio to onnxruntime's one thread is the fair one on a machine other jobs load), the ratios, the first run
 of a new process (`bench/first_run.py`: with an empty numba cache, i.e. compiling every kernel, and with the
 on-disk cache), the integer time by op type per backend, and cProfile's top functions of the first backend's
 run by own time. All runs see the same preprocessed images, after one warm-up run, alternating image by
@@ -49,19 +50,24 @@ def _images(folder: Path, graph, pre: Preprocess) -> list[np.ndarray]:
     return [load_image(p, pre, spec)[None] for p in select_files(folder, ImageLog())]
 
 
-def _interleaved_times(fns: dict, samples: list[np.ndarray], repeat: int) -> dict[str, float]:
-    """Mean seconds per image of each function; the functions alternate image by image, so that a machine
-    whose load changes during the run slows all of them alike."""
+def _interleaved_times(fns: dict, samples: list[np.ndarray], repeat: int) -> dict[str, tuple[float, float]]:
+    """Mean (wall, CPU) seconds per image of each function; the functions alternate image by image, so that a
+    machine whose load changes during the run slows all of them alike. CPU time (`time.process_time`, every
+    thread of this process) is what a one-thread run costs whatever else the machine runs; wall time is what
+    a multi-threaded run gains."""
     for fn in fns.values():
         fn(samples[0])  # warm-up (lazy allocations, BLAS threads)
-    totals = dict.fromkeys(fns, 0.0)
+    wall = dict.fromkeys(fns, 0.0)
+    cpu = dict.fromkeys(fns, 0.0)
     for _ in range(repeat):
         for x in samples:
             for key, fn in fns.items():
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 fn(x)
-                totals[key] += time.perf_counter() - start
-    return {key: total / (repeat * len(samples)) for key, total in totals.items()}
+                cpu[key] += time.process_time() - start_cpu
+                wall[key] += time.perf_counter() - start
+    count = repeat * len(samples)
+    return {key: (wall[key] / count, cpu[key] / count) for key in fns}
 
 
 def _ort_session(ort, model: bytes, threads: int):
@@ -74,7 +80,7 @@ def _ort_session(ort, model: bytes, threads: int):
 
 
 def _time_by_op(prepared, name: str, samples: list[np.ndarray]) -> dict[str, float]:
-    """Seconds per image spent in each op type (steps run one by one through `IntegerGraph.run_step`)."""
+    """CPU seconds per image spent in each op type (steps run one by one through `IntegerGraph.run_step`)."""
     from ops.registry import IntRuntime
 
     totals: dict[str, float] = {}
@@ -84,12 +90,12 @@ def _time_by_op(prepared, name: str, samples: list[np.ndarray]) -> dict[str, flo
         runtime = IntRuntime(backend=prepared.backend)
         for step in prepared.steps:
             args = [(values[i] if i in values else constants[i]) if i else None for i in step.node.inputs]
-            start = time.perf_counter()
+            start = time.process_time()
             outs = prepared.run_step(step, args, runtime)
             key = step.node.op_type + (f"+{step.node.attrs['activation']}" if "activation" in step.node.attrs else "")
             if step.node.op_type == "Conv" and int(step.node.attrs.get("group", 1)) > 1:
                 key += " (depthwise)"
-            totals[key] = totals.get(key, 0.0) + time.perf_counter() - start
+            totals[key] = totals.get(key, 0.0) + time.process_time() - start
             values.update(zip(step.node.outputs, outs))
     return {k: v / len(samples) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
@@ -155,19 +161,21 @@ def main(argv=None) -> int:
     for b, p in prepared.items():
         fns[b] = (lambda p: lambda x: p.run({name: x}, keep_all=False))(p)
     times = _interleaved_times(fns, samples, args.repeat)
-    t_ort, t_ort1 = times["ort"], times["ort1"]
+    (t_ort, _), (t_ort1, c_ort1) = times["ort"], times["ort1"]
 
     shape = "x".join(str(d) for d in samples[0].shape)
     print(f"images: {len(samples)} x {args.repeat} pass(es), model {Path(args.model).name}, input {shape}")
     print(f"onnxruntime {ort.__version__} float, CPUExecutionProvider, no spinning; ptq on one thread "
           f"(OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}); ptq prepare {1000 * prepare_s:.0f} ms once")
-    print("\n| warm, per image | ms | ptq / onnxruntime one thread | ptq / onnxruntime default threads |")
-    print("|---|---:|---:|---:|")
-    print(f"| onnxruntime float, default threads | {1000 * t_ort:.2f} | | |")
-    print(f"| onnxruntime float, one thread | {1000 * t_ort1:.2f} | | |")
+    print("\n| warm, per image | ms | CPU ms | ptq / onnxruntime one thread | ptq / onnxruntime one thread, CPU "
+          "| ptq / onnxruntime default threads |")
+    print("|---|---:|---:|---:|---:|---:|")
+    print(f"| onnxruntime float, default threads | {1000 * t_ort:.2f} | {1000 * times['ort'][1]:.2f} | | | |")
+    print(f"| onnxruntime float, one thread | {1000 * t_ort1:.2f} | {1000 * c_ort1:.2f} | | | |")
     for b in args.backend:
-        print(f"| ptq integer, `--backend {b}` | {1000 * times[b]:.2f} | {times[b] / t_ort1:.2f}x | "
-              f"{times[b] / t_ort:.2f}x |")
+        wall, cpu = times[b]
+        print(f"| ptq integer, `--backend {b}` | {1000 * wall:.2f} | {1000 * cpu:.2f} | {wall / t_ort1:.2f}x | "
+              f"{cpu / c_ort1:.2f}x | {wall / t_ort:.2f}x |")
 
     print("\n| first run of a new process | prepare ms | first run ms | second run ms |")
     print("|---|---:|---:|---:|")
@@ -182,10 +190,13 @@ def main(argv=None) -> int:
 
     by_op = {b: _time_by_op(p, name, samples) for b, p in prepared.items()}
     keys = sorted({k for t in by_op.values() for k in t}, key=lambda k: -max(t.get(k, 0.0) for t in by_op.values()))
-    print("\n| integer ms per image by op type | " + " | ".join(args.backend) + " |")
+    print("\n| integer CPU ms per image by op type | " + " | ".join(args.backend) + " |")
     print("|---|" + "---:|" * len(args.backend))
     for key in keys:
         print(f"| {key} | " + " | ".join(f"{1000 * by_op[b].get(key, 0.0):.2f}" for b in args.backend) + " |")
+    print("| all steps | " + " | ".join(f"{1000 * sum(by_op[b].values()):.2f}" for b in args.backend) + " |")
+    print("| whole run (the steps and the executor around them) | "
+          + " | ".join(f"{1000 * times[b][1]:.2f}" for b in args.backend) + " |")
 
     if args.profile_top:
         first_backend = args.backend[0]

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Callable, Literal, Optional
 
 import numpy as np
-from scipy.special import erf, expit
 
 Symmetry = Optional[Literal["odd", "even"]]
 
@@ -77,6 +76,21 @@ def _square(x):
 
 def _softplus(x):
     return np.logaddexp(0.0, x)
+
+
+def expit(x: np.ndarray) -> np.ndarray:
+    """The logistic sigmoid 1 / (1 + e^-x) (scipy's, imported on first use: scipy.special costs every
+    `ptq` command about half a second of import time otherwise)."""
+    from scipy.special import expit as scipy_expit
+
+    return scipy_expit(x)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """The error function (scipy's, imported on first use, as `expit`)."""
+    from scipy.special import erf as scipy_erf
+
+    return scipy_erf(x)
 
 
 _ALL = [

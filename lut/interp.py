@@ -22,11 +22,15 @@ The nodes are fitted offline in float64; v(a) = (1 - w) e[i] + w e[i+1] with w =
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
-from scipy.linalg import solve_banded
-from scipy.optimize import linprog
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
+
+# scipy is imported where a fit runs: at module level it would cost every `ptq` command (even `--help`) about
+# a second of import time, and most runs fit no interpolated table
 
 LAWSON_STEPS = 8
 _MIN_WEIGHT = 1e-3  # keeps every node determined when the error vanishes somewhere
@@ -65,6 +69,8 @@ def _weighted_fit(target: np.ndarray, i: np.ndarray, j: np.ndarray, w: np.ndarra
     banded[0, 1:] = off
     banded[1] = np.where(diag > 0, diag, 1.0)  # a node no index reaches stays 0 (never read)
     banded[2, :-1] = off
+    from scipy.linalg import solve_banded
+
     return solve_banded((1, 1), banded, rhs)
 
 
@@ -102,6 +108,8 @@ def _segment_argmax(score: np.ndarray, segment: np.ndarray, above: float) -> np.
 def _row_matrix(sub: np.ndarray, rows: Rows, i, j, w, nodes: int) -> tuple[sp.csr_matrix, np.ndarray]:
     """(A, b): A @ e - b = sign * (v - target) for the constrained sides of the rows `sub` (sign +1 for the
     upper side, -1 for the lower), so |v - target| <= slack reads A @ e <= b + slack."""
+    import scipy.sparse as sp
+
     up = sub[~rows.upper_open[sub]]
     lo = sub[~rows.lower_open[sub]]
     pick = np.r_[up, lo]
@@ -113,6 +121,8 @@ def _row_matrix(sub: np.ndarray, rows: Rows, i, j, w, nodes: int) -> tuple[sp.cs
 
 
 def _linprog(c, a_ub, b_ub, bounds) -> np.ndarray:
+    from scipy.optimize import linprog
+
     res = linprog(c, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
     if res.status != 0:
         raise RuntimeError(f"lut.interp: the LP solver failed ({res.message})")
@@ -153,6 +163,7 @@ def minimax_nodes(rows: Rows, shift: int, start: np.ndarray, box: tuple[float, f
     i, j, w = _weights(rows.index, shift, nodes)
     c = np.r_[np.zeros(nodes), 1.0]
     bounds = [box] * nodes + [(0, None)]
+    import scipy.sparse as sp
 
     def solve(sub):
         a, b = _row_matrix(sub, rows, i, j, w, nodes)
@@ -175,6 +186,8 @@ def closest_nodes(rows: Rows, shift: int, start: np.ndarray, feasible: np.ndarra
     hi, lo = _excess(feasible, rows, i, j, w)
     band = max(band, float(max(hi.max(), lo.max())))
     c = np.r_[np.zeros(nodes), np.ones(nodes)]  # variables e, then d >= |e - start|
+    import scipy.sparse as sp
+
     eye = sp.identity(nodes, format="csr")
     bounds = [box] * nodes + [(0, None)] * nodes
 

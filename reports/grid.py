@@ -10,7 +10,9 @@ def dequantize32(qp: QParams, codes: np.ndarray) -> np.ndarray:
     """x = (x_q - zp) * scale as float32, equal to `QParams.dequantize` (codes - zp is exact in float32 and the
     scale is a float32 value, so the one rounding of the product is the same) with less memory traffic."""
     codes = np.asarray(codes)
-    out = codes.astype(np.float32)  # a plain conversion loop: faster than a mixed-type subtract
+    # a plain conversion loop (faster than a mixed-type subtract), into C order: the compiled convolutions
+    # return views of channels-last codes, and the metrics flatten their operands in C order
+    out = codes.astype(np.float32, order="C")
     if np.any(qp.zero_point):
         out -= qp.broadcast(qp.zero_point.astype(np.float32), codes.ndim)
     out *= qp.broadcast(qp.scale.astype(np.float32), codes.ndim)

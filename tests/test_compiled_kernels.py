@@ -4,8 +4,8 @@ Every op runs twice on the same quantized node, once with `NumpyBackend` (the re
 against independent Python-integer references in test_ops_*.py) and once with `CompiledBackend`; outputs
 must be identical in dtype and value, and so must the reported accumulator overflows. Cases cover random
 shapes, strides, paddings, dilations, zero points, per-channel parameters, fused activations, 8- and 16-bit
-codes, both depthwise kernels (row-wise and channels-last), pre-rounded tiny factors and accumulators that
-saturate their register. A few kernels are also checked directly against Python-integer formulas.
+codes, depthwise layers narrow and wide, pre-rounded tiny factors and accumulators that saturate their
+register. A few kernels are also checked directly against Python-integer formulas.
 """
 from __future__ import annotations
 
@@ -76,6 +76,8 @@ CONV_CASES = [
     (3, 3, 6, (3,), (2,), (1, 2), (1,)),                   # 1-d depthwise
     (1, 3, 6, (3,), (1,), (1, 1), (2,)),                   # 1-d dense
     (2, 2, 4, (2, 2, 2), (1, 1, 1), (1, 0, 1, 0, 1, 0), (1, 1, 1)),  # 3-d: numpy kernel, compiled epilogue
+    (4, 4, 12, (2, 3), (3, 2), (3, 0, 4, 2), (2, 1)),      # depthwise: stride past the rows it reads, wide pads
+    (5, 5, 5, (4, 1), (1, 1), (0, 1, 3, 0), (3, 2)),       # depthwise: dilated rows, a kernel of width 1
 ]
 
 
@@ -86,6 +88,37 @@ def test_conv_compiled_equals_numpy(case, activation):
         op, q, inputs = _conv_case(seed, *case, per_channel=bool(seed % 2 == 0), activation=activation,
                                    out_bits=16 if seed == 2 else 8, spatial=(9, 8, 5))
         _both(op, q, inputs)
+        _both(op, q, [_channels_last_view(inputs[0])] + inputs[1:])
+
+
+def _channels_last_view(x: np.ndarray) -> np.ndarray:
+    """x (N, C, *spatial) as the view of channels-last data, the layout the compiled convolutions return."""
+    return np.moveaxis(np.ascontiguousarray(np.moveaxis(x, 1, -1)), -1, 1)
+
+
+def test_compiled_convolutions_chain_channels_last():
+    """A pointwise convolution's channels-last output into a depthwise one, into an Add with a plain tensor
+    and with another channels-last one: the same codes as the numpy kernels all along, and the layout kept
+    where both operands share it."""
+    from ops.compiled.layout import channels_last
+
+    pw_op, pw_q, pw_in = _conv_case(11, 1, 5, 6, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), activation="Clip",
+                                    spatial=(7, 9))
+    dw_op, dw_q, dw_in = _conv_case(12, 6, 6, 6, (3, 3), (2, 1), (1, 1, 1, 1), (1, 1), spatial=(7, 9))
+    rt = IntRuntime(CompiledBackend())
+    first = pw_op.forward_int(pw_q, pw_in, rt)[0]
+    assert channels_last(first) is not None
+    dw_q.in_qparams[0] = pw_q.out_qparams[0]  # the depthwise reads the pointwise output's codes
+    second = _both(dw_op, dw_q, [first] + dw_in[1:])[0]
+    got = dw_op.forward_int(dw_q, [first] + dw_in[1:], rt)[0]
+    assert channels_last(got) is not None
+    add_op, add_q, _ = _elementwise("Add", 0, (second.shape, second.shape))
+    plain = np.ascontiguousarray(got)
+    np.testing.assert_array_equal(second, got)
+    _both(add_op, add_q, [got, plain])
+    kept = add_op.forward_int(add_q, [got, got], rt)[0]
+    assert channels_last(kept) is not None
+    np.testing.assert_array_equal(kept, _both(add_op, add_q, [plain, plain])[0])
 
 
 @pytest.mark.parametrize("x_bits, w_bits", [(16, 8), (8, 16), (16, 16)])
@@ -99,8 +132,8 @@ def test_conv_compiled_wide_operands(x_bits, w_bits, groups, cin, cout):
 
 
 @pytest.mark.parametrize("width", [20, 60])
-def test_depthwise_both_layouts_on_wide_layers(width):
-    """Output rows shorter than `CHANNELS_LAST_BELOW` run channels-last, longer ones row-wise."""
+def test_depthwise_on_wide_layers(width):
+    """Rows longer than the channel count (the wide early layers of a network), strides 1 and 2."""
     for stride in (1, 2):
         op, q, inputs = _conv_case(width + stride, 16, 16, 16, (5, 5), (stride, stride), (2, 2, 2, 2), (1, 1),
                                    activation="Clip", spatial=(11, width), batch=1)
@@ -162,6 +195,52 @@ def test_requant_epilogue_at_accumulator_extremes(bits):
     safe = AccumulatorPlan(32, True)
     want, got = (finish_accumulator(int32_acc, None, safe, stage, Node("n", "Conv", [], ["y"]), rt) for rt in rts)
     np.testing.assert_array_equal(got, want)
+
+
+def _fast_stage(rng, channels):
+    """Packed parameters (`ops.compiled.requant.pack_stage` layout) of a stage the vectorized loop takes: M
+    up to 2^31 - 1, N over [1, 62], zero points and offsets of both signs."""
+    from ops.compiled import requant
+
+    prm = np.zeros((8, channels), dtype=np.int64)
+    prm[requant.M] = rng.integers(1, 1 << 31, channels)
+    prm[requant.M, 0] = (1 << 31) - 1
+    prm[requant.N] = rng.integers(1, 63, channels)
+    prm[requant.N, :2] = (1, 62)
+    zp = int(rng.integers(-100, 100))
+    prm[requant.K] = ((1 << prm[requant.N]) >> 1) + zp * (1 << prm[requant.N])
+    prm[requant.SUB] = 1 << (63 - prm[requant.N])
+    lim = np.array([-(1 << 40), 1 << 40, 0, 0, 0, 0, 1], dtype=np.int64)
+    return prm, lim
+
+
+def test_vectorized_requant_shift_at_int64_extremes():
+    """The FAST loop's logical shift, v >> N = ((v + 2^63) >>> N) - 2^(63-N), against Python integers for
+    products acc * M + k near both ends of int64, every channel's N from 1 to 62, per row and channels-last."""
+    from ops.compiled import requant
+
+    rng = np.random.default_rng(5)
+    channels = 12
+    prm, lim = _fast_stage(rng, channels)
+    offset = rng.integers(-1000, 1000, channels)
+    for c in range(channels):
+        m, k = int(prm[requant.M, c]), int(prm[requant.K, c])
+        edge = ((1 << 63) - 1 - abs(k) - 1000 * m) // m  # |acc + offset| * M + |k| stays inside int64
+        acc = np.concatenate([[edge, -edge, 0, 1, -1], rng.integers(-edge, edge, 200)]).astype(np.int64)
+        out = np.empty(acc.size, dtype=np.int64)
+        assert requant.requant_row(acc, int(offset[c]), c, prm, lim, out) == 0
+        want = [min(max(((int(a) + int(offset[c])) * m + k) >> int(prm[requant.N, c]), int(lim[0])), int(lim[1]))
+                for a in acc]
+        assert out.tolist() == want
+    acc = rng.integers(-(1 << 31), 1 << 31, size=(7, channels)).astype(np.int64)
+    slow = lim.copy()
+    slow[requant.FAST] = 0
+    got, ref = np.empty((7, channels), np.int64), np.empty((7, channels), np.int64)
+    requant.requant_positions(acc, offset, prm, lim, requant.lane_params(offset, prm), got)
+    requant.requant_positions(acc, offset, prm, slow, requant.lane_params(offset, prm), ref)
+    want = [[min(max(((int(acc[p, c]) + int(offset[c])) * int(prm[requant.M, c]) + int(prm[requant.K, c]))
+                     >> int(prm[requant.N, c]), int(lim[0])), int(lim[1])) for c in range(channels)] for p in range(7)]
+    assert got.tolist() == want and ref.tolist() == want
 
 
 def _linear(op_type, seed, **kw):

@@ -10,7 +10,9 @@ channels per group and the centered weight w = w_q - zp_w (int32):
 Taps that fall in the padding contribute (zp_x - zp_x) * w = 0, which is the numpy path's padding with the
 code zp_x followed by its zero-point fold (sum x w - zp_x sum w): the same integer A. The sum runs in int32
 when Cg * kh * kw * max|x_q - zp_x| * max|w| < 2^31 proves it exact (the wrapped int32 multiply-add is then
-the true sum), else in int64. 1-D convolutions run as 2-D ones of height 1.
+the true sum), else in int64. 1-D convolutions run as 2-D ones of height 1. Depthwise layers run channels
+innermost (`ops.compiled.layout`): they read a channels-last input as it is and return the (N, M, OH, OW)
+view of channels-last codes.
 The same integers as the numpy path, so the LSB bound stated in `ops.conv` holds unchanged.
 """
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Optional
 import numba
 import numpy as np
 
-from ops.compiled.requant import pack_stage, requant_positions, requant_row
+from ops.compiled.layout import channels_first, channels_last
+from ops.compiled.requant import lane_params, pack_stage, requant_positions, requant_row
 from ops.compiled.scratch import scratch
 
 # Grouped convolutions with more input channels per group than this go through BLAS instead.
@@ -72,139 +75,133 @@ def conv_grouped(x, w, zx, groups, sh, sw, dh, dw, pt, pl, bias, prm, lim, row, 
 
 
 @numba.njit(cache=True, nogil=True)
-def _centered_phases(x, n, c, zx, pt, pl, phases) -> None:
-    """The zero-bordered centered plane p[pt + i, pl + j] = x[n, c, i, j] - zx, stored by column phase of the
-    stride s: phases[r, i, q] = p[i, q * s + r], so that every tap reads a contiguous run."""
-    stride = phases.shape[0]
-    width = x.shape[3]
-    for r in range(stride):
-        j0 = (r - pl) % stride  # the first input column j whose padded column pl + j is in phase r
-        q0 = (j0 + pl) // stride
-        count = (width - j0 + stride - 1) // stride if width > j0 else 0
-        for i in range(x.shape[2]):
-            src = x[n, c, i]
-            dst = phases[r, i + pt]
-            for t in range(count):  # a branch-free strided copy
-                dst[q0 + t] = np.int32(src[j0 + t * stride]) - np.int32(zx)
+def _load_row(x, x_last, n, i, zx, mult, pl, dst) -> None:
+    """dst[pl + j, c * mult + k] = x_q[n, c, i, j] - zx for every column j, channel c and multiplier k < mult:
+    one input row, centered, channels innermost. x is (N, H, W, C) when `x_last` (a plain copy along the
+    channels), else (N, C, H, W) (transposed in tiles of channels, so that reads and writes stay in cache)."""
+    z = np.int32(zx)
+    if x_last:
+        src = x[n, i]
+        for j in range(src.shape[0]):
+            s = src[j]
+            d = dst[pl + j]
+            if mult == 1:
+                for c in range(s.shape[0]):
+                    d[c] = np.int32(s[c]) - z
+            else:
+                for c in range(s.shape[0]):
+                    for k in range(mult):
+                        d[c * mult + k] = np.int32(s[c]) - z
+        return
+    channels = x.shape[1]
+    for c0 in range(0, channels, TILE):
+        c1 = min(c0 + TILE, channels)
+        for j in range(x.shape[3]):
+            d = dst[pl + j]
+            for c in range(c0, c1):
+                v = np.int32(x[n, c, i, j]) - z
+                for k in range(mult):
+                    d[c * mult + k] = v
 
 
 @numba.njit(cache=True, nogil=True)
-def depthwise_rows(x, w, zx, sh, dh, dw, pt, pl, bias, prm, lim, phases, row, out) -> int:
-    """Depthwise conv (w: (M, KH, KW), input channel m // (M / C)) of x (N, C, H, W), one output row at a
-    time over the zero-bordered centered plane split in column phases of the stride (`_centered_phases`);
-    out (N, M, OH * OW). Long rows: wide, shallow layers."""
-    mult = w.shape[0] // x.shape[1]
-    sw = phases.shape[0]
-    ow_count = row.shape[0]
-    oh_count = out.shape[2] // ow_count
-    over = 0
-    phases[:, :, :] = 0
-    for n in range(x.shape[0]):
-        for m in range(w.shape[0]):
-            if m % mult == 0:
-                _centered_phases(x, n, m // mult, zx, pt, pl, phases)
-            for oh in range(oh_count):
-                row[:] = 0
-                for kh in range(w.shape[1]):
-                    ih = oh * sh + kh * dh
-                    if w.shape[2] == 3:  # a whole kernel row per pass over the row accumulators
-                        s0 = phases[0, ih, :]
-                        s1 = phases[dw % sw, ih, dw // sw:]
-                        s2 = phases[2 * dw % sw, ih, 2 * dw // sw:]
-                        w0, w1, w2 = w[m, kh, 0], w[m, kh, 1], w[m, kh, 2]
-                        for j in range(ow_count):
-                            row[j] += s0[j] * w0 + s1[j] * w1 + s2[j] * w2
-                        continue
-                    for kw in range(w.shape[2]):
-                        wv = w[m, kh, kw]
-                        start = kw * dw
-                        src = phases[start % sw, ih, start // sw:start // sw + ow_count]
-                        for j in range(ow_count):
-                            row[j] += src[j] * wv
-                over += requant_row(row, bias[m], m, prm, lim, out[n, m, oh * ow_count:(oh + 1) * ow_count])
-    return over
+def depthwise(x, x_last, w, zx, sh, sw, dh, dw, pt, pl, bias, prm, lim, ring, wl, acc, out) -> int:
+    """Depthwise conv (w: (M, KH, KW), input channel m // (M / C)) of the codes x, (N, H, W, C) when `x_last`
+    else (N, C, H, W), into out (N, OH, OW, M), channels innermost: the SIMD lanes run along the channels,
+    whatever the width of the layer.
 
-
-@numba.njit(cache=True, nogil=True)
-def depthwise_channels_last(x, w, zx, sh, sw, dh, dw, pt, pl, bias, prm, lim, ow_count, xl, wl, acc, out) -> int:
-    """Depthwise conv as `depthwise_rows`, channels innermost: xl (Hp, Wp, M) the centered input repeated per
-    multiplier with a zero border, wl (KH, KW, M), acc (OH * OW, M). Long channel loops: deep, small layers."""
-    mult = w.shape[0] // x.shape[1]
+    ring (R, Wp, M), R = (KH - 1) * dh + 1: the centered input rows one output row reads, channels innermost
+    with a zero border (a padded row ip sits in slot ip % R, loaded once: output rows only move down);
+    acc (OW, M) one output row's accumulators, computed `span` positions at a time: wl (KH, KW, span * M)
+    holds the weight channels-last repeated `span` times (span > 1 needs stride 1: then `span` neighbouring
+    positions read one contiguous run of the ring row, and the SIMD loop is long even for few channels)."""
     channels = w.shape[0]
-    height = x.shape[2]
-    width = x.shape[3]
-    over = 0
-    xl[:pt] = 0  # the padding border; the interior is written below
-    xl[pt + height:] = 0
-    xl[:, :pl] = 0
-    xl[:, pl + width:] = 0
+    height = x.shape[1] if x_last else x.shape[2]
+    width = x.shape[2] if x_last else x.shape[3]
+    mult = channels // (x.shape[3] if x_last else x.shape[1])
+    slots = ring.shape[0]
+    lanes = lane_params(bias, prm)
+    span = wl.shape[2] // channels
+    flat_acc = acc.reshape(-1)
     for m in range(channels):
         for kh in range(w.shape[1]):
             for kw in range(w.shape[2]):
-                wl[kh, kw, m] = w[m, kh, kw]
+                for t in range(span):
+                    wl[kh, kw, t * channels + m] = w[m, kh, kw]
+    ring[:, :pl] = 0  # the left and right padding; row interiors are written as rows are loaded
+    ring[:, pl + width:] = 0
+    held = np.empty(slots, dtype=np.int64)
+    over = 0
     for n in range(x.shape[0]):
-        for i in range(height):
-            for c0 in range(0, x.shape[1], TILE):  # tiles of channels: reads and writes stay in cache lines
-                c1 = min(c0 + TILE, x.shape[1])
-                for j in range(width):
-                    dst = xl[i + pt, j + pl]
-                    for c in range(c0, c1):
-                        v = np.int32(x[n, c, i, j]) - np.int32(zx)
-                        for k in range(mult):
-                            dst[c * mult + k] = v
-        for p in range(acc.shape[0]):
-            oh = p // ow_count
-            ow = p % ow_count
-            a = acc[p]
-            a[:] = 0
+        held[:] = -1
+        for oh in range(out.shape[1]):
             for kh in range(w.shape[1]):
-                xrow = xl[oh * sh + kh * dh]
-                wrow = wl[kh]
-                col = ow * sw
-                if w.shape[2] == 3:  # a whole kernel row per pass over the accumulators
-                    s0, s1, s2 = xrow[col], xrow[col + dw], xrow[col + 2 * dw]
-                    w0, w1, w2 = wrow[0], wrow[1], wrow[2]
-                    for m in range(channels):
-                        a[m] += s0[m] * w0[m] + s1[m] * w1[m] + s2[m] * w2[m]
-                elif w.shape[2] == 5:
-                    s0, s1, s2, s3, s4 = (xrow[col], xrow[col + dw], xrow[col + 2 * dw], xrow[col + 3 * dw],
-                                          xrow[col + 4 * dw])
-                    w0, w1, w2, w3, w4 = wrow[0], wrow[1], wrow[2], wrow[3], wrow[4]
-                    for m in range(channels):
-                        a[m] += s0[m] * w0[m] + s1[m] * w1[m] + s2[m] * w2[m] + s3[m] * w3[m] + s4[m] * w4[m]
-                else:
-                    for kw in range(w.shape[2]):
-                        src = xrow[col + kw * dw]
-                        wr = wrow[kw]
-                        for m in range(channels):
-                            a[m] += src[m] * wr[m]
-        over += requant_positions(acc, bias, prm, lim, out[n])
+                ip = oh * sh + kh * dh
+                slot = ip % slots
+                if held[slot] != ip:
+                    held[slot] = ip
+                    if pt <= ip < pt + height:
+                        _load_row(x, x_last, n, ip - pt, zx, mult, pl, ring[slot])
+                    else:
+                        ring[slot, pl:pl + width] = 0
+            for ow0 in range(0, acc.shape[0], span):
+                count = min(span, acc.shape[0] - ow0) * channels
+                a = flat_acc[ow0 * channels:ow0 * channels + count]
+                a[:] = 0
+                for kh in range(w.shape[1]):
+                    xrow = ring[(oh * sh + kh * dh) % slots].reshape(-1)
+                    wrow = wl[kh]
+                    start = ow0 * sw * channels
+                    if w.shape[2] == 3:  # a whole kernel row per pass over the accumulators
+                        s0 = xrow[start:start + count]
+                        s1 = xrow[start + dw * channels:start + dw * channels + count]
+                        s2 = xrow[start + 2 * dw * channels:start + 2 * dw * channels + count]
+                        w0, w1, w2 = wrow[0], wrow[1], wrow[2]
+                        for i in range(count):
+                            a[i] += s0[i] * w0[i] + s1[i] * w1[i] + s2[i] * w2[i]
+                    elif w.shape[2] == 5:
+                        s0 = xrow[start:start + count]
+                        s1 = xrow[start + dw * channels:start + dw * channels + count]
+                        s2 = xrow[start + 2 * dw * channels:start + 2 * dw * channels + count]
+                        s3 = xrow[start + 3 * dw * channels:start + 3 * dw * channels + count]
+                        s4 = xrow[start + 4 * dw * channels:start + 4 * dw * channels + count]
+                        w0, w1, w2, w3, w4 = wrow[0], wrow[1], wrow[2], wrow[3], wrow[4]
+                        for i in range(count):
+                            a[i] += s0[i] * w0[i] + s1[i] * w1[i] + s2[i] * w2[i] + s3[i] * w3[i] + s4[i] * w4[i]
+                    else:
+                        for kw in range(w.shape[2]):
+                            src = xrow[start + kw * dw * channels:start + kw * dw * channels + count]
+                            wr = wrow[kw]
+                            for i in range(count):
+                                a[i] += src[i] * wr[i]
+            over += requant_positions(acc, bias, prm, lim, lanes, out[n, oh])
     return over
 
 
-# Channels per tile of the channels-last transposition (16 int32 values: one 64-byte cache line).
+# Channels per tile of the channels-first row loads (16 int32 values: one 64-byte cache line).
 TILE = 16
-# Output rows shorter than this run channels-last (measured on EfficientNet-Lite0's layers).
-CHANNELS_LAST_BELOW = 48
+# Accumulators per SIMD loop of a stride-1 depthwise layer with few channels (positions x channels).
+SPAN_LANES = 256
 
 
-def _depthwise(x, wk, zx, strides, dilations, pads, bias, packed, out_hw, acc_dtype, out):
-    """Run one of the two depthwise kernels on (N, C, H, W) codes into out (N, M, OH, OW)."""
+def _depthwise(x, wk, zx, strides, dilations, pads, bias, packed, out_hw, acc_dtype, dtype) -> tuple[np.ndarray, int]:
+    """(output codes (N, M, OH, OW), the view of channels-last data; overflow count) of the depthwise kernel
+    on (N, C, H, W) codes, read channels-last when they are laid out so."""
     kh, kw = wk.shape[2:]
-    hp = max(x.shape[2] + pads[0], (out_hw[0] - 1) * strides[0] + (kh - 1) * dilations[0] + 1)
+    channels = wk.shape[0]
+    rows = channels_last(x)
+    x_last = rows is not None
+    if not x_last:
+        rows = np.ascontiguousarray(x)
     wp = max(x.shape[3] + pads[1], (out_hw[1] - 1) * strides[1] + (kw - 1) * dilations[1] + 1)
-    w3 = wk.reshape(wk.shape[0], kh, kw)
-    args = (x, w3, zx, strides[0], strides[1], dilations[0], dilations[1], pads[0], pads[1], bias, packed[0],
-            packed[1])
-    out3 = out.reshape(out.shape[0], out.shape[1], -1)
-    if out_hw[1] < CHANNELS_LAST_BELOW:
-        channels = wk.shape[0]
-        return depthwise_channels_last(*args, out_hw[1], scratch("dw_planes", (hp, wp, channels), acc_dtype),
-                                       scratch("dw_weights", (kh, kw, channels), acc_dtype),
-                                       scratch("dw_acc", (out_hw[0] * out_hw[1], channels), acc_dtype), out3)
-    phases = scratch("dw_phases", (strides[1], hp, -(-wp // strides[1])), acc_dtype)
-    return depthwise_rows(x, w3, zx, strides[0], dilations[0], dilations[1], pads[0], pads[1], bias, packed[0],
-                          packed[1], phases, scratch("dw_row", (out_hw[1],), acc_dtype), out3)
+    ring = scratch("dw_ring", ((kh - 1) * dilations[0] + 1, wp, channels), acc_dtype)
+    span = max(1, min(out_hw[1], SPAN_LANES // channels)) if strides[1] == 1 else 1
+    data = np.empty((x.shape[0], out_hw[0], out_hw[1], channels), dtype=dtype)
+    over = depthwise(rows, x_last, wk.reshape(channels, kh, kw), zx, strides[0], strides[1], dilations[0],
+                     dilations[1], pads[0], pads[1], bias, packed[0], packed[1], ring,
+                     scratch("dw_weights", (kh, kw, span * channels), acc_dtype),
+                     scratch("dw_acc", (out_hw[1], channels), acc_dtype), data)
+    return channels_first(data), over
 
 
 def conv2d_grouped(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tuple[np.ndarray, int]]:
@@ -242,14 +239,14 @@ def conv2d_grouped(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[
     terms = math.prod(w.shape[1:])
     acc_dtype = np.int32 if terms * x_dev * q.weight_absmax < (1 << 31) else np.int64
     wk = np.ascontiguousarray(w, dtype=acc_dtype)
-    x = np.ascontiguousarray(x)
-    out = np.empty((n, channels, out_hw[0], out_hw[1]), dtype=q.stage.dtype)
-    args = (x, wk, zx, groups, strides[0], strides[1], dilations[0], dilations[1], pads[0], pads[1],
-            q.bias, packed[0], packed[1])
     if w.shape[1] == 1:
-        over = _depthwise(x, wk, zx, strides, dilations, pads, q.bias, packed, out_hw, acc_dtype, out)
+        out, over = _depthwise(x, wk, zx, strides, dilations, pads, q.bias, packed, out_hw, acc_dtype,
+                               q.stage.dtype)
     else:
-        over = conv_grouped(*args, np.empty(out_hw[1], dtype=acc_dtype), out)
+        out = np.empty((n, channels, out_hw[0], out_hw[1]), dtype=q.stage.dtype)
+        over = conv_grouped(np.ascontiguousarray(x), wk, zx, groups, strides[0], strides[1], dilations[0],
+                            dilations[1], pads[0], pads[1], q.bias, packed[0], packed[1],
+                            np.empty(out_hw[1], dtype=acc_dtype), out)
     if len(geom.kernel) == 1:
         out = out[:, :, 0, :]
     return out, int(over)

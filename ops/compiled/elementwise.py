@@ -11,7 +11,8 @@ Mul (M/2^N ~= s_a s_b / s_y):
     y_q = clamp(((a_q - zp_a) * (b_q - zp_b) * M + 2^(N-1) + zp_y * 2^N) >> N, qmin, qmax)
 
 the integers of the numpy path (`shift_round` and `requantize` of `ptq.core.requant`). Operands of the same
-shape, or one of them a single value; other broadcasts run the numpy path.
+shape (read in their common memory order, plain or channels-last, which the output keeps), or one of them a
+single value; other broadcasts run the numpy path.
 The same integers as the numpy path, so the LSB bound stated in `ops.elementwise` holds unchanged.
 """
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Optional
 
 import numba
 import numpy as np
+
+from ops.compiled.layout import memory_order
 
 
 @numba.njit(cache=True, nogil=True)
@@ -48,17 +51,33 @@ def mul(a, b, za, zb, m, n, zp, lo, hi, out) -> None:
         out[i] = min(max(y, lo), hi)
 
 
-def _flat_pair(a: np.ndarray, b: np.ndarray) -> Optional[tuple[np.ndarray, np.ndarray, tuple[int, ...], bool]]:
-    """(a, b) flattened with the larger first, the output shape, and whether they were swapped; None when
-    neither the shapes are equal nor one operand is a single value that broadcasts into the other's shape."""
+def _flat_pair(a: np.ndarray, b: np.ndarray):
+    """(a, b) flattened with the larger first, the output shape, the axes order of the flat data (None:
+    plain C order) and whether they were swapped; None when neither the shapes are equal nor one operand is
+    a single value that broadcasts into the other's shape. Operands of one shape that share a memory order
+    (the channels-last codes of the compiled convolutions, `ops.compiled.layout`) are read in that order."""
     if a.dtype.kind not in "iu" or b.dtype.kind not in "iu":
         return None
     shape = np.broadcast_shapes(a.shape, b.shape)
+    if a.shape == b.shape:
+        common = memory_order(a, b)
+        if common is not None:
+            at, bt, axes = common
+            return at.reshape(-1), bt.reshape(-1), shape, axes, False
     if a.shape == b.shape or (b.size == 1 and a.shape == shape):
-        return np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1), shape, False
+        return np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1), shape, None, False
     if a.size == 1 and b.shape == shape:
-        return np.ascontiguousarray(b).reshape(-1), np.ascontiguousarray(a).reshape(-1), shape, True
+        return np.ascontiguousarray(b).reshape(-1), np.ascontiguousarray(a).reshape(-1), shape, None, True
     return None
+
+
+def _output(shape: tuple[int, ...], axes, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(the output array, its flat data in the operands' memory order `axes`)."""
+    if axes is None:
+        out = np.empty(shape, dtype=dtype)
+        return out, out.reshape(-1)
+    data = np.empty(tuple(shape[i] for i in axes), dtype=dtype)
+    return data.transpose(np.argsort(axes)), data.reshape(-1)
 
 
 def add_sub_codes(a, b, zps, m, n, shift: int, sign: int, y_qp) -> Optional[np.ndarray]:
@@ -67,13 +86,13 @@ def add_sub_codes(a, b, zps, m, n, shift: int, sign: int, y_qp) -> Optional[np.n
     pair = _flat_pair(np.asarray(a), np.asarray(b))
     if pair is None:
         return None
-    first, second, shape, swapped = pair
+    first, second, shape, axes, swapped = pair
     i, j = (1, 0) if swapped else (0, 1)
     if swapped and sign < 0:  # a single-valued minuend: the numpy path
         return None
-    out = np.empty(shape, dtype=y_qp.dtype)
+    out, flat = _output(shape, axes, y_qp.dtype)
     add_sub(first, second, int(zps[i]), int(zps[j]), int(m[i]), int(n[i]), int(m[j]), int(n[j]), shift, sign,
-            int(y_qp.zero_point[0]), y_qp.qmin, y_qp.qmax, out.reshape(-1))
+            int(y_qp.zero_point[0]), y_qp.qmin, y_qp.qmax, flat)
     return out
 
 
@@ -82,8 +101,8 @@ def mul_codes(a, b, zps, m: int, n: int, y_qp) -> Optional[np.ndarray]:
     pair = _flat_pair(np.asarray(a), np.asarray(b))
     if pair is None:
         return None
-    first, second, shape, swapped = pair
+    first, second, shape, axes, swapped = pair
     za, zb = (int(zps[1]), int(zps[0])) if swapped else (int(zps[0]), int(zps[1]))
-    out = np.empty(shape, dtype=y_qp.dtype)
-    mul(first, second, za, zb, int(m), int(n), int(y_qp.zero_point[0]), y_qp.qmin, y_qp.qmax, out.reshape(-1))
+    out, flat = _output(shape, axes, y_qp.dtype)
+    mul(first, second, za, zb, int(m), int(n), int(y_qp.zero_point[0]), y_qp.qmin, y_qp.qmax, flat)
     return out

@@ -1,10 +1,13 @@
 """Dense (groups = 1) convolution and Gemm as one exact float BLAS GEMM with the requant epilogue fused after it.
 
-    A[n, m, p] = sum_k w[m, k] * cols[n, k, p]  +  (b_q[m] - zp_x * sum_k w[m, k])
-    y_q[n, m, p] = epilogue(A)      (`ops.compiled.requant`: saturation if unproven, M/2^N, zp, clamp)
+    A[n, p, m] = sum_k cols[n, p, k] * w[m, k]  +  (b_q[m] - zp_x * sum_k w[m, k])
+    y_q[n, p, m] = epilogue(A)      (`ops.compiled.requant`: saturation if unproven, M/2^N, zp, clamp)
 
 cols are the raw input codes (the input itself for a pointwise 1x1 convolution, else `ops.conv_kernels.im2col`
 of the input padded with zp_x), w the centered weight w_q - zp_w; the zero-point fold is the numpy path's.
+The convolution runs channels innermost (`ops.compiled.layout`): the GEMM reads a channels-last input as it
+is (any other through BLAS's transposed operand) and writes positions x channels, the epilogue runs along
+the channels, and the output is the (N, C, *spatial) view of the channels-last codes.
 Gemm is the same with A (M, K) @ w (K, N) and the output channels along N.
 The GEMM runs in float32 when max|x_q| * max_m sum_k |w[m, k]| <= 2^24, in float64 up to 2^53: every
 partial sum of a row's products, in whatever order the BLAS adds them, is an integer of magnitude at most
@@ -22,13 +25,14 @@ from typing import Optional
 import numpy as np
 
 from ops.backend import dtype_absmax
-from ops.compiled.requant import finish, finish_channels, pack_stage
+from ops.compiled.layout import channels_first, channels_last
+from ops.compiled.requant import finish, finish_lanes, pack_stage
 from ops.compiled.scratch import scratch
 from ops.conv_kernels import im2col, pad_input
 
 FLOAT32_EXACT = 1 << 24
 FLOAT64_EXACT = 1 << 53
-# (float weight (M, K), offset (M,)) by (id(q), float type), and the rows' largest L1 norm by id(q);
+# (float weight transposed (K, M), offset (M,)) by (id(q), float type), and the rows' largest L1 norm by id(q);
 # dropped with the quantized node
 _OPERANDS: dict = {}
 
@@ -42,7 +46,7 @@ def _cached(key, q, make):
 
 def _operands(q, ftype, zx: int) -> tuple[np.ndarray, np.ndarray]:
     return _cached((id(q), ftype), q, lambda: (
-        np.ascontiguousarray(q.weight.reshape(q.weight.shape[0], -1), dtype=ftype),
+        np.ascontiguousarray(q.weight.reshape(q.weight.shape[0], -1).T, dtype=ftype),
         (q.bias - zx * q.weight_sum).astype(np.int64)))
 
 
@@ -86,18 +90,26 @@ def conv_dense(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tupl
         return None
     ftype = np.float32 if bound <= FLOAT32_EXACT else np.float64
     zx = int(q.in_qparams[0].zero_point[0])
-    weight, offset = _operands(q, ftype, zx)
+    weight_t, offset = _operands(q, ftype, zx)
     n = x.shape[0]
-    if geom.is_pointwise:
-        cols = x.reshape(n, x.shape[1], -1)
+    rows = channels_last(x) if geom.is_pointwise else None
+    if rows is not None:  # channels-last codes: (N, P, K) as they are
+        rows = rows.reshape(n, -1, x.shape[1])
+        operand = scratch("gemm_operand", rows.shape, ftype)
+        np.copyto(operand, rows, casting="unsafe")  # integer codes: exact in the float type
         out_spatial = x.shape[2:]
     else:
-        xp = pad_input(x, geom, zx)
-        cols = im2col(xp, geom)
-        out_spatial = geom.padded_out_shape(xp.shape[2:])
-    operand = scratch("gemm_operand", cols.shape, ftype)
-    np.copyto(operand, cols, casting="unsafe")  # integer codes: exact in the float type
-    acc = np.matmul(weight, operand, out=scratch("gemm_result", (n, channels, cols.shape[-1]), ftype))
-    out = np.empty((n, channels) + tuple(out_spatial), dtype=q.stage.dtype)
-    over = finish_channels(acc, offset, packed, out.reshape(acc.shape))
-    return out, over
+        if geom.is_pointwise:
+            cols = x.reshape(n, x.shape[1], -1)
+            out_spatial = x.shape[2:]
+        else:
+            xp = pad_input(x, geom, zx)
+            cols = im2col(xp, geom)
+            out_spatial = geom.padded_out_shape(xp.shape[2:])
+        operand = scratch("gemm_operand", cols.shape, ftype)
+        np.copyto(operand, cols, casting="unsafe")
+        operand = operand.transpose(0, 2, 1)  # (N, P, K): BLAS reads the operand transposed
+    acc = np.matmul(operand, weight_t, out=scratch("gemm_result", (n, operand.shape[1], channels), ftype))
+    data = np.empty((n,) + tuple(out_spatial) + (channels,), dtype=q.stage.dtype)
+    over = finish_lanes(acc, offset, packed, data.reshape(acc.shape))
+    return channels_first(data), over

@@ -12,6 +12,10 @@ Per element of output channel c, with A = acc + offset[c] in int64 (`OutputStage
 
 int64 arithmetic, round half up, arithmetic shift; zp * 2^N is a multiple of 2^N, so it passes through the
 shift exactly as `requantize` folds it. The callers bound |A| * M within int64 as the numpy path does.
+
+AVX2 has no 64-bit arithmetic shift (and no variable one), so the common case shifts logically: for an int64
+v and 1 <= N <= 62, v >> N = ((v + 2^63) >>> N) - 2^(63-N) exactly (2^63 is a multiple of 2^N, and v + 2^63,
+computed as v with its sign bit flipped, lies in [0, 2^64) as an unsigned integer), which vectorizes.
 The same integers as the numpy path, so the LSB bound stated in `ops.linear` holds unchanged.
 """
 from __future__ import annotations
@@ -26,10 +30,12 @@ from numba import types
 from numba.extending import overload
 
 INT32_MAX = (1 << 31) - 1
-# rows of the packed per-channel parameters
-M, N, K, NEG_M, NEG_N, NEG_K, PRE = range(7)
-# entries of the packed scalars
-LO, HI, SAT_LO, SAT_HI, CHECK, HAS_NEG = range(6)
+# rows of the packed per-channel parameters (SUB: 2^(63-N), the logical shift's correction)
+M, N, K, NEG_M, NEG_N, NEG_K, PRE, SUB = range(8)
+# entries of the packed scalars (FAST: no saturation check, no negative-side multiplier, no pre-rounding,
+# every M an int32 and every N in [1, 62]: the vectorized loop)
+LO, HI, SAT_LO, SAT_HI, CHECK, HAS_NEG, FAST = range(7)
+SIGN_BIT = np.uint64(1 << 63)
 
 
 # packed parameters by (id(stage), channels, acc_bits), dropped when the stage is garbage-collected
@@ -37,7 +43,7 @@ _PACKED: dict = {}
 
 
 def pack_stage(stage, channels: int, acc_bits: Optional[int] = None) -> Optional[tuple[np.ndarray, np.ndarray]]:
-    """(per-channel int64 params (7, C), int64 scalars (6,)) of an `ops.linear.OutputStage` for an accumulator
+    """(per-channel int64 params (8, C), int64 scalars (7,)) of an `ops.linear.OutputStage` for an accumulator
     with `channels` channels, saturated to `acc_bits` (None: no check); None when a parameter is not laid
     out per channel (length 1 or C) and the numpy path must run. Cached per stage (stages are not changed
     once the quantize rule has built them)."""
@@ -56,7 +62,7 @@ def _pack(stage, channels: int, acc_bits: Optional[int]) -> Optional[tuple[np.nd
         arrays.append(stage.pre_shift)
     if any(np.ndim(a) > 1 or np.size(a) not in (1, channels) for a in arrays):
         return None
-    prm = np.zeros((7, channels), dtype=np.int64)
+    prm = np.zeros((8, channels), dtype=np.int64)
     prm[M] = stage.m
     prm[N] = stage.n
     prm[K] = ((np.int64(1) << prm[N]) >> 1) + np.int64(stage.zp) * (np.int64(1) << prm[N])
@@ -66,10 +72,14 @@ def _pack(stage, channels: int, acc_bits: Optional[int]) -> Optional[tuple[np.nd
         prm[NEG_K] = ((np.int64(1) << prm[NEG_N]) >> 1) + np.int64(stage.zp) * (np.int64(1) << prm[NEG_N])
     if stage.pre_shift is not None:
         prm[PRE] = stage.pre_shift
+    shiftable = (prm[N] >= 1) & (prm[N] <= 62)
+    prm[SUB] = np.where(shiftable, np.int64(1) << np.where(shiftable, 63 - prm[N], 0), 0)
     check = acc_bits is not None
+    fast = (not check and stage.neg_m is None and not prm[PRE].any() and bool(shiftable.all())
+            and int(prm[M].max()) <= INT32_MAX)
     bits = acc_bits if check else 64
     lim = np.array([stage.lo, stage.hi, -(1 << (bits - 1)) if check else 0, (1 << (bits - 1)) - 1 if check else 0,
-                    int(check), int(stage.neg_m is not None)], dtype=np.int64)
+                    int(check), int(stage.neg_m is not None), int(fast)], dtype=np.int64)
     return prm, lim
 
 
@@ -95,13 +105,15 @@ def requant_row(acc, offset, c, prm, lim, out) -> int:
     m = prm[M, c]
     n = prm[N, c]
     k = prm[K, c]
-    if lim[CHECK] == 0 and lim[HAS_NEG] == 0 and prm[PRE, c] == 0 and m <= INT32_MAX:
+    if lim[FAST] != 0:
         # the common case, a tight loop: acc * M + (offset * M + k), the offset folded as `requantize` does;
         # M as a sign-extended int32 lets a 32x32->64-bit SIMD multiply do it for int32 accumulators
         m32 = np.int64(np.int32(m))
         k_row = offset * m + k
+        sub = prm[SUB, c]
+        shift = np.uint64(n)
         for i in range(acc.shape[0]):
-            y = (_as_int64(acc[i]) * m32 + k_row) >> n
+            y = np.int64((np.uint64(_as_int64(acc[i]) * m32 + k_row) ^ SIGN_BIT) >> shift) - sub
             out[i] = min(max(y, lo), hi)
         return 0
     over = 0
@@ -126,25 +138,55 @@ def requant_row(acc, offset, c, prm, lim, out) -> int:
 
 
 @numba.njit(cache=True, nogil=True)
-def requant_positions(acc, offset, prm, lim, out) -> int:
-    """out[c, p] = the epilogue of acc[p, c] + offset[c] (a channels-last accumulator into a channels-first
-    output); returns the overflow count. The common case runs along the channels, with their parameters."""
-    if lim[CHECK] != 0 or lim[HAS_NEG] != 0 or np.any(prm[PRE] != 0):
+def lane_params(offset, prm):
+    """(M as int32, offset * M + k, N as uint64) per channel, for `requant_positions` (its FAST case)."""
+    channels = prm.shape[1]
+    m32 = np.empty(channels, dtype=np.int32)
+    k_row = np.empty(channels, dtype=np.int64)
+    shift = np.empty(channels, dtype=np.uint64)
+    for c in range(channels):
+        m32[c] = np.int32(prm[M, c])
+        k_row[c] = offset[c] * prm[M, c] + prm[K, c]
+        shift[c] = np.uint64(prm[N, c])
+    return m32, k_row, shift
+
+
+@numba.njit(cache=True, nogil=True)
+def requant_positions(acc, offset, prm, lim, lanes, out) -> int:
+    """out[p, c] = the epilogue of acc[p, c] + offset[c], channels innermost (`lanes` =
+    `lane_params(offset, prm)`); returns the overflow count. The common case runs along the channels, the
+    SIMD lanes each with their channel's parameters."""
+    if lim[FAST] == 0:
         over = 0
         for c in range(acc.shape[1]):
-            over += requant_row(acc[:, c], offset[c], c, prm, lim, out[c])
+            over += requant_row(acc[:, c], offset[c], c, prm, lim, out[:, c])
         return over
     lo = lim[LO]
     hi = lim[HI]
-    m = prm[M]
-    n = prm[N]
-    k_row = offset * m + prm[K]
+    m32, k_row, shift = lanes
+    sub = prm[SUB]
     for p in range(acc.shape[0]):
         a = acc[p]
+        o = out[p]
         for c in range(acc.shape[1]):
-            y = (_as_int64(a[c]) * m[c] + k_row[c]) >> n[c]
-            out[c, p] = min(max(y, lo), hi)
+            y = np.int64((np.uint64(_as_int64(a[c]) * np.int64(m32[c]) + k_row[c]) ^ SIGN_BIT) >> shift[c]) - sub[c]
+            o[c] = min(max(y, lo), hi)
     return 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _finish_lanes(acc, offset, prm, lim, out) -> int:
+    lanes = lane_params(offset, prm)
+    over = 0
+    for o in range(acc.shape[0]):
+        over += requant_positions(acc[o], offset, prm, lim, lanes, out[o])
+    return over
+
+
+def finish_lanes(acc: np.ndarray, offset: np.ndarray, packed, out: np.ndarray) -> int:
+    """out (O, P, C) = the epilogue of acc (O, P, C; integers, or floats holding exact integers) + offset[c],
+    channels innermost, with `pack_stage`'s parameters; returns the overflow count."""
+    return int(_finish_lanes(acc, offset, packed[0], packed[1], out))
 
 
 @numba.njit(cache=True, nogil=True)
