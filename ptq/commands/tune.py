@@ -1,12 +1,15 @@
 """`ptq tune MODEL --images DIR --quant TABLE --target-cosine 0.995 [--budget-int16 N] [--allow-float N]`:
 change the table step by step (`ptq.tune`) until the logits cosine on the images reaches the target; write
 `<stem>.tuned.quant.json` (and the adjusted weights the table uses, beside it) and `<stem>.tune.json` with
-what each step changed and bought. Tune on calibration images; judge the result on held-out ones."""
+what each step changed and bought. Decisions are taken on a validation part of the images (or on
+--validation DIR) against MODEL itself; judge the result on other held-out images still."""
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+
+from ptq.tune import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_Z
 
 HELP = "reach a target logits cosine: per-channel weights, better ranges, 16-bit tensors, float as a last resort"
 
@@ -19,6 +22,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget-int16", type=int, default=8, help="at most this many 16-bit tensors (default 8)")
     parser.add_argument("--allow-float", type=int, default=0, help="at most this many float layers (default 0)")
     parser.add_argument("--num-images", type=int, help="use only the first N images")
+    parser.add_argument("--validation", help="folder of validation images to decide on (default: every "
+                                             "k-th image of --images is held out, k = 1 / --validation-fraction)")
+    parser.add_argument("--validation-fraction", type=float, default=DEFAULT_VALIDATION_FRACTION,
+                        help=f"share of --images held out to decide on (default {DEFAULT_VALIDATION_FRACTION})")
+    parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                        help=f"reach the target plus this on the validation images (default {DEFAULT_MARGIN})")
+    parser.add_argument("--z", type=float, default=DEFAULT_Z,
+                        help=f"the validation mean minus this many standard errors must reach the target "
+                             f"(default {DEFAULT_Z:g})")
     parser.add_argument("--out", help="output folder (default: the table's folder)")
 
 
@@ -26,12 +38,11 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     from ptq.adjusted_model import load_model_for_table, save_adjusted
+    from ptq.core.graph import load_model
     from ptq.images import Preprocess
-    from ptq.pipeline import collect_image_statistics
     from ptq.quant_table import load_quant_table, save_quant_table
     from ptq.tune import tune
     from reports.image_source import ImageSet
-    from calibrators import required_stats
 
     if not 0 < args.target_cosine <= 1:
         raise ValueError(f"--target-cosine must be in (0, 1], got {args.target_cosine}")
@@ -44,14 +55,11 @@ def run(args: argparse.Namespace) -> int:
     graph = load_model_for_table(args.model, table, table_path)
     pre = Preprocess(**(table.options.preprocess or {}))
     images = ImageSet.from_folder(args.images, pre, None, args.num_images)
-
-    def stats_for(calibrators):
-        stats, _ = collect_image_statistics(graph, args.images, required_stats(calibrators), preprocess=pre,
-                                            num_images=args.num_images)
-        return stats
-
+    validation = ImageSet.from_folder(args.validation, pre) if args.validation else None
+    reference = load_model(args.model, table.options.input_shapes)
     result = tune(graph, table, images, args.target_cosine, budget_int16=args.budget_int16,
-                  allow_float=args.allow_float, stats_for=stats_for)
+                  allow_float=args.allow_float, validation=validation, reference=reference,
+                  validation_fraction=args.validation_fraction, margin=args.margin, z=args.z)
     out_dir = Path(args.out) if args.out else table_path.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = table_path.name[: -len(".quant.json")] if table_path.name.endswith(".quant.json") else table_path.stem
@@ -60,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if tuned.options.adjusted_model is not None:  # the weights move with the table
         import dataclasses
 
-        _, relative, digest = save_adjusted(graph.model, tuned_path)
+        _, relative, digest = save_adjusted(result.graph.model, tuned_path)
         tuned.options = dataclasses.replace(tuned.options, adjusted_model=relative, adjusted_sha256=digest)
     save_quant_table(tuned, tuned_path)
     record = out_dir / f"{stem}.tune.json"
