@@ -264,6 +264,7 @@ def calibrate(
     equalize: bool = False,
     bias_correction: bool = False,
     adaround: bool = False,
+    analytic_bias_correction: bool = False,
 ) -> CalibrationResult:
     """Calibrate `model` on `images` and, with `out_dir`, write `<stem>.quant.json` and `<stem>.qdq.onnx`.
 
@@ -272,7 +273,7 @@ def calibrate(
     `weight_calibrator` at `weight_bits` (symmetric unless `weight_symmetric=False`), per channel unless
     `per_channel=False`. `narrow` selects the restricted signed range [-(2^(b-1)-1), 2^(b-1)-1]; `pow2`
     rounds scales up to powers of two. `align` writes the qparams the integer graph fixes by rule into the
-    table (see `align_with_integer_graph`). `equalize`, `bias_correction`, `adaround` adjust the weights
+    table (see `align_with_integer_graph`). `equalize`, `bias_correction`, `adaround`, `analytic_bias_correction` adjust the weights
     (`ptq.adjust`); the adjusted model is written beside the table and recorded in its options
     (`ptq.adjusted_model`). The input model is never modified; files are written atomically.
     `workers` > 1 processes (or a Ray cluster: `ray` 'auto', an address or 'local') collect the statistics
@@ -288,19 +289,26 @@ def calibrate(
         num_images=num_images, batch_size=batch_size, seed=seed,
         preprocess=preprocess.to_dict(), input_shapes=_normalize_input_shapes(input_shapes),
         equalize=equalize, bias_correction=bias_correction, adaround=adaround,
+        analytic_bias_correction=analytic_bias_correction,
     )
     paths = output_paths(model, out_dir) if out_dir is not None else None
     if paths is not None:
         _check_not_input(model, paths)
     graph = load_model(model, input_shapes)
+    if bias_correction and analytic_bias_correction:
+        raise ValueError("choose one bias correction: empirical (on the images) or analytic (BatchNorm statistics)")
+    adjusted = equalize or bias_correction or adaround or analytic_bias_correction
+    bn_stats: dict = {}
+    if adjusted:
+        graph, bn_stats = adjust.batchnorm_folded(graph, input_shapes)
     if equalize:
-        graph = adjust.equalized(graph, input_shapes)
+        graph, bn_stats = adjust.equalized(graph, input_shapes, bn_stats)
     needs = required_stats([options.calibrator])
     if (workers > 1 or ray is not None) and not isinstance(images, np.ndarray):
         from ptq.calibration_shards import sharded_statistics
 
-        # the workers load the model they are sent: the equalized one when equalization changed it
-        source = graph.model if equalize else model
+        # the workers load the model they are sent: the folded/equalized one when the adjustments changed it
+        source = graph.model if adjusted else model
         stats, log = sharded_statistics(source, graph, images, needs, preprocess=preprocess, num_images=num_images,
                                         batch_size=batch_size, seed=seed, input_shapes=input_shapes,
                                         workers=workers, ray=ray, progress=progress)
@@ -308,6 +316,8 @@ def calibrate(
         stats, log = collect_image_statistics(graph, images, needs, preprocess=preprocess, num_images=num_images,
                                               batch_size=batch_size, seed=seed, progress=progress)
     table = build_table(graph, stats, options)
+    if analytic_bias_correction:
+        graph = adjust.analytic_corrected(graph, table, bn_stats, input_shapes)
     if bias_correction or adaround:
         graph = adjust.after_table(
             graph, table, lambda: adjust.sample_batches(graph, images, preprocess, num_images, batch_size, seed),
@@ -318,7 +328,7 @@ def calibrate(
     result = CalibrationResult(table=table, graph=graph, images_used=len(log.used), skipped=list(log.skipped))
     if paths is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        if equalize or bias_correction or adaround:
+        if adjusted:
             relative, digest = adjust.write_adjusted(graph, paths[0])
             table.options = dataclasses.replace(table.options, adjusted_model=relative, adjusted_sha256=digest)
         result.table_path = save_quant_table(table, paths[0])

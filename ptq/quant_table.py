@@ -54,6 +54,7 @@ class CalibrationOptions:
     equalize: bool = False  # cross-layer equalization (ptq.equalize)
     bias_correction: bool = False  # empirical bias correction (ptq.bias_correction)
     adaround: bool = False  # learned weight rounding (ptq.adaround)
+    analytic_bias_correction: bool = False  # bias correction from BatchNorm statistics (ptq.analytic_bias_correction)
     adjusted_model: Optional[str] = None  # the adjusted float model, relative to the table (ptq.adjusted_model)
     adjusted_sha256: Optional[str] = None
 

@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="cross-layer equalization of Conv pairs before calibrating (exact; for per-tensor weights)")
     cal.add_argument("--bias-correction", action="store_true",
                      help="correct each channel's bias for the mean shift weight quantization causes (on the images)")
+    cal.add_argument("--analytic-bias-correction", action="store_true",
+                     help="the same correction from BatchNorm statistics, without images (BatchNorm models only)")
     cal.add_argument("--adaround", action="store_true",
                      help="learn each weight's rounding (up or down) layer by layer on the images")
     cal.add_argument("--input-shape", action="append", metavar="NAME:D0,D1,...",
@@ -108,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
             equalize=args.equalize,
             bias_correction=args.bias_correction,
             adaround=args.adaround,
+            analytic_bias_correction=args.analytic_bias_correction,
         )
     finally:
         logger.setLevel(previous_level)
