@@ -79,6 +79,15 @@ def rescaled_statistics(before: Graph, after: Graph, stats: dict) -> dict:
     return out
 
 
+def searched_ranges(graph: Graph, stats: dict, options, batches) -> dict:
+    """The activation entries the per-tensor range search keeps (`ptq.range_search`), over `batches()`."""
+    from ptq.range_search import candidate_entries, search_ranges
+
+    chosen, log = search_ranges(graph, candidate_entries(graph, stats, options), batches())
+    logger.info("%s", log.summary())
+    return chosen
+
+
 def analytic_corrected(graph: Graph, table: QuantTable, stats: dict, input_shapes: Optional[dict]) -> Graph:
     from ptq.analytic_bias_correction import correct_biases_analytic
 

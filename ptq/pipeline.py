@@ -22,6 +22,7 @@ import onnx
 
 from calibrators import TensorStatistics, calibrate_array, get_calibrator, required_stats
 from ptq import adjust
+from ptq.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
 from ptq.atomic import atomic_write_bytes
 from ptq.float_run import collect_statistics, image_input
 from ptq.core.graph import Graph, Node, load_model
@@ -265,6 +266,7 @@ def calibrate(
     bias_correction: bool = False,
     adaround: bool = False,
     analytic_bias_correction: bool = False,
+    range_search: bool = False,
 ) -> CalibrationResult:
     """Calibrate `model` on `images` and, with `out_dir`, write `<stem>.quant.json` and `<stem>.qdq.onnx`.
 
@@ -276,7 +278,9 @@ def calibrate(
     table (see `align_with_integer_graph`). `equalize`, `bias_correction`, `adaround`, `analytic_bias_correction` adjust the weights
     (`ptq.adjust`); the adjusted model is written beside the table and recorded in its options
     (`ptq.adjusted_model`). The input model is never modified; files are written atomically.
-    `workers` > 1 processes (or a Ray cluster: `ray` 'auto', an address or 'local') collect the statistics
+    `range_search` picks each activation's range among several calibrators' by its consumers' output error
+    (`ptq.range_search`). `workers` > 1 processes (or a Ray cluster: `ray` 'auto', an address or 'local')
+    collect the statistics
     of image files in shards, with the same result as one process (`ptq.calibration_shards`).
     """
     start = time.perf_counter()
@@ -289,7 +293,7 @@ def calibrate(
         num_images=num_images, batch_size=batch_size, seed=seed,
         preprocess=preprocess.to_dict(), input_shapes=_normalize_input_shapes(input_shapes),
         equalize=equalize, bias_correction=bias_correction, adaround=adaround,
-        analytic_bias_correction=analytic_bias_correction,
+        analytic_bias_correction=analytic_bias_correction, range_search=range_search,
     )
     paths = output_paths(model, out_dir) if out_dir is not None else None
     if paths is not None:
@@ -303,7 +307,7 @@ def calibrate(
         graph, bn_stats = adjust.batchnorm_folded(graph, input_shapes)
     if equalize:
         graph, bn_stats = adjust.equalized(graph, input_shapes, bn_stats)
-    needs = required_stats([options.calibrator])
+    needs = required_stats([options.calibrator] + (list(RANGE_SEARCH_CANDIDATES) if range_search else []))
     if (workers > 1 or ray is not None) and not isinstance(images, np.ndarray):
         from ptq.calibration_shards import sharded_statistics
 
@@ -316,6 +320,9 @@ def calibrate(
         stats, log = collect_image_statistics(graph, images, needs, preprocess=preprocess, num_images=num_images,
                                               batch_size=batch_size, seed=seed, progress=progress)
     table = build_table(graph, stats, options)
+    if range_search:
+        table.tensors.update(adjust.searched_ranges(
+            graph, stats, options, lambda: adjust.sample_batches(graph, images, preprocess, num_images, 1, seed)))
     if analytic_bias_correction:
         graph = adjust.analytic_corrected(graph, table, bn_stats, input_shapes)
     if bias_correction or adaround:

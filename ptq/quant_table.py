@@ -55,6 +55,7 @@ class CalibrationOptions:
     bias_correction: bool = False  # empirical bias correction (ptq.bias_correction)
     adaround: bool = False  # learned weight rounding (ptq.adaround)
     analytic_bias_correction: bool = False  # bias correction from BatchNorm statistics (ptq.analytic_bias_correction)
+    range_search: bool = False  # each activation's range chosen by its consumers' error (ptq.range_search)
     adjusted_model: Optional[str] = None  # the adjusted float model, relative to the table (ptq.adjusted_model)
     adjusted_sha256: Optional[str] = None
 

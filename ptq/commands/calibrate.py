@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="cross-layer equalization of Conv pairs before calibrating (exact; for per-tensor weights)")
     cal.add_argument("--bias-correction", action="store_true",
                      help="correct each channel's bias for the mean shift weight quantization causes (on the images)")
+    cal.add_argument("--range-search", action="store_true",
+                     help="pick each activation's range among extrema, mse, kld, 99.99percentile by the error "
+                          "of its consumers' outputs on (up to 8 of) the images")
     cal.add_argument("--analytic-bias-correction", action="store_true",
                      help="the same correction from BatchNorm statistics, without images (BatchNorm models only)")
     cal.add_argument("--adaround", action="store_true",
@@ -111,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             bias_correction=args.bias_correction,
             adaround=args.adaround,
             analytic_bias_correction=args.analytic_bias_correction,
+            range_search=args.range_search,
         )
     finally:
         logger.setLevel(previous_level)
