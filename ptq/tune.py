@@ -9,7 +9,9 @@ raises the validation mean by at least `min_gain`:
 
 1. per-channel weights (when the table is per-tensor): free at run time on most accelerators;
 2. a better activation range: every activation recalibrated with each of `range_calibrators` on the fit
-   samples (one statistics pass), the best kept. No percentile: a tail fitted to a few images clips others;
+   samples (one statistics pass), then each activation's own choice by the per-tensor search
+   (`ptq.range_search`, with `range_search`), the best kept. No percentile for the whole graph: a tail
+   fitted to a few images clips others;
 3. 16 bits, groups first (the outputs of all depthwise Convs, then the weights of all depthwise Convs, then
    every other weight), then single activations in the order of the report's bottleneck ranking, within
    `budget_int16` tensors (activations and weights count alike);
@@ -33,6 +35,8 @@ from ptq.adjust import with_initializers
 from ptq.core.graph import Graph, load_model
 from ptq.executor import prepare
 from ptq.quant_table import QuantTable
+from ptq.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
+from ptq.range_search import candidate_entries, search_ranges
 from ptq.tune_data import Samples, Score, Validation, split_samples
 from ptq.weight_scale_floor import floor_weight_scales
 from reports.build import build_report
@@ -140,6 +144,16 @@ def fit_statistics(graph: Graph, samples: Samples, calibrators: Sequence[str]) -
 
     batches = (x for _, x, _ in samples.samples(graph))
     return collect_statistics(graph, batches, graph.activations, required_stats(calibrators))
+
+
+def searched_table(state: _State, stats: dict, fit: Samples) -> QuantTable:
+    """The table with each 8-bit activation's range from the per-tensor search (`ptq.range_search`) on the fit
+    samples."""
+    candidates = candidate_entries(state.graph, stats, state.table.options)
+    chosen, _ = search_ranges(state.graph, candidates, (x for _, x, _ in fit.samples(state.graph)))
+    tensors = dict(state.table.tensors)
+    tensors.update({n: e for n, e in chosen.items() if tensors[n].qparams.bits == state.table.options.bits})
+    return dataclasses.replace(state.table, tensors=tensors)
 
 
 def _depthwise(graph: Graph) -> list:
@@ -272,7 +286,8 @@ class _Tuner:
 def tune(graph: Graph, table: QuantTable, images: Samples, target: float, *, budget_int16: int = 8,
          allow_float: int = 0, validation: Optional[Samples] = None, reference: Optional[Graph] = None,
          validation_fraction: float = DEFAULT_VALIDATION_FRACTION, margin: float = DEFAULT_MARGIN, z: float = DEFAULT_Z,
-         range_calibrators: Sequence[str] = DEFAULT_RANGE_CALIBRATORS, min_gain: float = 1e-5) -> TuneResult:
+         range_calibrators: Sequence[str] = DEFAULT_RANGE_CALIBRATORS, range_search: bool = True,
+         min_gain: float = 1e-5) -> TuneResult:
     """See the module docstring. `images`: the tuning samples, split into fit and validation parts unless
     `validation` is given (then all of `images` is fitted on). `reference`: the float model the cosine is
     measured against (default `graph`; pass the user's model when `graph` holds adjusted weights)."""
@@ -288,12 +303,15 @@ def tune(graph: Graph, table: QuantTable, images: Samples, target: float, *, bud
     if not tuner.done() and not table.options.per_channel:
         weights = [n for n, e in table.tensors.items() if e.kind == "weight"]
         tuner.attempt("per-channel weights", per_channel_weights(graph, tuner.state.table), weights=weights)
-    if not tuner.done() and range_calibrators:
-        stats = fit_statistics(tuner.state.graph, fit, range_calibrators)
+    if not tuner.done() and (range_calibrators or range_search):
+        searched = list(RANGE_SEARCH_CANDIDATES) if range_search else []
+        stats = fit_statistics(tuner.state.graph, fit, list(range_calibrators) + searched)
         for name in range_calibrators:
             if tuner.done():
                 break
             tuner.attempt(f"activation ranges: {name}", recalibrated(tuner.state.graph, tuner.state.table, stats, name))
+        if range_search and not tuner.done():
+            tuner.attempt("activation ranges: per-tensor search", searched_table(tuner.state, stats, fit))
     activations = {n for n, e in table.tensors.items() if e.kind == "activation"}
 
     def room(names: Sequence[str]) -> bool:
