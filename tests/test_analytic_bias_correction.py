@@ -129,5 +129,8 @@ def test_calibrate_folds_batchnorm_and_records_the_option(tmp_path):
     result = calibrate(path, x, tmp_path / "out", write_qdq=False, analytic_bias_correction=True)
     assert result.table.options.analytic_bias_correction and result.table.options.adjusted_model
     assert "BatchNormalization" not in [n.op_type for n in result.graph.nodes]
+    # the empirical correction and equalization see the folded Conv too (the one the integer graph runs)
+    empirical = calibrate(path, x, tmp_path / "emp", write_qdq=False, bias_correction=True)
+    assert "BatchNormalization" not in [n.op_type for n in empirical.graph.nodes]
     with pytest.raises(ValueError, match="choose one"):
         calibrate(path, x, None, write_qdq=False, analytic_bias_correction=True, bias_correction=True)
