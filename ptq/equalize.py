@@ -17,7 +17,8 @@ function exactly, a Clip that still fuses into Conv1 and folds its range, and on
 A Clip with a lower bound other than 0 is not homogeneous and its pair is left alone (reported in the log).
 
 Chains share convolutions (a depthwise Conv is Conv2 of one pair and Conv1 of the next), so the pairs are
-swept in graph order until no scale moves by more than `tol` (relative), at most `max_sweeps` times.
+swept in graph order until no scale moves by more than `tol` (relative), at most `max_sweeps` times. Then
+the high biases that provably pass through the activation move into Conv2 (`ptq.bias_absorption`).
 """
 from __future__ import annotations
 

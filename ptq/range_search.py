@@ -56,6 +56,12 @@ def _fused_away(graph: Graph, tensor: str, consumers: dict, producer: dict) -> b
     return act is not None and act.absorbable and host_op is not None and host_op.absorbs_activation
 
 
+def _inputs(node, values: dict, graph: Graph, replaced: str = "", value=None) -> list:
+    """The node's inputs from one image's float tensors and the initializers, `replaced` given `value`."""
+    return [None if not n else value if n == replaced else values.get(n, graph.initializers.get(n))
+            for n in node.inputs]
+
+
 def _relative_error(a: np.ndarray, ref: np.ndarray) -> float:
     ref = ref.astype(np.float64)
     norm = float(np.sum(ref * ref))
@@ -91,18 +97,16 @@ def search_ranges(graph: Graph, candidates: dict[str, dict[str, TensorEntry]], s
         for t in searched:
             users = [u for u in consumers.get(t, []) if all(not i or i in values or i in graph.initializers
                                                             for i in u.inputs)]
+            refs = [values[u.outputs[0]] if u.outputs[0] in values else evaluator.run(u, _inputs(u, values, graph))[0]
+                    for u in users]
             for i in distinct[t]:
                 qp = candidates[names[i]][t].qparams
                 fq = qp.dequantize(qp.quantize(values[t])).astype(values[t].dtype)
                 if not users:
                     scores[t][i] += _relative_error(fq, values[t])
-                for user in users:
-                    inputs = [None if not n else fq if n == t else values.get(n, graph.initializers.get(n))
-                              for n in user.inputs]
-                    out = user.outputs[0]
-                    ref = values[out] if out in values else evaluator.run(user, [values.get(n, graph.initializers.get(n))
-                                                                                 if n else None for n in user.inputs])[0]
-                    scores[t][i] += _relative_error(evaluator.run(user, inputs)[0], ref)
+                for user, ref in zip(users, refs):
+                    out = evaluator.run(user, _inputs(user, values, graph, t, fq))[0]
+                    scores[t][i] += _relative_error(out, ref)
         del values
     chosen = {}
     for t in searched:
