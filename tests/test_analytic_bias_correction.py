@@ -134,3 +134,23 @@ def test_calibrate_folds_batchnorm_and_records_the_option(tmp_path):
     assert "BatchNormalization" not in [n.op_type for n in empirical.graph.nodes]
     with pytest.raises(ValueError, match="choose one"):
         calibrate(path, x, None, write_qdq=False, analytic_bias_correction=True, bias_correction=True)
+
+
+def test_statistics_move_with_equalization():
+    """Folded, then equalized (conv0 -> Relu -> conv1 is a pair): the rescaled statistics are those of the
+    equalized Conv's output on the data the BatchNorm describes."""
+    from ptq.adjust import batchnorm_folded, equalized
+
+    rng = np.random.default_rng(3)
+    gamma, beta = np.array([0.05, 1.0, 4.0, 1.5]), np.array([0.2, 1.0, -0.5, 0.8])
+    model = bn_graph(gamma, beta, rng.normal(0, 0.4, (3, 4, 3, 3)), rng.normal(0, 0.1, 3))
+    graph, st = batchnorm_folded(load_model(model), None)
+    after, moved = equalized(graph, None, st)
+    assert not np.allclose(moved["bn"].std, st["bn"].std)  # equalization did rescale the channels
+    x = rng.normal(0, 1, (64, 4, 8, 8)).astype(np.float32)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(after.model)
+    probe.graph.output.append(helper.make_tensor_value_info("bn", TensorProto.FLOAT, None))
+    y = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"]).run(["bn"], {"input": x})[0]
+    np.testing.assert_allclose(y.mean(axis=(0, 2, 3)), moved["bn"].mean, atol=0.02 * moved["bn"].std.max())
+    np.testing.assert_allclose(y.std(axis=(0, 2, 3)), moved["bn"].std, rtol=0.03)
