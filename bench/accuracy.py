@@ -2,8 +2,12 @@
 
     python bench/accuracy.py                      # the bundled model, per-channel and per-tensor
     python bench/accuracy.py MODEL CALIB EVAL     # any model, calibration folder and held-out folder
-        [--mean 127 --std 128] [--rows per-tensor+equalize+bias-correction,...] [--no-ort]
+        [--mean 127 --std 128] [--rows per-tensor+equalize+bias-correction,...] [--no-ort] [--tune-target 0.998]
 
+Row parts: per-channel / per-tensor, equalize, bias-correction, analytic-bias-correction, adaround,
+range-search, kld / mse (the activation calibrator), tune (CALIB split into fit and validation parts as `ptq
+tune` splits it: calibrate on the fit part, `ptq.tune` to --tune-target deciding on the validation part;
+the 16-bit column counts the tensors it moved).
 Calibration runs on CALIB; every figure is measured on EVAL (held-out images, never fitted to): mean logits
 cosine against the float model (onnxruntime), top-1 agreement with it, top-1 accuracy where files are named
 `name_LABEL.jpg`, calibration time and peak resident memory of the calibration (a forked child per row).
@@ -20,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -36,10 +41,12 @@ from ptq.quant_table import load_quant_table  # noqa: E402
 from reports.labels import label_from_filename  # noqa: E402
 
 BUNDLED = (ROOT / "examples/efficientnet_lite0.onnx", ROOT / "examples/calib", Path("/work/shared/assets/images/eval"))
-DEFAULT_ROWS = ["per-channel", "per-channel+bias-correction", "per-channel+equalize+bias-correction",
+DEFAULT_ROWS = ["per-channel", "per-channel+bias-correction", "per-channel+range-search",
+                "per-channel+bias-correction+tune", "per-channel+equalize+bias-correction",
                 "per-tensor", "per-tensor+equalize", "per-tensor+bias-correction",
-                "per-tensor+equalize+bias-correction"]
-FLAGS = {"equalize", "bias-correction", "adaround", "per-tensor", "per-channel", "kld", "mse"}
+                "per-tensor+equalize+bias-correction", "per-tensor+equalize+bias-correction+range-search"]
+FLAGS = {"equalize", "bias-correction", "analytic-bias-correction", "adaround", "range-search", "per-tensor",
+         "per-channel", "kld", "mse", "tune"}
 
 
 def row_kwargs(row: str) -> dict:
@@ -48,24 +55,58 @@ def row_kwargs(row: str) -> dict:
     if unknown:
         raise SystemExit(f"unknown row parts {sorted(unknown)} (known: {sorted(FLAGS)})")
     kwargs = {"per_channel": "per-tensor" not in parts, "equalize": "equalize" in parts,
-              "bias_correction": "bias-correction" in parts, "adaround": "adaround" in parts}
+              "bias_correction": "bias-correction" in parts, "adaround": "adaround" in parts,
+              "analytic_bias_correction": "analytic-bias-correction" in parts,
+              "range_search": "range-search" in parts}
     for cal in ("kld", "mse"):
         if cal in parts:
             kwargs["calibrator"] = cal
     return kwargs
 
 
-def _calibrate_child(conn, model, calib, out, pre, kwargs):
+def _calibrate_child(conn, model, calib, out, pre, kwargs, tune_target):
     start = time.perf_counter()
-    calibrate(model, calib, out, preprocess=pre, write_qdq=False, **kwargs)
-    conn.send((time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+    int16 = None
+    if tune_target is None:
+        calibrate(model, calib, out, preprocess=pre, write_qdq=False, **kwargs)
+    else:
+        int16 = calibrate_and_tune(model, calib, out, pre, kwargs, tune_target)
+    conn.send((time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, int16))
 
 
-def calibrate_row(model, calib, out, pre, kwargs) -> tuple[float, float]:
-    """(seconds, peak RSS in MB) of one calibration, run in a fresh child process."""
+def calibrate_and_tune(model, calib, out, pre, kwargs, target: float) -> int:
+    """CALIB split as `ptq tune` splits it: calibrate on the fit part, tune with the other part as validation
+    (images neither calibration nor tuning fitted); the tuned table replaces the calibrated one. Returns the
+    number of 16-bit tensors."""
+    import dataclasses
+
+    from ptq.adjusted_model import save_adjusted
+    from ptq.quant_table import save_quant_table
+    from ptq.tuning import DEFAULT_VALIDATION_FRACTION, tune
+    from ptq.tune_data import split_samples
+    from reports.image_source import ImageSet
+
+    fit, validation = split_samples(ImageSet.from_folder(calib, pre), DEFAULT_VALIDATION_FRACTION)
+    result = calibrate(model, fit.files, out, preprocess=pre, write_qdq=False, **kwargs)
+    table = load_quant_table(result.table_path)
+    graph = load_model_for_table(model, table, result.table_path, note=False)
+    tuned = tune(graph, table, fit, target, budget_int16=1000, validation=validation,
+                 reference=load_model(model, table.options.input_shapes))
+    if tuned.table.options.adjusted_model is not None:
+        _, relative, digest = save_adjusted(tuned.graph.model, result.table_path)
+        tuned.table.options = dataclasses.replace(tuned.table.options, adjusted_model=relative,
+                                                  adjusted_sha256=digest)
+    save_quant_table(tuned.table, result.table_path)
+    return len(tuned.int16_tensors)
+
+
+def calibrate_row(model, calib, out, pre, kwargs, tune_target=None) -> tuple[float, float, Optional[int]]:
+    """(seconds, peak RSS in MB, 16-bit tensors after tuning or None) of one calibration (and tuning), run in a
+    fresh child process."""
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_calibrate_child, args=(child, str(model), str(calib), str(out), pre, kwargs))
+    proc = ctx.Process(target=_calibrate_child,
+                       args=(child, str(model), str(calib), str(out), pre, kwargs, tune_target))
     proc.start()
     result = parent.recv()
     proc.join()
@@ -140,6 +181,7 @@ def main(argv=None) -> int:
     parser.add_argument("--std", default="128")
     parser.add_argument("--rows", help="comma-separated rows, e.g. per-tensor+equalize+bias-correction (none: only onnxruntime)")
     parser.add_argument("--no-ort", action="store_true", help="skip onnxruntime's quantize_static rows")
+    parser.add_argument("--tune-target", type=float, default=0.998, help="target cosine of the tune rows")
     args = parser.parse_args(argv)
     model, calib, held_out = (Path(p) for p in args.paths) if args.paths else BUNDLED
     pre = Preprocess(mean=args.mean, std=args.std)
@@ -147,16 +189,18 @@ def main(argv=None) -> int:
     ev = EvalSet(model, held_out, pre)
     print(f"{model.name}: calibrate on {calib} ({len(select_files(calib, ImageLog()))} images), "
           f"evaluate on {held_out} ({len(ev.samples)} images, {sum(l is not None for l in ev.labels)} labelled)")
-    print(f"{'method':46s} {'cosine':>8s} {'top1 agr':>8s} {'acc':>6s} {'cal s':>7s} {'peak MB':>8s}")
+    print(f"{'method':46s} {'cosine':>8s} {'top1 agr':>8s} {'acc':>6s} {'cal s':>7s} {'peak MB':>8s} {'16-bit':>6s}")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for row in rows:
             out = tmp / row
-            seconds, peak = calibrate_row(model, calib, out, pre, row_kwargs(row))
+            tune_target = args.tune_target if "tune" in row.split("+") else None
+            seconds, peak, int16 = calibrate_row(model, calib, out, pre, row_kwargs(row), tune_target)
             s = ev.score(ptq_outputs(model, out / f"{model.stem}.quant.json", ev))
             acc = "-" if s["accuracy"] is None else f"{s['accuracy']:.3f}"
-            print(f"{'ptq ' + row:46s} {s['cosine']:8.4f} {s['top1_agree']:8.3f} {acc:>6s} {seconds:7.1f} {peak:8.0f}",
-                  flush=True)
+            label = "ptq " + row + (f" {tune_target}" if tune_target is not None else "")
+            print(f"{label:46s} {s['cosine']:8.4f} {s['top1_agree']:8.3f} {acc:>6s} {seconds:7.1f} {peak:8.0f} "
+                  f"{int16 or 0:6d}", flush=True)
         if not args.no_ort:
             for per_channel in (True, False):
                 for method in ("MinMax", "Entropy", "Percentile"):

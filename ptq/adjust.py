@@ -1,7 +1,10 @@
-"""The weight adjustments of calibration, in order: cross-layer equalization before the statistics (data-free,
-`ptq.equalize`), then, with the table's weight qparams, bias correction (`ptq.bias_correction`) and AdaRound
-(`ptq.adaround`) on the calibration images. Each returns a new Graph; the table's activation entries stay
-those calibrated on the equalized model (bias correction moves a channel's mean by a fraction of an LSB)."""
+"""The weight adjustments of calibration, in order: BatchNorm folded into the model (`ptq.batchnorm_stats`, so
+that every adjustment sees the Conv the integer graph runs, and keeping the BatchNorm statistics), cross-layer
+equalization before the statistics (data-free, `ptq.equalize`), then, with the table's weight qparams, bias
+correction (empirical on the calibration images, `ptq.bias_correction`, or analytic from the BatchNorm
+statistics, `ptq.analytic_bias_correction`) and AdaRound (`ptq.adaround`). Each returns a new Graph; the
+table's activation entries stay those calibrated on the equalized model (bias correction moves a channel's
+mean by a fraction of an LSB)."""
 from __future__ import annotations
 
 import logging
@@ -32,10 +35,62 @@ def sample_batches(graph: Graph, source: Union[SampleSource, np.ndarray], num_im
                                batch_size)
 
 
-def equalized(graph: Graph, input_shapes: Optional[dict]) -> Graph:
+def batchnorm_folded(graph: Graph, input_shapes: Optional[dict]) -> tuple[Graph, dict]:
+    """The graph with its BatchNormalizations folded, and their statistics by output tensor."""
+    from ptq.batchnorm_stats import batchnorm_statistics, fold_batchnorms
+
+    stats = batchnorm_statistics(graph)
+    model, folded = fold_batchnorms(graph)
+    if not folded:
+        return graph, stats
+    logger.info("folded %d BatchNormalization nodes into their Convs", folded)
+    return load_model(model, input_shapes), stats
+
+
+def equalized(graph: Graph, input_shapes: Optional[dict], stats: Optional[dict] = None) -> tuple[Graph, dict]:
+    """The equalized graph, and the BatchNorm statistics of `stats` moved with it (`rescaled_statistics`)."""
     from ptq.equalize import equalize
 
     model, log = equalize(graph)
+    logger.info("%s", log.summary())
+    after = load_model(model, input_shapes)
+    return after, rescaled_statistics(graph, after, stats or {})
+
+
+def rescaled_statistics(before: Graph, after: Graph, stats: dict) -> dict:
+    """Statistics of Conv outputs after equalization (W'_c = W_c / s_c, any new bias b'): a channel's values
+    become (y - b_c) / s_c + b'_c, so mean' = (mean - b_c) / s_c + b'_c and std' = std / s_c."""
+    from ptq.batchnorm_stats import ChannelStats
+
+    producer_before, producer_after = before.producer(), after.producer()
+    out = {}
+    for tensor, st in stats.items():
+        n0, n1 = producer_before.get(tensor), producer_after.get(tensor)
+        if n0 is None or n1 is None or n0.op_type != "Conv" or n1.op_type != "Conv":
+            out[tensor] = st
+            continue
+        w0, w1 = (g.initializers[n.inputs[1]].astype(np.float64) for g, n in ((before, n0), (after, n1)))
+        r0, r1 = (np.abs(w).reshape(w.shape[0], -1).max(axis=1) for w in (w0, w1))
+        s = np.where((r0 > 0) & (r1 > 0), r0 / np.where(r1 > 0, r1, 1), 1.0)
+        b0, b1 = (g.initializers[n.inputs[2]].astype(np.float64) if len(n.inputs) > 2 and n.inputs[2]
+                  else np.zeros(len(s)) for g, n in ((before, n0), (after, n1)))
+        out[tensor] = ChannelStats((st.mean - b0) / s + b1, st.std / s)
+    return out
+
+
+def searched_ranges(graph: Graph, stats: dict, options, batches) -> dict:
+    """The activation entries the per-tensor range search keeps (`ptq.range_search`), over `batches()`."""
+    from ptq.range_search import candidate_entries, search_ranges
+
+    chosen, log = search_ranges(graph, candidate_entries(graph, stats, options), batches())
+    logger.info("%s", log.summary())
+    return chosen
+
+
+def analytic_corrected(graph: Graph, table: QuantTable, stats: dict, input_shapes: Optional[dict]) -> Graph:
+    from ptq.analytic_bias_correction import correct_biases_analytic
+
+    model, log = correct_biases_analytic(graph, table, stats)
     logger.info("%s", log.summary())
     return load_model(model, input_shapes)
 

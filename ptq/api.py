@@ -73,6 +73,8 @@ def calibrate(
     equalize: bool = False,
     bias_correction: bool = False,
     adaround: bool = False,
+    analytic_bias_correction: bool = False,
+    range_search: bool = False,
     scheme: str = DEFAULT_SCHEME,
     target: str = DEFAULT_TARGET,
     no_check: bool = False,
@@ -100,7 +102,8 @@ def calibrate(
             preprocess=opts.preprocess() if opts.images is not None else None,
             num_images=opts.num_images, batch_size=opts.batch_size, seed=opts.seed,
             input_shapes=_input_shapes(input_shape), progress=opts.progress, workers=opts.workers, ray=opts.ray,
-            equalize=equalize, bias_correction=bias_correction, adaround=adaround, scheme=scheme,
+            equalize=equalize, bias_correction=bias_correction, adaround=adaround,
+            analytic_bias_correction=analytic_bias_correction, range_search=range_search, scheme=scheme,
             qdq_target=target, check_qdq=not (opts.quiet or no_check),
         )
 
@@ -475,26 +478,32 @@ def tune(
     target_cosine: float,
     budget_int16: int = 8,
     allow_float: int = 0,
+    validation: Optional[PathLike] = None,
+    validation_fraction: Optional[float] = None,
+    margin: Optional[float] = None,
+    z: Optional[float] = None,
     out: Optional[PathLike] = None,
     **options,
 ) -> TuneResult:
-    """`ptq tune`: change the table step by step until the logits cosine on the samples reaches
-    `target_cosine`; write `<stem>.tuned.quant.json` and `<stem>.tune.json` to `out` (default: the table's
-    folder). Tune on calibration samples; judge the result on held-out ones.
+    """`ptq tune`: change the table step by step until the logits cosine on validation samples reaches
+    `target_cosine` (a part of the samples held out, or the `validation` folder, in the samples' format);
+    write `<stem>.tuned.quant.json` and `<stem>.tune.json` to `out` (default: the table's folder). Judge the
+    result on other held-out samples still.
 
     >>> import tempfile, ptq
     >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
-    ...                     num_images=2, quiet=True)
+    ...                     num_images=3, quiet=True)
     >>> result = ptq.tune("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
-    ...                   num_images=2, target_cosine=0.9, quiet=True)
-    >>> result.reached, result.steps, result.table_path.name
-    (True, [], 'efficientnet_lite0.tuned.quant.json')
+    ...                   num_images=3, target_cosine=0.9, quiet=True)
+    >>> result.reached, result.steps, result.validation_samples, result.table_path.name
+    (True, [], 1, 'efficientnet_lite0.tuned.quant.json')
     """
-    from calibrators import required_stats
     from ptq.adjusted_model import save_adjusted
-    from ptq.pipeline import collect_image_statistics
+    from ptq.core.graph import load_model
     from ptq.quant_table import save_quant_table
+    from ptq.tuning import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_Z
     from ptq.tuning import tune as run_tuning
+    from reports.image_source import ImageSet
 
     opts = _options("tune", options, labels=False, parallel=False)
     if not 0 < target_cosine <= 1:
@@ -505,22 +514,23 @@ def tune(
     with quiet_logging(opts.quiet):
         loaded = load(model, quant, opts)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
-
-        def stats_for(calibrators):
-            stats, _ = collect_image_statistics(graph, loaded.source, required_stats(calibrators),
-                                                num_images=opts.num_images, batch_size=opts.batch_size,
-                                                seed=opts.seed, progress=opts.progress)
-            return stats
-
-        result = run_tuning(graph, table, samples, target_cosine, budget_int16=budget_int16, allow_float=allow_float,
-                            stats_for=stats_for, progress=opts.progress)
+        held = None
+        if validation is not None:  # the same format (and preprocessing) as the tuning samples
+            held = ImageSet.from_source(dataclasses.replace(loaded.source, location=Path(validation)))
+        reference = load_model(model, table.options.input_shapes)  # the user's model: the goal
+        result = run_tuning(
+            graph, table, samples, target_cosine, budget_int16=budget_int16, allow_float=allow_float,
+            validation=held, reference=reference,
+            validation_fraction=DEFAULT_VALIDATION_FRACTION if validation_fraction is None else validation_fraction,
+            margin=DEFAULT_MARGIN if margin is None else margin, z=DEFAULT_Z if z is None else z,
+            progress=opts.progress)
     out_dir = Path(out) if out is not None else table_path.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = table_path.name[: -len(".quant.json")] if table_path.name.endswith(".quant.json") else table_path.stem
     tuned_path = out_dir / f"{stem}.tuned.quant.json"
     tuned = result.table
-    if tuned.options.adjusted_model is not None:  # the weights move with the table
-        _, relative, digest = save_adjusted(graph.model, tuned_path)
+    if tuned.options.adjusted_model is not None:  # the weights move with the table (biases re-corrected)
+        _, relative, digest = save_adjusted(result.graph.model, tuned_path)
         tuned.options = dataclasses.replace(tuned.options, adjusted_model=relative, adjusted_sha256=digest)
     result.table_path = save_quant_table(tuned, tuned_path)
     result.record_path = out_dir / f"{stem}.tune.json"

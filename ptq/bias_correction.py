@@ -88,13 +88,9 @@ def weighted_layers(graph: Graph, table: QuantTable, log: BiasCorrectionLog) -> 
     return chosen
 
 
-def correct_biases(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray],
-                   quantized: Optional[dict[str, np.ndarray]] = None) -> tuple[onnx.ModelProto, BiasCorrectionLog]:
-    """A copy of `graph.model` whose Conv/Gemm biases are corrected for the table's weight quantization.
-    `quantized`: weight name -> the dequantized weight the integer graph will use (AdaRound's), instead of
-    round-to-nearest on the table's grid; the copy holds those weights."""
-    log = BiasCorrectionLog()
-    layers = weighted_layers(graph, table, log)
+def mean_patches(graph: Graph, layers: list[Node], batches: Iterable[np.ndarray]) -> dict[str, np.ndarray]:
+    """Node name -> the mean input patch P of the module docstring ([C, kh, kw] for a Conv, the mean input row
+    for a Gemm), from the float graph's activations over `batches` (each folded in and dropped)."""
     sums: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
     by_input: dict[str, list[Node]] = {}
@@ -109,27 +105,54 @@ def correct_biases(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray
                     pads, strides, dilations = conv_geometry(node, w)
                     s, n = mean_patch(x, w.shape[2:], pads, strides, dilations)
                 else:
-                    s, n = x.reshape(-1, x.shape[-1]).astype(np.float64).sum(axis=0), x.reshape(-1, x.shape[-1]).shape[0]
+                    rows = x.reshape(-1, x.shape[-1]).astype(np.float64)
+                    s, n = rows.sum(axis=0), rows.shape[0]
                 sums[node.name] = sums.get(node.name, 0) + s
                 counts[node.name] = counts.get(node.name, 0) + n
+    return {name: sums[name] / counts[name] for name in sums}
+
+
+def layer_shift(node: Node, delta: np.ndarray, patch: np.ndarray) -> np.ndarray:
+    """shift_c = E[(delta x)_c] for the layer's weight change `delta` (module docstring)."""
+    if node.op_type == "Conv":
+        return conv_shift(delta, patch, int(node.attr("group", 1)))
+    return (delta if node.attr("transB", 0) else delta.T) @ patch
+
+
+def rounding_delta(w: np.ndarray, qparams) -> np.ndarray:
+    """W_q - W on the grid of `qparams` (round to nearest), float64."""
+    w = w.astype(np.float64)
+    return qparams.dequantize(qparams.quantize(w)).astype(np.float64) - w
+
+
+def own_bias(graph: Graph, node: Node, shared: set) -> str:
+    """The node's bias initializer when no other node uses it, else ''."""
+    name = node.inputs[2] if len(node.inputs) > 2 else ""
+    return name if name and name in graph.initializers and name not in shared else ""
+
+
+def correct_biases(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray],
+                   quantized: Optional[dict[str, np.ndarray]] = None) -> tuple[onnx.ModelProto, BiasCorrectionLog]:
+    """A copy of `graph.model` whose Conv/Gemm biases are corrected for the table's weight quantization.
+    `quantized`: weight name -> the dequantized weight the integer graph will use (AdaRound's), instead of
+    round-to-nearest on the table's grid; the copy holds those weights."""
+    log = BiasCorrectionLog()
+    layers = weighted_layers(graph, table, log)
+    patches = mean_patches(graph, layers, batches)
     model = onnx.ModelProto()
     model.CopyFrom(graph.model)
     inits = {init.name: init for init in model.graph.initializer}
     shared = {name for name, users in graph.consumers().items() if len(users) > 1}
     for node in layers:
-        if node.name not in sums:
+        if node.name not in patches:
             continue
-        w = graph.initializers[node.inputs[1]].astype(np.float64)
-        qp = table.tensors[node.inputs[1]].qparams
+        w = graph.initializers[node.inputs[1]]
         w_q = (quantized or {}).get(node.inputs[1])
-        delta = (qp.dequantize(qp.quantize(w)) if w_q is None else w_q).astype(np.float64) - w
-        patch = sums[node.name] / counts[node.name]
-        if node.op_type == "Conv":
-            shift = conv_shift(delta, patch, int(node.attr("group", 1)))
-        else:
-            shift = (delta if node.attr("transB", 0) else delta.T) @ patch
-        bias_name = node.inputs[2] if len(node.inputs) > 2 else ""
-        if not bias_name or bias_name not in graph.initializers or bias_name in shared:
+        delta = rounding_delta(w, table.tensors[node.inputs[1]].qparams) if w_q is None else \
+            w_q.astype(np.float64) - w.astype(np.float64)
+        shift = layer_shift(node, delta, patches[node.name])
+        bias_name = own_bias(graph, node, shared)
+        if not bias_name:
             log.skipped.append((node.name, "no bias of its own to correct"))
             continue
         bias = graph.initializers[bias_name]
@@ -139,3 +162,26 @@ def correct_biases(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray
     for name, value in (quantized or {}).items():
         inits[name].CopyFrom(numpy_helper.from_array(value, name))
     return model, log
+
+
+def recorrected_biases(graph: Graph, old: QuantTable, new: QuantTable, weights: Iterable[str],
+                       patches: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Bias name -> its value once the listed weights move from `old`'s grid to `new`'s (e.g. 8 -> 16 bits) in a
+    graph whose biases were corrected for `old`: b'' = b' - shift(delta_new - delta_old), the correction for
+    the old rounding replaced by the one for the new (linear in delta, so no float weights need be kept).
+    `patches`: `mean_patches` of the layers (a layer without one keeps its bias)."""
+    wanted = set(weights)
+    shared = {name for name, users in graph.consumers().items() if len(users) > 1}
+    out = {}
+    for node in graph.nodes:
+        if node.op_type not in ("Conv", "Gemm") or len(node.inputs) < 2 or node.inputs[1] not in wanted:
+            continue
+        bias_name = own_bias(graph, node, shared)
+        if not bias_name or node.name not in patches:
+            continue
+        w = graph.initializers[node.inputs[1]]
+        change = rounding_delta(w, new.tensors[node.inputs[1]].qparams) - rounding_delta(w, old.tensors[node.inputs[1]].qparams)
+        bias = graph.initializers[bias_name]
+        value = bias.astype(np.float64) - np.broadcast_to(layer_shift(node, change, patches[node.name]), bias.shape)
+        out[bias_name] = value.astype(bias.dtype)
+    return out

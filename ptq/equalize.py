@@ -17,18 +17,22 @@ function exactly, a Clip that still fuses into Conv1 and folds its range, and on
 A Clip with a lower bound other than 0 is not homogeneous and its pair is left alone (reported in the log).
 
 Chains share convolutions (a depthwise Conv is Conv2 of one pair and Conv1 of the next), so the pairs are
-swept in graph order until no scale moves by more than `tol` (relative), at most `max_sweeps` times.
+swept in graph order until no scale moves by more than `tol` (relative), at most `max_sweeps` times. Then
+the high biases that provably pass through the activation move into Conv2 (`ptq.bias_absorption`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from ptq.core.graph import Graph, Node
+
+if TYPE_CHECKING:
+    from ptq.bias_absorption import AbsorptionLog
 
 
 @dataclass
@@ -44,11 +48,14 @@ class EqualizeLog:
     pairs: list[tuple[str, str]] = field(default_factory=list)  # (conv1, conv2) node names equalized
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (node name, why) chains left alone
     sweeps: int = 0
+    absorption: Optional["AbsorptionLog"] = None
 
     def summary(self) -> str:
         text = f"equalized {len(self.pairs)} Conv pairs in {self.sweeps} sweeps"
         if self.skipped:
             text += f"; {len(self.skipped)} chains left alone (" + "; ".join(f"{n}: {w}" for n, w in self.skipped) + ")"
+        if self.absorption is not None:
+            text += f"; {self.absorption.summary()}"
         return text
 
 
@@ -123,8 +130,10 @@ def equalization_scales(w1: np.ndarray, w2: np.ndarray, depthwise2: bool) -> np.
     return s
 
 
-def equalize(graph: Graph, *, max_sweeps: int = 50, tol: float = 1e-4) -> tuple[onnx.ModelProto, EqualizeLog]:
-    """A copy of `graph.model` with every equalizable Conv pair rescaled (module docstring) and its log."""
+def equalize(graph: Graph, *, max_sweeps: int = 50, tol: float = 1e-4,
+             absorb_biases: bool = True) -> tuple[onnx.ModelProto, EqualizeLog]:
+    """A copy of `graph.model` with every equalizable Conv pair rescaled (module docstring) and its log;
+    `absorb_biases`: then the provable high biases absorbed into the next Conv (`ptq.bias_absorption`)."""
     log = EqualizeLog()
     pairs = find_pairs(graph, log)
     weights: dict[str, np.ndarray] = {}
@@ -158,7 +167,33 @@ def equalize(graph: Graph, *, max_sweeps: int = 50, tol: float = 1e-4) -> tuple[
         if moved < tol:
             break
     log.pairs = [(p.conv1.name, p.conv2.name) for p in pairs]
+    if absorb_biases:
+        from ptq.bias_absorption import absorb
+
+        log.absorption = absorb(pairs, weight, bias, _input_bounds(graph, pairs))
     return _write(graph, pairs, weights, biases), log
+
+
+def _input_bounds(graph: Graph, pairs: list[_Pair]):
+    """tensor, channels -> per-channel (lo, hi) of the tensor when a Relu/Clip bounds it, else None; a pair's
+    activation output reads the pair's current per-channel bound (lowered by absorption as it goes)."""
+    producer = graph.producer()
+    by_output = {p.act.outputs[0]: p for p in pairs if p.act is not None}
+
+    def bounds(tensor: str, channels: int) -> Optional[tuple[np.ndarray, np.ndarray]]:
+        pair = by_output.get(tensor)
+        if pair is not None:
+            hi = pair.bound if pair.bound is not None else np.full(channels, np.inf)
+            return np.zeros(channels), np.array(hi, dtype=np.float64)
+        node = producer.get(tensor)
+        if node is None or node.op_type not in ("Relu", "Clip"):
+            return None
+        lo, hi = (0.0, np.inf) if node.op_type == "Relu" else (_clip_bounds(graph, node) or (-np.inf, np.inf))
+        if not np.isfinite(lo) and not np.isfinite(hi):
+            return None
+        return np.full(channels, lo), np.full(channels, hi)
+
+    return bounds
 
 
 def _write(graph: Graph, pairs: list[_Pair], weights: dict, biases: dict) -> onnx.ModelProto:
@@ -184,17 +219,14 @@ def _write(graph: Graph, pairs: list[_Pair], weights: dict, biases: dict) -> onn
         if name in shared:
             raise ValueError(f"weight {name!r} is shared by several nodes; equalization cannot rescale it")
         put(name, value)
-    for pair in pairs:
-        proto = nodes[pair.conv1.name]
-        b = biases.get(pair.conv1.name)
-        if b is None:
-            continue
+    for node_name, b in biases.items():
+        proto = nodes[node_name]
         if len(proto.input) > 2 and proto.input[2]:
             if proto.input[2] in shared:
                 raise ValueError(f"bias {proto.input[2]!r} is shared by several nodes; equalization cannot rescale it")
             put(proto.input[2], b)
         else:
-            name = fresh(f"{pair.conv1.name}.equalized_bias")
+            name = fresh(f"{node_name}.equalized_bias")
             model.graph.initializer.append(numpy_helper.from_array(b.astype(np.float32), name))
             while len(proto.input) < 2:
                 proto.input.append("")

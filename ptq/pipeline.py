@@ -22,6 +22,7 @@ import onnx
 
 from calibrators import TensorStatistics, calibrate_array, get_calibrator, required_stats
 from ptq import adjust, int4_dsp
+from ptq.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
 from ptq.atomic import atomic_write_bytes
 from ptq.float_run import collect_statistics, image_input
 from ptq.core.graph import Graph, Node, load_model
@@ -333,6 +334,8 @@ def calibrate(
     scheme: str = DEFAULT_SCHEME,
     qdq_target: str = DEFAULT_TARGET,
     check_qdq: bool = False,
+    analytic_bias_correction: bool = False,
+    range_search: bool = False,
 ) -> CalibrationResult:
     """Calibrate `model` on `images` and, with `out_dir`, write `<stem>.quant.json` and `<stem>.qdq.onnx`.
 
@@ -341,10 +344,12 @@ def calibrate(
     `weight_calibrator` at `weight_bits` (symmetric unless `weight_symmetric=False`), per channel unless
     `per_channel=False`. `narrow` selects the restricted signed range [-(2^(b-1)-1), 2^(b-1)-1]; `pow2`
     rounds scales up to powers of two. `align` writes the qparams the integer graph fixes by rule into the
-    table (see `align_with_integer_graph`). `equalize`, `bias_correction`, `adaround` adjust the weights
+    table (see `align_with_integer_graph`). `equalize`, `bias_correction`, `adaround`, `analytic_bias_correction` adjust the weights
     (`ptq.adjust`); the adjusted model is written beside the table and recorded in its options
     (`ptq.adjusted_model`). The input model is never modified; files are written atomically.
-    `workers` > 1 processes (or a Ray cluster: `ray` 'auto', an address or 'local') collect the statistics
+    `range_search` picks each activation's range among several calibrators' by its consumers' output error
+    (`ptq.range_search`). `workers` > 1 processes (or a Ray cluster: `ray` 'auto', an address or 'local')
+    collect the statistics
     of image files in shards, with the same result as one process (`ptq.calibration_shards`).
     `scheme="int4-dsp"` quantizes for the packed-DSP backend `dsp:int4` (`ptq.int4_dsp`: 4-bit, power-of-two
     scales, 8-bit Add groups and outputs, Requantize nodes written into the adjusted model); it fixes the bit
@@ -379,23 +384,30 @@ def calibrate(
         preprocess=None if data is not None else preprocess.to_dict(),
         input_shapes=_normalize_input_shapes(input_shapes),
         equalize=equalize, bias_correction=bias_correction, adaround=adaround, scheme=scheme,
+        analytic_bias_correction=analytic_bias_correction, range_search=range_search,
     )
     paths = output_paths(model, out_dir) if out_dir is not None else None
     if paths is not None:
         _check_not_input(model, paths)
     graph = load_model(model, input_shapes)
     float_model = graph.model
+    if bias_correction and analytic_bias_correction:
+        raise ValueError("choose one bias correction: empirical (on the images) or analytic (BatchNorm statistics)")
+    adjusted = equalize or bias_correction or adaround or analytic_bias_correction
+    bn_stats: dict = {}
+    if adjusted:
+        graph, bn_stats = adjust.batchnorm_folded(graph, input_shapes)
     if equalize:
-        graph = adjust.equalized(graph, input_shapes)
+        graph, bn_stats = adjust.equalized(graph, input_shapes, bn_stats)
     rewritten = scheme == int4_dsp.SCHEME
     if rewritten:
         graph, _copies = int4_dsp.with_requantize(graph)
-    needs = required_stats([options.calibrator])
+    needs = required_stats([options.calibrator] + (list(RANGE_SEARCH_CANDIDATES) if range_search else []))
     if (workers > 1 or ray is not None) and isinstance(source, SampleSource):
         from ptq.calibration_shards import sharded_statistics
 
-        # the workers load the model they are sent: the equalized one when equalization changed it
-        shipped = graph.model if equalize or rewritten else model
+        # the workers load the model they are sent: the adjusted one when the adjustments changed it
+        shipped = graph.model if adjusted or rewritten else model
         stats, log = sharded_statistics(shipped, graph, source, needs, num_images=num_images, batch_size=batch_size,
                                         seed=seed, input_shapes=input_shapes, workers=workers, ray=ray,
                                         progress=progress)
@@ -406,6 +418,11 @@ def calibrate(
         table = int4_dsp.build_table(graph, stats, options, folded_ranges(graph) if fold_clip else {})
     else:
         table = build_table(graph, stats, options)
+    if range_search:
+        table.tensors.update(adjust.searched_ranges(
+            graph, stats, options, lambda: adjust.sample_batches(graph, source, num_images, 1, seed)))
+    if analytic_bias_correction:
+        graph = adjust.analytic_corrected(graph, table, bn_stats, input_shapes)
     if bias_correction or adaround:
         graph = adjust.after_table(
             graph, table, lambda: adjust.sample_batches(graph, source, num_images, batch_size, seed),
@@ -419,7 +436,7 @@ def calibrate(
         result.qdq_check = _check_qdq_model(float_model, qdq, target.name, graph, source, log.used)
     if paths is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        if equalize or bias_correction or adaround or rewritten:
+        if adjusted or rewritten:
             relative, digest = adjust.write_adjusted(graph, paths[0])
             table.options = dataclasses.replace(table.options, adjusted_model=relative, adjusted_sha256=digest)
         result.table_path = save_quant_table(table, paths[0])

@@ -86,6 +86,8 @@ class CalibrationOptions:
     equalize: bool = False  # cross-layer equalization (ptq.equalize)
     bias_correction: bool = False  # empirical bias correction (ptq.bias_correction)
     adaround: bool = False  # learned weight rounding (ptq.adaround)
+    analytic_bias_correction: bool = False  # bias correction from BatchNorm statistics (ptq.analytic_bias_correction)
+    range_search: bool = False  # each activation's range chosen by its consumers' error (ptq.range_search)
     adjusted_model: Optional[str] = None  # the adjusted float model, relative to the table (ptq.adjusted_model)
     adjusted_sha256: Optional[str] = None
     scheme: str = "default"  # "int4-dsp": ptq.int4_dsp's rules (the adjusted model carries its Requantize nodes)

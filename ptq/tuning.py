@@ -1,21 +1,29 @@
-"""`tune`: change a quant table step by step until the logits cosine on the tuning images reaches a target.
+"""`tune`: change a quant table step by step until the logits cosine on *validation* samples reaches a target.
 
-Candidates, in order of expected gain per cost (each kept only if it raises the cosine by at least
-`min_gain`; tuning stops as soon as the target is reached):
+The tuning samples are split (`ptq.tune_data`): what is estimated from data (activation statistics, bias
+correction's mean input patches, the bottleneck ranking) comes from the fit part; every decision (keep a
+step, stop, prune) is taken on the validation part, against the user's float model. The target is reached
+when the validation mean minus `z` standard errors of it is at least `target + margin` (a table chosen on
+some images scores lower on others). Candidates, in order of expected gain per cost, each kept only if it
+raises the validation mean by at least `min_gain`:
 
 1. per-channel weights (when the table is per-tensor): free at run time on most accelerators;
-2. a better activation range: every activation recalibrated with each of `range_calibrators` on the tuning
-   images (one statistics pass), the best kept;
-3. 16 bits, groups first (the outputs of all depthwise Convs, then the weights of all depthwise Convs: most
-   of what per-channel int8 loses is weight rounding, then every other weight), then single activations in the order of the report's
-   bottleneck ranking, within `budget_int16` tensors (activations and weights count alike);
+2. a better activation range: every activation recalibrated with each of `range_calibrators` on the fit
+   samples (one statistics pass), then each activation's own choice by the per-tensor search
+   (`ptq.range_search`, with `range_search`), the best kept. No percentile for the whole graph: a tail
+   fitted to a few images clips others;
+3. 16 bits, groups first (the outputs of all depthwise Convs, then the weights of all depthwise Convs, then
+   every other weight), then single activations in the order of the report's bottleneck ranking, within
+   `budget_int16` tensors (activations and weights count alike);
 4. float, a layer at a time in the ranking's order, only with `allow_float` > 0 (the last resort); the tuned
    table marks the kept ones float (`"float": true`), so it runs them in float by itself;
-5. once the target is reached, each kept 16-bit step but the last is undone, latest first, if the cosine
-   stays at the target without it (`prune`).
+5. once the target is reached, each kept 16-bit step but the last is undone, latest first, if the target
+   stays reached without it; a group that cannot go (the last one included) is then tried tensor by tensor
+   (`prune`).
 
-Every figure is the mean logits cosine over the tuning images (`reports.evaluate`, outputs only), so report
-the result on held-out images: tuning fits the images it measures.
+A table calibrated with bias correction has biases corrected for its weight grids; a step that changes a
+weight's grid (per-channel, 16 bits, and the undoing in `prune`) re-corrects that layer's bias for the new
+grid (`ptq.bias_correction.recorrected_biases`), so the tuned graph is returned with the tuned table.
 """
 from __future__ import annotations
 
@@ -23,14 +31,17 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
-from ptq.core.graph import Graph
+from ptq.adjust import with_initializers
+from ptq.core.graph import Graph, load_model
 from ptq.executor import prepare
 from ptq.quant_table import QuantTable
+from ptq.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
+from ptq.range_search import candidate_entries, search_ranges
 from ptq.table_edit import with_float
+from ptq.tune_data import Samples, Score, Validation, split_samples
 from ptq.weight_scale_floor import floor_weight_scales
-from reports.auto_debug import outputs_only
 from reports.build import build_report
 from reports.evaluate import evaluate
 from reports.layer_nodes import float_node_names
@@ -38,13 +49,17 @@ from reports.tables import with_bits
 
 logger = logging.getLogger("ptq.tune")
 
-DEFAULT_RANGE_CALIBRATORS = ("mse", "kld", "99.999percentile")
+DEFAULT_RANGE_CALIBRATORS = ("mse", "kld")
+DEFAULT_VALIDATION_FRACTION = 0.3
+DEFAULT_MARGIN = 0.0
+DEFAULT_Z = 2.0
+RANKING_IMAGES = 8  # images of the isolated per-layer pass that ranks the bottlenecks
 
 
 @dataclass
 class TuneStep:
     change: str  # what was tried, e.g. "per-channel weights", "int16: <tensor>"
-    cosine: float  # the cosine measured with the change
+    cosine: float  # the validation cosine measured with the change
     gain: float  # over the cosine before it
     kept: bool
     int16: list[str] = field(default_factory=list)  # tensors this step moved to 16 bits
@@ -57,9 +72,13 @@ class TuneStep:
 @dataclass
 class TuneResult:
     table: QuantTable
-    baseline: float
-    cosine: float
+    graph: Graph  # the graph the table runs with (biases re-corrected when weight grids changed)
+    baseline: Score
+    score: Score  # on the validation samples
     target: float
+    margin: float
+    z: float
+    validation_samples: int
     steps: list[TuneStep]
     int16_tensors: list[str]
     float_nodes: list[str]
@@ -67,20 +86,35 @@ class TuneResult:
     record_path: Optional[Path] = None
 
     @property
+    def cosine(self) -> float:
+        return self.score.mean
+
+    @property
     def reached(self) -> bool:
-        return self.cosine >= self.target
+        return self.score.bound(self.z) >= self.target + self.margin
+
+    @property
+    def int16_activations(self) -> list[str]:
+        return [n for n in self.int16_tensors if self.table.tensors[n].kind == "activation"]
 
     def to_dict(self) -> dict:
-        return {"target_cosine": self.target, "baseline_cosine": self.baseline, "cosine": self.cosine,
-                "reached": self.reached, "int16_tensors": self.int16_tensors, "float_nodes": self.float_nodes,
+        return {"target_cosine": self.target, "margin": self.margin, "z": self.z,
+                "validation_samples": self.validation_samples, "baseline_cosine": self.baseline.mean,
+                "cosine": self.cosine, "cosine_sem": self.score.sem, "reached": self.reached,
+                "int16_tensors": self.int16_tensors, "float_nodes": self.float_nodes,
                 "steps": [s.to_dict() for s in self.steps]}
 
     def summary(self) -> str:
-        lines = [f"baseline cosine {self.baseline:.5f} -> {self.cosine:.5f} (target {self.target}: "
-                 f"{'reached' if self.reached else 'NOT reached'})"]
+        goal = f"mean - {self.z:g} sem {self.score.bound(self.z):.5f} vs target {self.target}"
+        if self.margin:
+            goal += f" + margin {self.margin}"
+        lines = [f"validation cosine ({self.validation_samples} held-out samples) {self.baseline.mean:.5f} -> "
+                 f"{self.cosine:.5f} +- {self.score.sem:.5f} ({goal}: {'reached' if self.reached else 'NOT reached'})"]
         for s in self.steps:
             lines.append(f"  {'kept   ' if s.kept else 'dropped'} {s.change}: {s.cosine:.5f} ({s.gain:+.5f})")
-        lines.append(f"{len(self.int16_tensors)} tensor(s) in 16 bits, {len(self.float_nodes)} node(s) in float")
+        acts = len(self.int16_activations)
+        lines.append(f"{len(self.int16_tensors)} tensor(s) in 16 bits ({acts} activations, "
+                     f"{len(self.int16_tensors) - acts} weights), {len(self.float_nodes)} node(s) in float")
         return "\n".join(lines)
 
 
@@ -96,8 +130,7 @@ def per_channel_weights(graph: Graph, table: QuantTable) -> QuantTable:
 
 
 def recalibrated(graph: Graph, table: QuantTable, stats, calibrator: str) -> QuantTable:
-    """The table with every activation's range from `calibrator` on `stats` (16-bit tensors stay 16-bit, float
-    ones float)."""
+    """The table with every activation's range from `calibrator` on `stats` (16-bit tensors stay 16-bit)."""
     from ptq.pipeline import activation_entries
 
     options = dataclasses.replace(table.options, calibrator=calibrator)
@@ -108,6 +141,25 @@ def recalibrated(graph: Graph, table: QuantTable, stats, calibrator: str) -> Qua
     result = with_bits(dataclasses.replace(table, tensors=tensors), wide, 16) if wide else \
         dataclasses.replace(table, tensors=tensors)
     return with_float(result, table.float_tensors())
+
+
+def fit_statistics(graph: Graph, samples: Samples, calibrators: Sequence[str]) -> dict:
+    """Activation statistics of `graph` over the fit samples, for every calibrator listed."""
+    from calibrators import required_stats
+    from ptq.float_run import collect_statistics
+
+    batches = (x for _, x, _ in samples.samples(graph))
+    return collect_statistics(graph, batches, graph.activations, required_stats(calibrators))
+
+
+def searched_table(state: _State, stats: dict, fit: Samples) -> QuantTable:
+    """The table with each 8-bit activation's range from the per-tensor search (`ptq.range_search`) on the fit
+    samples."""
+    candidates = candidate_entries(state.graph, stats, state.table.options)
+    chosen, _ = search_ranges(state.graph, candidates, (x for _, x, _ in fit.samples(state.graph)))
+    tensors = dict(state.table.tensors)
+    tensors.update({n: e for n, e in chosen.items() if tensors[n].qparams.bits == state.table.options.bits})
+    return dataclasses.replace(state.table, tensors=tensors)
 
 
 def _depthwise(graph: Graph) -> list:
@@ -143,102 +195,164 @@ def with_weight_bits(graph: Graph, table: QuantTable, weights: Sequence[str], bi
     return dataclasses.replace(table, tensors=tensors)
 
 
-def prune(graph: Graph, original: QuantTable, state: dict, steps: list, measure, target: float,
-          current: float) -> float:
-    """Once the target is reached: undo each kept 16-bit step, latest first but the last, while the cosine
-    stays at the target (fewer 16-bit tensors for the same target). Returns the final cosine."""
-    for step in [s for s in steps if s.kept and s.int16][-2::-1]:
-        names = [n for n in step.int16 if n in state["int16"]]
-        acts = [n for n in names if original.tensors[n].kind == "activation"]
-        weights = [n for n in names if original.tensors[n].kind == "weight"]
-        candidate = state["table"]
-        if acts:
-            candidate = with_bits(candidate, acts, original.options.bits)
-        if weights:
-            candidate = with_weight_bits(graph, candidate, weights, original.options.weight_bits)
-        cosine = measure(candidate, state["float"])
-        kept = cosine >= target
-        steps.append(TuneStep(f"back to {original.options.bits}/{original.options.weight_bits} bits: {step.change}",
-                              cosine, cosine - current, kept))
-        logger.info("%s: %.5f%s", steps[-1].change, cosine, "" if kept else ", kept in 16 bits")
+@dataclass
+class _State:
+    table: QuantTable
+    graph: Graph
+    score: Score
+    int16: list[str] = field(default_factory=list)
+    float_layers: list[str] = field(default_factory=list)
+
+
+class _Tuner:
+    """The search of the module docstring over one graph, table and split of the samples."""
+
+    def __init__(self, graph: Graph, table: QuantTable, fit: Samples, validation: Validation, goal: float, z: float,
+                 min_gain: float):
+        self.fit, self.validation, self.goal, self.z, self.min_gain = fit, validation, goal, z, min_gain
+        self.original = table
+        self.steps: list[TuneStep] = []
+        self._patches: Optional[dict] = None
+        self.state = _State(table, graph, self.measure(graph, table))
+
+    def measure(self, graph: Graph, table: QuantTable, float_layers: Sequence[str] = ()) -> Score:
+        nodes = float_node_names(prepare(graph, table), list(float_layers)) if float_layers else []
+        return self.validation.cosine(graph, table, nodes)
+
+    def reaches(self, score: Score) -> bool:
+        return score.bound(self.z) >= self.goal
+
+    def done(self) -> bool:
+        return self.reaches(self.state.score)
+
+    def graph_for(self, table: QuantTable, weights: Sequence[str]) -> Graph:
+        """The current graph, its biases re-corrected for `weights` moving to `table`'s grids."""
+        if not weights or not self.original.options.bias_correction:
+            return self.state.graph
+        from ptq.bias_correction import mean_patches, recorrected_biases
+
+        graph = self.state.graph
+        if self._patches is None:  # the layers' mean input patches on the fit samples, once
+            layers = [n for n in graph.nodes if n.op_type in ("Conv", "Gemm") and len(n.inputs) > 1
+                      and n.inputs[1] in self.original.tensors]
+            self._patches = mean_patches(graph, layers, (x for _, x, _ in self.fit.samples(graph)))
+        biases = recorrected_biases(graph, self.state.table, table, weights, self._patches)
+        return load_model(with_initializers(graph.model, biases), table.options.input_shapes) if biases else graph
+
+    def attempt(self, change: str, table: QuantTable, int16: Sequence[str] = (), float_layers: Sequence[str] = (),
+                weights: Sequence[str] = ()) -> bool:
+        """Measure `table` (whose grids differ from the current one's for `weights`); keep it if it gains."""
+        state = self.state
+        graph = self.graph_for(table, weights)
+        score = self.measure(graph, table, state.float_layers + list(float_layers))
+        gain = score.mean - state.score.mean
+        kept = gain >= self.min_gain
+        self.steps.append(TuneStep(change, score.mean, gain, kept, list(int16), list(float_layers)))
+        logger.info("%s: %.5f (%+.5f)%s", change, score.mean, gain, "" if kept else ", dropped")
         if kept:
-            state["table"] = candidate
-            state["int16"] = [n for n in state["int16"] if n not in names]
-            current = cosine
-    return current
-
-
-def tune(graph: Graph, table: QuantTable, images, target: float, *, budget_int16: int = 8, allow_float: int = 0,
-         stats_for: Optional[Callable[[Sequence[str]], dict]] = None,
-         range_calibrators: Sequence[str] = DEFAULT_RANGE_CALIBRATORS, min_gain: float = 1e-5,
-         progress: bool = False) -> TuneResult:
-    """See the module docstring. `stats_for(calibrators)`: activation statistics on the tuning images for the
-    range step (None skips it). `progress`: a progress bar per pass over the images."""
-    state = {"table": table, "float": [], "int16": []}
-
-    def measure(candidate: QuantTable, float_layers=()) -> float:
-        nodes = float_node_names(prepare(graph, candidate), list(float_layers)) if float_layers else []
-        return outputs_only(graph, candidate, images, nodes, desc="tune", progress=progress).cosine
-
-    baseline = current = measure(table)
-    steps: list[TuneStep] = []
-
-    def attempt(change: str, candidate: QuantTable, int16=(), float_layers=()) -> bool:
-        nonlocal current
-        cosine = measure(candidate, state["float"] + list(float_layers))
-        gain = cosine - current
-        kept = gain >= min_gain
-        steps.append(TuneStep(change, cosine, gain, kept, list(int16), list(float_layers)))
-        logger.info("%s: %.5f (%+.5f)%s", change, cosine, gain, "" if kept else ", dropped")
-        if kept:
-            state["table"], current = candidate, cosine
-            state["int16"] += list(int16)
-            state["float"] += list(float_layers)
+            self.state = _State(table, graph, score, state.int16 + list(int16), state.float_layers + list(float_layers))
         return kept
 
-    def done() -> bool:
-        return current >= target
+    def narrowed(self, names: Sequence[str]) -> tuple[QuantTable, list[str]]:
+        """The current table with `names` back at the original bit widths, and the weights among them."""
+        acts = [n for n in names if self.original.tensors[n].kind == "activation"]
+        weights = [n for n in names if self.original.tensors[n].kind == "weight"]
+        table = self.state.table
+        if acts:
+            table = with_bits(table, acts, self.original.options.bits)
+        if weights:
+            table = with_weight_bits(self.state.graph, table, weights, self.original.options.weight_bits)
+        return table, weights
 
-    if not done() and not table.options.per_channel:
-        attempt("per-channel weights", per_channel_weights(graph, state["table"]))
-    if not done() and stats_for is not None and range_calibrators:
-        stats = stats_for(list(range_calibrators))
+    def undo(self, label: str, names: list[str]) -> bool:
+        """Put `names` back to the original widths if the validation cosine stays at the goal."""
+        table, weights = self.narrowed(names)
+        graph = self.graph_for(table, weights)
+        score = self.measure(graph, table, self.state.float_layers)
+        kept = self.reaches(score)
+        bits = f"{self.original.options.bits}/{self.original.options.weight_bits}"
+        self.steps.append(TuneStep(f"back to {bits} bits: {label}", score.mean, score.mean - self.state.score.mean, kept))
+        logger.info("%s: %.5f%s", self.steps[-1].change, score.mean, "" if kept else ", kept in 16 bits")
+        if kept:
+            self.state = _State(table, graph, score, [n for n in self.state.int16 if n not in names],
+                                self.state.float_layers)
+        return kept
+
+    def prune(self) -> None:
+        """Module docstring, item 5."""
+        for k, step in enumerate([s for s in self.steps if s.kept and s.int16][::-1]):
+            names = [n for n in step.int16 if n in self.state.int16]
+            if k > 0 and names and self.undo(step.change, names):
+                continue
+            if len(names) > 1:
+                for name in names:
+                    self.undo(name, [name])
+
+
+def tune(graph: Graph, table: QuantTable, images: Samples, target: float, *, budget_int16: int = 8,
+         allow_float: int = 0, validation: Optional[Samples] = None, reference: Optional[Graph] = None,
+         validation_fraction: float = DEFAULT_VALIDATION_FRACTION, margin: float = DEFAULT_MARGIN, z: float = DEFAULT_Z,
+         range_calibrators: Sequence[str] = DEFAULT_RANGE_CALIBRATORS, range_search: bool = True,
+         min_gain: float = 1e-5, progress: bool = False) -> TuneResult:
+    """See the module docstring. `images`: the tuning samples, split into fit and validation parts unless
+    `validation` is given (then all of `images` is fitted on). `reference`: the float model the cosine is
+    measured against (default `graph`; pass the user's model when `graph` holds adjusted weights).
+    `progress`: a progress bar per pass over the samples."""
+    if validation is None:
+        fit, validation = split_samples(images, validation_fraction)
+    else:
+        fit = images
+    check = Validation.create(reference or graph, validation, progress=progress)
+    tuner = _Tuner(graph, table, fit, check, target + margin, z, min_gain)
+    baseline = tuner.state.score
+    logger.info("validation cosine on %d samples: %.5f +- %.5f (goal: mean - %g sem >= %.5f)", len(check),
+                baseline.mean, baseline.sem, z, tuner.goal)
+    if not tuner.done() and not table.options.per_channel:
+        weights = [n for n, e in table.tensors.items() if e.kind == "weight"]
+        tuner.attempt("per-channel weights", per_channel_weights(graph, tuner.state.table), weights=weights)
+    if not tuner.done() and (range_calibrators or range_search):
+        searched = list(RANGE_SEARCH_CANDIDATES) if range_search else []
+        stats = fit_statistics(tuner.state.graph, fit, list(range_calibrators) + searched)
         for name in range_calibrators:
-            if done():
+            if tuner.done():
                 break
-            attempt(f"activation ranges: {name}", recalibrated(graph, state["table"], stats, name))
+            tuner.attempt(f"activation ranges: {name}", recalibrated(tuner.state.graph, tuner.state.table, stats, name))
+        if range_search and not tuner.done():
+            tuner.attempt("activation ranges: per-tensor search", searched_table(tuner.state, stats, fit))
     activations = {n for n, e in table.tensors.items() if e.kind == "activation"}
-    if not done() and budget_int16 > 0:
-        for label, tensors in (("all depthwise outputs", [t for t in depthwise_outputs(graph) if t in activations]),):
-            fresh = [t for t in tensors if t not in state["int16"]]
-            if fresh and len(state["int16"]) + len(fresh) <= budget_int16 and not done():
-                attempt(f"int16: {label} ({len(fresh)})", with_bits(state["table"], fresh, 16), int16=fresh)
-        weights = [w for w in depthwise_weights(graph) if w in table.tensors and w not in state["int16"]]
-        if weights and len(state["int16"]) + len(weights) <= budget_int16 and not done():
-            attempt(f"int16 weights: all depthwise Convs ({len(weights)})",
-                    with_weight_bits(graph, state["table"], weights, 16), int16=weights)
-        rest = [n for n, e in table.tensors.items() if e.kind == "weight" and n not in state["int16"]]
-        if rest and len(state["int16"]) + len(rest) <= budget_int16 and not done():
-            attempt(f"int16 weights: every other weight ({len(rest)})",
-                    with_weight_bits(graph, state["table"], rest, 16), int16=rest)
+
+    def room(names: Sequence[str]) -> bool:
+        return bool(names) and len(tuner.state.int16) + len(names) <= budget_int16 and not tuner.done()
+
+    fresh = [t for t in depthwise_outputs(graph) if t in activations]
+    if room(fresh):
+        tuner.attempt(f"int16: all depthwise outputs ({len(fresh)})", with_bits(tuner.state.table, fresh, 16),
+                      int16=fresh)
+    for label, names in (("all depthwise Convs", depthwise_weights(graph)),
+                         ("every other weight", [n for n, e in table.tensors.items() if e.kind == "weight"])):
+        names = [w for w in names if w in table.tensors and w not in tuner.state.int16]
+        if room(names):
+            tuner.attempt(f"int16 weights: {label} ({len(names)})",
+                          with_weight_bits(tuner.state.graph, tuner.state.table, names, 16), int16=names, weights=names)
     ranking = []
-    if not done() and (budget_int16 > len(state["int16"]) or allow_float > 0):
-        ev = evaluate(graph, state["table"], images, isolated=True, desc="ranking", progress=progress)
+    if not tuner.done() and (budget_int16 > len(tuner.state.int16) or allow_float > 0):
+        ev = evaluate(tuner.state.graph, tuner.state.table, fit, isolated=True, isolated_images=RANKING_IMAGES,
+                      desc="ranking", progress=progress)
         ranking = [b.name for b in build_report(ev, "", "").bottlenecks]
-    if not done() and budget_int16 > 0:
-        for name in ranking:
-            if done() or len(state["int16"]) >= budget_int16:
-                break
-            if name in activations and name not in state["int16"]:
-                attempt(f"int16: {name}", with_bits(state["table"], [name], 16), int16=[name])
-    if not done() and allow_float > 0:
-        for name in ranking:
-            if done() or len(state["float"]) >= allow_float:
-                break
-            if name not in state["float"] and name not in graph.inputs:
-                attempt(f"float: {name}", state["table"], float_layers=[name])
-    if done():
-        current = prune(graph, table, state, steps, measure, target, current)
-    nodes = float_node_names(prepare(graph, state["table"]), state["float"]) if state["float"] else []
-    tuned = with_float(state["table"], state["float"])  # the table runs its float layers by itself
-    return TuneResult(tuned, baseline, current, target, steps, list(state["int16"]), nodes)
+    for name in ranking:
+        if tuner.done() or len(tuner.state.int16) >= budget_int16:
+            break
+        if name in activations and name not in tuner.state.int16:
+            tuner.attempt(f"int16: {name}", with_bits(tuner.state.table, [name], 16), int16=[name])
+    for name in ranking:
+        if tuner.done() or len(tuner.state.float_layers) >= allow_float:
+            break
+        if name not in tuner.state.float_layers and name not in graph.inputs:
+            tuner.attempt(f"float: {name}", tuner.state.table, float_layers=[name])
+    if tuner.done():
+        tuner.prune()
+    state = tuner.state
+    nodes = float_node_names(prepare(state.graph, state.table), state.float_layers) if state.float_layers else []
+    tuned = with_float(state.table, state.float_layers)  # the table runs its float layers by itself
+    return TuneResult(tuned, state.graph, baseline, state.score, target, margin, z, len(check), tuner.steps,
+                      list(state.int16), nodes)

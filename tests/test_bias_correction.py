@@ -7,7 +7,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from ptq.bias_correction import correct_biases
+from ptq.bias_correction import correct_biases, mean_patches, recorrected_biases
 from ptq.core.graph import load_model
 from ptq.core.qparams import compute_qparams
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry
@@ -104,3 +104,30 @@ def test_weights_are_untouched_and_layers_without_a_table_entry_are_not_correcte
     np.testing.assert_array_equal(values["W"], graph.initializers["W"])
     np.testing.assert_array_equal(values["BG"], graph.initializers["BG"])
     assert not np.array_equal(values["B"], graph.initializers["B"])
+
+
+def test_recorrected_bias_moves_the_correction_to_the_new_grid():
+    """A graph corrected for 4-bit weights, its conv weight moved to 6 bits: the re-corrected bias removes the
+    mean shift of the 6-bit weights (and is no longer right for the 4-bit ones)."""
+    rng = np.random.default_rng(2)
+    w, b = rng.normal(0, 0.4, (6, 2, 3, 3)), rng.normal(0, 0.1, 6)
+    wg, bg = rng.normal(0, 0.5, (3, 6)), rng.normal(0, 0.1, 3)
+    float_model = grouped_conv_gemm(w, b, wg, bg)
+    x = (rng.normal(0.8, 1.0, (10, 4, 9, 9)) + np.arange(4)[None, :, None, None]).astype(np.float32)
+    graph = load_model(float_model)
+    old = coarse_table(graph.initializers["W"], graph.initializers["WG"])
+    corrected = load_model(correct_biases(graph, old, iter([x]))[0])
+    m = float(np.max(np.abs(graph.initializers["W"])))
+    qp6 = compute_qparams(np.array([-m]), np.array([m]), 6, symmetric=True, narrow=True)
+    new = QuantTable(old.options, {**old.tensors, "W": TensorEntry("weight", "extrema", np.array([-m]),
+                                                                     np.array([m]), qp6)})
+    patches = mean_patches(corrected, [n for n in corrected.nodes if n.op_type == "Conv"], iter([x]))
+    biases = recorrected_biases(corrected, old, new, ["W"], patches)
+    assert set(biases) == {"B"}  # only the moved weight's layer
+
+    w6 = qp6.dequantize(qp6.quantize(graph.initializers["W"]))
+    ref = run(float_model, x, ["c"])["c"]
+    fixed = run(with_weights(float_model, {"W": w6, "B": biases["B"]}), x, ["c"])["c"]
+    stale = run(with_weights(float_model, {"W": w6, "B": corrected.initializers["B"]}), x, ["c"])["c"]
+    assert np.max(np.abs((stale - ref).mean(axis=(0, 2, 3)))) > 0.02  # the 4-bit correction is wrong for 6 bits
+    np.testing.assert_allclose((fixed - ref).mean(axis=(0, 2, 3)), 0, atol=2e-5)

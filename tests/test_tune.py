@@ -1,11 +1,13 @@
-"""`ptq tune`: steps are kept only when they raise the measured cosine, tuning stops at the target, and the
-tuned table reproduces the cosine it reports when run again independently."""
+"""`ptq tune`: steps are kept only when they raise the validation cosine, tuning stops at the target, every
+figure is measured on validation samples it did not fit on, against the user's model, and the tuned table
+reproduces the cosine it reports when run again independently."""
 from __future__ import annotations
 
 import json
 
 import numpy as np
 import onnx
+import pytest
 
 from ptq.cli import main
 from ptq.core.graph import load_model
@@ -14,7 +16,8 @@ from ptq.images import Preprocess
 from ptq.pipeline import calibrate
 from ptq.quant_table import load_quant_table
 from ptq.tuning import tune
-from reports.image_source import ImageSet
+from ptq.tune_data import Score, split_samples
+from reports.image_source import ArraySamples, ImageSet
 from tests.test_equalize import chain
 from tests.tiny_models import write_images
 
@@ -35,30 +38,61 @@ def cosine_of(graph, table, images):
     return float(np.mean(values))
 
 
-def setup(tmp_path, **kw):
+def setup(tmp_path, count=6, **kw):
     model_path = tmp_path / "chain.onnx"
     onnx.save(chain(), model_path)
-    write_images(tmp_path / "img", 2, size=(10, 10))
+    write_images(tmp_path / "img", count, size=(10, 10))
     calibrate(model_path, tmp_path / "img", tmp_path / "out", preprocess=RAW, write_qdq=False, **kw)
     return model_path, tmp_path / "out" / "chain.quant.json"
 
 
-def test_per_channel_then_16_bits_until_the_target(tmp_path):
+def test_split_puts_every_third_sample_into_validation():
+    arrays = np.arange(8, dtype=np.float32).reshape(8, 1)
+    fit, validation = split_samples(ArraySamples(arrays, labels=list(range(8))), 0.3)
+    assert validation.arrays.ravel().tolist() == [2, 5] and validation.labels == [2, 5]
+    assert fit.arrays.ravel().tolist() == [0, 1, 3, 4, 6, 7]
+    with pytest.raises(ValueError, match="cannot be split"):
+        split_samples(ArraySamples(arrays[:2]), 0.3)
+
+
+def test_score_bound_is_mean_minus_z_standard_errors():
+    score = Score.of([0.9, 0.95, 1.0])
+    assert abs(score.mean - 0.95) < 1e-12
+    assert abs(score.sem - 0.05 / np.sqrt(3)) < 1e-12
+    assert abs(score.bound(2) - (0.95 - 0.1 / np.sqrt(3))) < 1e-12
+
+
+def test_per_channel_then_16_bits_until_the_target_on_the_validation_images(tmp_path):
     model_path, table_path = setup(tmp_path, per_channel=False, bits=6)
     table = load_quant_table(table_path)
     graph = load_model(model_path)
     images = ImageSet.from_folder(tmp_path / "img", RAW)
-    start = cosine_of(graph, table, images)
-    result = tune(graph, table, images, target=0.9995, budget_int16=10)
+    fit, validation = split_samples(images, 0.3)
+    assert [p.name for p in validation.files] == ["img002.png", "img005.bmp"]
+    start = cosine_of(graph, table, validation)
+    result = tune(graph, table, images, target=0.9995, budget_int16=10, z=1.0)
+    assert result.validation_samples == 2
     assert result.steps[0].change == "per-channel weights" and result.steps[0].kept
-    assert abs(result.baseline - start) < 1e-6
+    assert abs(result.baseline.mean - start) < 1e-6
     assert all(s.gain > 0 for s in result.steps if s.kept and not s.change.startswith("back to"))
-    assert all(s.cosine >= 0.9995 for s in result.steps if s.kept and s.change.startswith("back to"))
     assert result.int16_tensors and result.reached
-    assert abs(cosine_of(graph, result.table, images) - result.cosine) < 1e-6
+    assert result.score.mean - result.score.sem >= 0.9995
+    assert abs(cosine_of(graph, result.table, validation) - result.cosine) < 1e-6
+    assert abs(cosine_of(graph, result.table, fit) - result.cosine) > 1e-6  # the fit images score otherwise
     assert result.table.options.per_channel
     for name in result.int16_tensors:
         assert result.table.tensors[name].qparams.bits == 16
+
+
+def test_a_separate_validation_folder_is_used_as_given(tmp_path):
+    model_path, table_path = setup(tmp_path, per_channel=True, bits=6)
+    write_images(tmp_path / "val", 3, size=(10, 10), seed=7)
+    table = load_quant_table(table_path)
+    graph = load_model(model_path)
+    validation = ImageSet.from_folder(tmp_path / "val", RAW)
+    result = tune(graph, table, ImageSet.from_folder(tmp_path / "img", RAW), target=0.5, validation=validation)
+    assert result.validation_samples == 3 and result.reached and result.steps == []
+    assert abs(cosine_of(graph, table, validation) - result.cosine) < 1e-6
 
 
 def test_no_budget_no_16_bits_and_the_cli_says_not_reached(tmp_path, capsys):
@@ -78,7 +112,9 @@ def test_float_layers_are_marked_in_the_tuned_table_which_reproduces_the_cosine(
     table = load_quant_table(table_path)
     graph = load_model(model_path)
     images = ImageSet.from_folder(tmp_path / "img", RAW)
-    result = tune(graph, table, images, target=0.999999, budget_int16=0, allow_float=1)
+    # validated on the images themselves and no range step: the float layer is the one step to keep
+    result = tune(graph, table, images, target=0.999999, budget_int16=0, allow_float=1, validation=images,
+                  range_calibrators=(), range_search=False)
     kept = [s for s in result.steps if s.kept and s.float_layers]
     assert len(kept) == 1 and result.float_nodes
     assert result.table.float_tensors() == kept[0].float_layers

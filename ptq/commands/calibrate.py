@@ -48,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="cross-layer equalization of Conv pairs before calibrating (exact; for per-tensor weights)")
     cal.add_argument("--bias-correction", action="store_true",
                      help="correct each channel's bias for the mean shift weight quantization causes (on the images)")
+    cal.add_argument("--range-search", action="store_true",
+                     help="pick each activation's range among extrema, mse, kld, 99.99percentile by the error "
+                          "of its consumers' outputs on (up to 8 of) the images")
+    cal.add_argument("--analytic-bias-correction", action="store_true",
+                     help="the same correction from BatchNorm statistics, without images (BatchNorm models only)")
     cal.add_argument("--adaround", action="store_true",
                      help="learn each weight's rounding (up or down) layer by layer on the images")
     cal.add_argument("--input-shape", action="append", metavar="NAME:D0,D1,...",
@@ -63,7 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 CALIBRATION_FLAGS = ("out", "calibrator", "weight_calibrator", "bits", "weight_bits", "symmetric", "weight_asymmetric",
                      "narrow", "weight_full_range", "per_tensor", "pow2", "no_fold_clip", "equalize",
-                     "bias_correction", "adaround", "scheme", "target", "no_check", "input_shape")
+                     "bias_correction", "adaround", "analytic_bias_correction", "range_search", "scheme",
+                     "target", "no_check", "input_shape")
 
 
 def run(args: argparse.Namespace) -> int:

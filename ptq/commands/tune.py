@@ -1,7 +1,8 @@
 """`ptq tune MODEL --images DIR --quant TABLE --target-cosine 0.995 [--budget-int16 N] [--allow-float N]`:
 change the table step by step (`ptq.tuning`) until the logits cosine on the samples reaches the target; write
 `<stem>.tuned.quant.json` (and the adjusted weights the table uses, beside it) and `<stem>.tune.json` with
-what each step changed and bought. Tune on calibration images; judge the result on held-out ones."""
+what each step changed and bought. Decisions are taken on a validation part of the images (or on
+--validation DIR) against MODEL itself; judge the result on other held-out images still."""
 from __future__ import annotations
 
 import argparse
@@ -13,11 +14,22 @@ HELP = "reach a target logits cosine: per-channel weights, better ranges, 16-bit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ptq.tuning import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_Z
+
     parser.add_argument("model", help="the float ONNX model")
     parser.add_argument("--quant", required=True, help="the quantization table (.quant.json) to start from")
     parser.add_argument("--target-cosine", type=float, required=True, help="stop when the logits cosine reaches this")
     parser.add_argument("--budget-int16", type=int, default=8, help="at most this many 16-bit tensors (default 8)")
     parser.add_argument("--allow-float", type=int, default=0, help="at most this many float layers (default 0)")
+    parser.add_argument("--validation", help="folder of validation images (or --data samples) to decide on "
+                                             "(default: every k-th sample is held out, k = 1 / --validation-fraction)")
+    parser.add_argument("--validation-fraction", type=float, default=DEFAULT_VALIDATION_FRACTION,
+                        help=f"share of the samples held out to decide on (default {DEFAULT_VALIDATION_FRACTION})")
+    parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                        help=f"reach the target plus this on the validation samples (default {DEFAULT_MARGIN})")
+    parser.add_argument("--z", type=float, default=DEFAULT_Z,
+                        help=f"the validation mean minus this many standard errors must reach the target "
+                             f"(default {DEFAULT_Z:g})")
     parser.add_argument("--out", help="output folder (default: the table's folder)")
     add_data_arguments(parser, labels=False, parallel=False)
 
@@ -28,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:  # each step as it is measured
         logging.getLogger("ptq.tune").setLevel(logging.INFO)
     result = tune(args.model, quant=args.quant, target_cosine=args.target_cosine, budget_int16=args.budget_int16,
-                  allow_float=args.allow_float, out=args.out, **data_kwargs(args))
+                  allow_float=args.allow_float, validation=args.validation,
+                  validation_fraction=args.validation_fraction, margin=args.margin, z=args.z, out=args.out,
+                  **data_kwargs(args))
     print(result.summary())
     if result.float_nodes:
         print(f"the tuned table marks float: {', '.join(result.table.float_tensors())} "
