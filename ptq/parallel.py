@@ -13,13 +13,21 @@ changed (the shards before the first unreadable image keep their results). Unrea
 so the usual cost is nothing; the skipped list and count are exactly the one-process ones.
 
 A job (`ShardJob`) is shipped to every worker once: `setup()` loads the model there (initializer), then
-`run(context, shard)` computes one shard. Workers run OpenBLAS and onnxruntime on one thread.
+`run(context, item)` computes one item (a shard, or a (call, shard) pair when one pool serves several calls:
+`ptq debug`, `ptq tune`). Workers run OpenBLAS and onnxruntime on one thread. The job travels pickled
+to bytes: a process's start-up arguments are written to it through a pipe, and a job unpickled there would
+make the driver wait for each worker's imports before starting the next one (the workers start together).
+
+How many workers (`choose_workers`): what --workers asks for; by default the usable cores, but no more workers
+than shards of MIN_IMAGES_PER_WORKER images, so a handful of images runs in one process (a worker's start-up,
+about 3 s of CPU for imports, the model and the compiled kernels, is the work of 20-60 images).
 """
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
 import os
+import pickle
 import signal
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -31,6 +39,7 @@ from ptq.images import ImageLog
 
 DEFAULT_POOL_RESTARTS = 3
 SHARDS_PER_WORKER = 4  # small enough to balance the load and re-run little after a crash
+MIN_IMAGES_PER_WORKER = 50  # by default, a worker is started for each 50 images, up to the usable cores
 
 
 @dataclass(frozen=True)
@@ -56,15 +65,29 @@ class ShardResult:
 
 
 class ShardJob(Protocol):
-    """What a worker runs: `setup()` once per worker process, then `run(context, shard)` per shard."""
+    """What a worker runs: `setup()` once per worker process, then `run(context, item)` per item (a shard,
+    or whatever the job's items are)."""
 
     def setup(self) -> Any: ...
 
-    def run(self, context: Any, shard: Shard) -> ShardResult: ...
+    def run(self, context: Any, item: Any) -> ShardResult: ...
 
 
 class ShardRunner(Protocol):
-    def map(self, shards: Sequence[Shard]) -> Iterator[tuple[Shard, ShardResult]]: ...
+    def map(self, items: Sequence[Any]) -> Iterator[tuple[Any, ShardResult]]: ...
+
+
+@dataclass
+class CallRunner:
+    """The shards of one call on a pool that serves several: each shard goes out as (call, shard), and comes
+    back as the shard (`run_sharded` sees a plain runner)."""
+
+    runner: ShardRunner
+    call: Any
+
+    def map(self, shards: Sequence[Shard]) -> Iterator[tuple[Shard, ShardResult]]:
+        for (_, shard), result in self.runner.map([(self.call, s) for s in shards]):
+            yield shard, result
 
 
 def plan_shards(used: Sequence[Path], batch_size: int, shard_batches: int, isolated: int = 0) -> list[Shard]:
@@ -162,14 +185,14 @@ def worker_environment() -> Iterator[None]:
                 del os.environ[name]
 
 
-def _init_worker(job: ShardJob) -> None:
+def _init_worker(job: bytes) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it stops the workers
-    _WORKER["job"] = job
-    _WORKER["context"] = job.setup()
+    _WORKER["job"] = pickle.loads(job)
+    _WORKER["context"] = _WORKER["job"].setup()
 
 
-def _run_in_worker(shard: Shard) -> ShardResult:
-    return _WORKER["job"].run(_WORKER["context"], shard)
+def _run_in_worker(item: Any) -> ShardResult:
+    return _WORKER["job"].run(_WORKER["context"], item)
 
 
 class LocalPool:
@@ -192,7 +215,7 @@ class LocalPool:
     def _executor(self) -> ProcessPoolExecutor:
         if self.pool is None:
             self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                            initializer=_init_worker, initargs=(self.job,))
+                                            initializer=_init_worker, initargs=(pickle.dumps(self.job),))
         return self.pool
 
     def _close(self, abort: bool) -> None:
@@ -207,13 +230,14 @@ class LocalPool:
             self.pool.shutdown(wait=True)
         self.pool = None
 
-    def map(self, shards: Sequence[Shard]) -> Iterator[tuple[Shard, ShardResult]]:
-        """(shard, result) as the shards finish; every shard exactly once."""
-        pending = list(shards)
+    def map(self, items: Sequence[Any]) -> Iterator[tuple[Any, ShardResult]]:
+        """(item, result) as the items finish; every item exactly once."""
+        items = list(items)
+        pending = set(range(len(items)))  # by position: items need not be comparable
         while pending:
             pool = self._executor()
             with worker_environment():  # the executor spawns its processes in submit()
-                futures = {pool.submit(_run_in_worker, s): s for s in pending}
+                futures = {pool.submit(_run_in_worker, items[k]): k for k in sorted(pending)}
             broken = False
             waiting = set(futures)
             while waiting:
@@ -224,8 +248,8 @@ class LocalPool:
                     except BrokenProcessPool:
                         broken = True
                         continue
-                    pending.remove(futures[future])
-                    yield futures[future], result
+                    pending.discard(futures[future])
+                    yield items[futures[future]], result
             if broken:
                 self._close(abort=True)
                 self.crashes += 1
@@ -243,12 +267,27 @@ def make_runner(job: ShardJob, workers: int, ray: Optional[str] = None):
     return LocalPool(job, workers)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def choose_workers(requested: Optional[int], images: int) -> int:
+    """`requested` when given (--workers N); else the usable cores, but no more than one worker per
+    MIN_IMAGES_PER_WORKER images (at least 1): below that a worker's start-up costs more than it saves."""
+    if requested is not None:
+        return requested
+    return max(1, min(usable_cores(), images // MIN_IMAGES_PER_WORKER))
+
+
 def add_parallel_arguments(parser) -> None:
     """--workers and --ray, for the commands that stream images."""
     group = parser.add_argument_group("scale-out (same result as one process)")
-    group.add_argument("--workers", type=positive_workers, default=1, metavar="N",
-                       help="worker processes, each on a shard of the images (default 1; see the README for "
-                       "when more pay off)")
+    group.add_argument("--workers", type=positive_workers, default=None, metavar="N",
+                       help=f"worker processes, each on shards of the images (default: the usable cores, one "
+                       f"per {MIN_IMAGES_PER_WORKER} images: fewer images run in one process)")
     group.add_argument("--ray", metavar="auto|ADDRESS|local",
                        help="run the shards as Ray tasks: on the cluster at ADDRESS, the running one ('auto'), or "
                        "a cluster started in this process ('local'); needs `pip install ptq[ray]`")

@@ -26,6 +26,7 @@ from ptq.atomic import atomic_write_bytes
 from ptq.float_run import collect_statistics, image_input
 from ptq.core.graph import Graph, Node, load_model
 from ptq.images import ImageLog, InputSpec, Preprocess, iter_batches, iter_images, select_files
+from ptq.parallel import choose_workers
 from ptq.qdq_export import export_qdq
 from ptq.core.qparams import compute_qparams
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
@@ -259,7 +260,7 @@ def calibrate(
     progress: bool = False,
     write_qdq: bool = True,
     align: bool = True,
-    workers: int = 1,
+    workers: Optional[int] = 1,
     ray: Optional[str] = None,
     equalize: bool = False,
     bias_correction: bool = False,
@@ -276,7 +277,8 @@ def calibrate(
     (`ptq.adjust`); the adjusted model is written beside the table and recorded in its options
     (`ptq.adjusted_model`). The input model is never modified; files are written atomically.
     `workers` > 1 processes (or a Ray cluster: `ray` 'auto', an address or 'local') collect the statistics
-    of image files in shards, with the same result as one process (`ptq.calibration_shards`).
+    of image files in shards, with the same result as one process (`ptq.calibration_shards`); None picks
+    the number by `ptq.parallel.choose_workers` (the usable cores, one per 50 images).
     """
     start = time.perf_counter()
     preprocess = preprocess or Preprocess()
@@ -296,7 +298,10 @@ def calibrate(
     if equalize:
         graph = adjust.equalized(graph, input_shapes)
     needs = required_stats([options.calibrator])
-    if (workers > 1 or ray is not None) and not isinstance(images, np.ndarray):
+    if not isinstance(images, np.ndarray) and workers is None:
+        candidates = len(select_files(images, ImageLog(), num_images=num_images, seed=seed))
+        workers = choose_workers(None, candidates if num_images is None else min(num_images, candidates))
+    if ((workers or 1) > 1 or ray is not None) and not isinstance(images, np.ndarray):
         from ptq.calibration_shards import sharded_statistics
 
         # the workers load the model they are sent: the equalized one when equalization changed it

@@ -120,9 +120,9 @@ def print_outcome(outcome: ImageOutcome) -> None:
 
 
 def classify_on_workers(args, graph: Graph, table: QuantTable, preprocess: Preprocess, files: list[Path],
-                        tally, labels: Callable[[Path], Optional[int]]) -> None:
-    """`ptq run` with --workers N > 1 or --ray: the lines and the tally of the one-process loop. The workers
-    get the model as loaded here (the adjusted one when the table records weight adjustments)."""
+                        tally, labels: Callable[[Path], Optional[int]], workers: int) -> None:
+    """`ptq run` on `workers` > 1 processes or --ray: the lines and the tally of the one-process loop. The
+    workers get the model as loaded here (the adjusted one when the table records weight adjustments)."""
     job = ClassifyJob(graph.model.SerializeToString(), table, preprocess, tuple(args.float_nodes), args.backend,
                       args.strict, args.top)
-    classify_sharded(job, files, args.workers, args.ray, tally, print_outcome, labels)
+    classify_sharded(job, files, workers, args.ray, tally, print_outcome, labels)

@@ -30,6 +30,7 @@ from ptq.weight_scale_floor import floor_weight_scales
 from reports.auto_debug import outputs_only
 from reports.build import build_report
 from reports.evaluate import evaluate
+from reports.evaluation import Evaluation
 from reports.layer_nodes import float_node_names
 from reports.tables import with_bits
 
@@ -163,14 +164,16 @@ def prune(graph: Graph, original: QuantTable, state: dict, steps: list, measure,
 
 def tune(graph: Graph, table: QuantTable, images, target: float, *, budget_int16: int = 8, allow_float: int = 0,
          stats_for: Optional[Callable[[Sequence[str]], dict]] = None,
-         range_calibrators: Sequence[str] = DEFAULT_RANGE_CALIBRATORS, min_gain: float = 1e-5) -> TuneResult:
+         range_calibrators: Sequence[str] = DEFAULT_RANGE_CALIBRATORS, min_gain: float = 1e-5,
+         evaluator: Callable[..., Evaluation] = evaluate) -> TuneResult:
     """See the module docstring. `stats_for(calibrators)`: activation statistics on the tuning images for the
-    range step (None skips it)."""
+    range step (None skips it). `evaluator`: `reports.evaluate.evaluate`, or a `ShardedEvaluator` (workers;
+    the same result)."""
     state = {"table": table, "float": [], "int16": []}
 
     def measure(candidate: QuantTable, float_layers=()) -> float:
         nodes = float_node_names(prepare(graph, candidate), list(float_layers)) if float_layers else []
-        return outputs_only(graph, candidate, images, nodes).cosine
+        return outputs_only(graph, candidate, images, nodes, evaluator=evaluator).cosine
 
     baseline = current = measure(table)
     steps: list[TuneStep] = []
@@ -215,7 +218,7 @@ def tune(graph: Graph, table: QuantTable, images, target: float, *, budget_int16
                     with_weight_bits(graph, state["table"], rest, 16), int16=rest)
     ranking = []
     if not done() and (budget_int16 > len(state["int16"]) or allow_float > 0):
-        ev = evaluate(graph, state["table"], images, isolated=True)
+        ev = evaluator(graph, state["table"], images, isolated=True)
         ranking = [b.name for b in build_report(ev, "", "").bottlenecks]
     if not done() and budget_int16 > 0:
         for name in ranking:

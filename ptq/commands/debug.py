@@ -16,6 +16,7 @@ from pathlib import Path
 from ptq.commands.report import (
     DEFAULT_ISOLATED_IMAGES, add_common_arguments, isolated_images, load_inputs, require_integer_graph, write_report,
 )
+from ptq.parallel import add_parallel_arguments
 
 HELP = "fake-quant debugging: run suspect layers in float or 16 bits and measure the recovery"
 
@@ -41,26 +42,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"with --auto: isolated metrics over the first N images (default {DEFAULT_ISOLATED_IMAGES})")
     parser.add_argument("--dump", help="save float and integer tensors of the chosen (default: all) layers here")
     parser.add_argument("--dump-images", type=int, default=1, help="images to dump (default 1)")
+    add_parallel_arguments(parser)
 
 
-def _fake_quant(args, graph, table, images) -> dict:
+def _fake_quant(args, graph, table, images, evaluator) -> dict:
     from reports.console import fake_quant_table
     from reports.fake_quant import fake_quant
 
     result = fake_quant(graph, table, images, layers=args.fake_quant or (), op_types=args.fake_quant_ops or (),
-                        progress=True, backend=args.backend)
+                        progress=True, backend=args.backend, evaluator=evaluator)
     print(fake_quant_table(result))
     return {"mode": "fake_quant", **result.to_dict()}
 
 
-def _auto(args, graph, table, images, out_dir: Path) -> dict:
+def _auto(args, graph, table, images, out_dir: Path, evaluator) -> dict:
     from ptq.quant_table import save_quant_table
     from reports.auto_debug import auto_debug
     from reports.console import auto_table
     from reports.writers import summary_text
 
     result = auto_debug(graph, table, images, args.auto, model=str(args.model), quant=str(args.quant),
-                        isolated_images=args.isolated_images, progress=True, backend=args.backend)
+                        isolated_images=args.isolated_images, progress=True, backend=args.backend,
+                        evaluator=evaluator)
     write_report(result.report, out_dir)
     print(summary_text(result.report, top=args.auto))
     print()
@@ -88,10 +91,14 @@ def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     data: dict = {"model": str(args.model), "quant": str(args.quant)}
-    if args.auto is not None:
-        data.update(_auto(args, graph, table, images, out_dir))
-    elif args.fake_quant or args.fake_quant_ops:
-        data.update(_fake_quant(args, graph, table, images))
+    if args.auto is not None or args.fake_quant or args.fake_quant_ops:
+        from reports.evaluate_shards import choose_evaluator
+
+        with choose_evaluator(graph, table, images, workers=args.workers, ray=args.ray) as evaluator:
+            if args.auto is not None:
+                data.update(_auto(args, graph, table, images, out_dir, evaluator))
+            else:
+                data.update(_fake_quant(args, graph, table, images, evaluator))
     if args.dump:
         from ptq.executor import prepare
         from reports.layer_nodes import float_node_names

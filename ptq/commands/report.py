@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ptq.parallel import add_parallel_arguments
+from ptq.parallel import add_parallel_arguments, choose_workers
 
 HELP = "compare the integer graph with the float model layer by layer and rank the bottlenecks"
 DEFAULT_ISOLATED_IMAGES = 2
@@ -114,11 +114,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--top must be positive, got {args.top}")
     graph, table, images = load_inputs(args)
     require_integer_graph(args, graph, table)
-    if args.workers > 1 or args.ray is not None:
+    workers = choose_workers(args.workers, images.expected)
+    if workers > 1 or args.ray is not None:
         from reports.evaluate_shards import sharded_evaluate
 
         # the loaded model (the adjusted one when the table records weight adjustments) goes to the workers
-        ev = sharded_evaluate(graph.model, table, images, workers=args.workers, ray=args.ray,
+        ev = sharded_evaluate(graph.model, table, images, workers=workers, ray=args.ray,
                               float_nodes=args.float_nodes, isolated_images=args.isolated_images, progress=True,
                               backend=args.backend)
     else:

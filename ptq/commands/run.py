@@ -118,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     from ptq.executor import ExecutorOptions, prepare
     from ptq.float_run import image_input
     from ptq.adjusted_model import load_model_for_table
+    from ptq.parallel import choose_workers
     from ptq.quant_table import load_quant_table
     from ptq.run_shards import RunContext, classify_image, classify_on_workers, print_outcome, tally_outcome
     from reports.labels import LabelResolver
@@ -136,9 +137,9 @@ def run(args: argparse.Namespace) -> int:
     prepared = prepare(graph, table, float_nodes=args.float_nodes, backend=args.backend,
                        options=ExecutorOptions(strict=args.strict))
     tally = Tally()
-    sequential = args.workers == 1 and args.ray is None
-    if not sequential:
-        classify_on_workers(args, graph, table, pre, files, tally, labels)
+    workers = choose_workers(args.workers, len(files))
+    if workers > 1 or args.ray is not None:
+        classify_on_workers(args, graph, table, pre, files, tally, labels, workers)
     else:
         context = RunContext(graph, prepared, spec)
         for path in files:

@@ -8,6 +8,8 @@ import argparse
 import json
 from pathlib import Path
 
+from ptq.parallel import add_parallel_arguments
+
 HELP = "reach a target logits cosine: per-channel weights, better ranges, 16-bit tensors, float as a last resort"
 
 
@@ -20,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-float", type=int, default=0, help="at most this many float layers (default 0)")
     parser.add_argument("--num-images", type=int, help="use only the first N images")
     parser.add_argument("--out", help="output folder (default: the table's folder)")
+    add_parallel_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,9 +30,11 @@ def run(args: argparse.Namespace) -> int:
 
     from ptq.adjusted_model import load_model_for_table, save_adjusted
     from ptq.images import Preprocess
+    from ptq.parallel import choose_workers
     from ptq.pipeline import collect_image_statistics
     from ptq.quant_table import load_quant_table, save_quant_table
     from ptq.tune import tune
+    from reports.evaluate_shards import choose_evaluator
     from reports.image_source import ImageSet
     from calibrators import required_stats
 
@@ -45,13 +50,23 @@ def run(args: argparse.Namespace) -> int:
     pre = Preprocess(**(table.options.preprocess or {}))
     images = ImageSet.from_folder(args.images, pre, None, args.num_images)
 
+    workers = choose_workers(args.workers, images.expected)
+
     def stats_for(calibrators):
-        stats, _ = collect_image_statistics(graph, args.images, required_stats(calibrators), preprocess=pre,
-                                            num_images=args.num_images)
+        if workers > 1 or args.ray is not None:
+            from ptq.calibration_shards import sharded_statistics
+
+            stats, _ = sharded_statistics(graph.model, graph, args.images, required_stats(calibrators),
+                                          preprocess=pre, num_images=args.num_images, batch_size=8, seed=0,
+                                          input_shapes=table.options.input_shapes, workers=workers, ray=args.ray)
+        else:
+            stats, _ = collect_image_statistics(graph, args.images, required_stats(calibrators), preprocess=pre,
+                                                num_images=args.num_images)
         return stats
 
-    result = tune(graph, table, images, args.target_cosine, budget_int16=args.budget_int16,
-                  allow_float=args.allow_float, stats_for=stats_for)
+    with choose_evaluator(graph, table, images, workers=workers, ray=args.ray) as evaluator:
+        result = tune(graph, table, images, args.target_cosine, budget_int16=args.budget_int16,
+                      allow_float=args.allow_float, stats_for=stats_for, evaluator=evaluator)
     out_dir = Path(args.out) if args.out else table_path.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = table_path.name[: -len(".quant.json")] if table_path.name.endswith(".quant.json") else table_path.stem
