@@ -221,12 +221,18 @@ class LocalPool:
     def _close(self, abort: bool) -> None:
         if self.pool is None:
             return
+        processes = list((self.pool._processes or {}).values())  # the executor has no public handle
         if abort:  # interrupted or failed: do not wait for the running shards
-            processes = list((self.pool._processes or {}).values())  # the executor has no public handle
             self.pool.shutdown(wait=False, cancel_futures=True)
             for process in processes:
                 process.terminate()
         else:
+            # every result is in and the workers wait for work: stop them rather than let each one tear down
+            # its interpreter (numba, onnxruntime, hundreds of MB: seconds on a busy machine, measured 5 s)
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                process.join()
             self.pool.shutdown(wait=True)
         self.pool = None
 
