@@ -93,6 +93,14 @@ class CallRunner:
             yield shard, result
 
 
+class QuietLog(ImageLog):
+    """A log that does not warn: a worker's (the driver warns about unreadable images, once, in candidate
+    order), or one that only counts the candidates."""
+
+    def skip(self, path: Path, reason: str) -> None:
+        self.skipped.append((path, reason))
+
+
 def plan_shards(used: Sequence[Path], batch_size: int, shard_batches: int, isolated: int = 0) -> list[Shard]:
     """`used` in batches of `batch_size`, `shard_batches` batches per shard; the first `isolated` images
     of `used` are marked for isolated metrics."""

@@ -26,7 +26,7 @@ from ptq.atomic import atomic_write_bytes
 from ptq.float_run import collect_statistics, image_input
 from ptq.core.graph import Graph, Node, load_model
 from ptq.images import ImageLog, InputSpec, Preprocess, iter_batches, iter_images, select_files
-from ptq.parallel import choose_workers
+from ptq.parallel import QuietLog, choose_workers
 from ptq.qdq_export import export_qdq
 from ptq.core.qparams import compute_qparams
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
@@ -299,7 +299,7 @@ def calibrate(
         graph = adjust.equalized(graph, input_shapes)
     needs = required_stats([options.calibrator])
     if not isinstance(images, np.ndarray) and workers is None:
-        candidates = len(select_files(images, ImageLog(), num_images=num_images, seed=seed))
+        candidates = len(select_files(images, QuietLog(), num_images=num_images, seed=seed))
         workers = choose_workers(None, candidates if num_images is None else min(num_images, candidates))
     if ((workers or 1) > 1 or ray is not None) and not isinstance(images, np.ndarray):
         from ptq.calibration_shards import sharded_statistics

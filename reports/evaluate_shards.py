@@ -25,7 +25,7 @@ from ptq.executor import IntegerGraph, prepare
 from ptq.float_run import FloatRunner, image_input
 from ptq.images import ImageLog, Preprocess, iter_images
 from ptq.parallel import (
-    CallRunner, Shard, ShardResult, choose_workers, make_runner, run_sharded, shard_batches_for,
+    CallRunner, QuietLog, Shard, ShardResult, choose_workers, make_runner, run_sharded, shard_batches_for,
 )
 from ptq.pipeline import input_spec
 from ptq.quant_table import QuantTable
@@ -46,13 +46,6 @@ class RecordingAccumulator(SimilarityAccumulator):
     def _add(self, **sample) -> None:
         self.records.append(sample)
         super()._add(**sample)
-
-
-class QuietLog(ImageLog):
-    """A worker's log: the driver warns about unreadable images, once, in candidate order."""
-
-    def skip(self, path: Path, reason: str) -> None:
-        self.skipped.append((path, reason))
 
 
 @dataclass
