@@ -187,14 +187,15 @@ def main() -> None:
             print(f"medians (ratio: wall time over {config_name(*base)}'s; bound: see the docstring)")
             print(f"{'config':>10} {'wall s':>7} {'img/s':>6} {'ratio':>6} {'cpu s':>6} {'cpu ratio':>9} "
                   f"{'bound':>6} {'merge s':>7} {'load':>9}")
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            from ptq.parallel import usable_cores
+
             for config in configs:
-                walls = [r["seconds"] for r in rows[config]]
+                wall = median([r["seconds"] for r in rows[config]])
                 cpu = median([r["cpu"] for r in rows[config]])
                 loads = [r["load"] for r in rows[config]]
-                bound = f"{cpu / min(config[0], cores) / wall1:6.2f}" if config[0] > 1 else f"{'-':>6}"
-                print(f"{config_name(*config):>10} {median(walls):7.1f} {rows[config][0]['images'] / median(walls):6.2f} "
-                      f"{median(walls) / wall1:6.2f} {cpu:6.1f} {cpu / cpu1:9.2f} {bound} "
+                bound = f"{cpu / min(config[0], usable_cores()) / wall1:6.2f}" if config[0] > 1 else f"{'-':>6}"
+                print(f"{config_name(*config):>10} {wall:7.1f} {rows[config][0]['images'] / wall:6.2f} "
+                      f"{wall / wall1:6.2f} {cpu:6.1f} {cpu / cpu1:9.2f} {bound} "
                       f"{median([r['merge'] for r in rows[config]]):7.3f} {min(loads):4.1f}-{max(loads):.1f}",
                       flush=True)
             if kind == "report" and args.memory:
