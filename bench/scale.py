@@ -15,9 +15,9 @@ print the same one), the merge time in the driver, and the peak RSS of the drive
 
 The CPU columns are steadier than the wall times: `cpu ratio` is the CPU time of the configuration over that
 of one process (the CPU the workers add: start-up, merge), and `cores` the CPU time over the wall time (how
-many cores the run kept busy). One `ptq report` process already keeps more than one core busy (its float and
-metric threads overlap the integer graph), so on C idle cores N workers can at best take
-wall_1 x cores_1 x cpu_ratio / min(N, C) (the `bound` column).
+many cores the run kept busy). One `ptq report` process already keeps about 1.5 cores busy when it has two
+to itself (its float and metric threads overlap the integer graph), so on C idle cores N workers can at best
+take cpu_ratio x cores_1 / min(N, C) of its time: 0.75 x cpu_ratio for 2 workers on 2 cores.
 """
 from __future__ import annotations
 
@@ -184,18 +184,15 @@ def main() -> None:
                           f"{row['load']:5.1f}", flush=True)
             base = configs[0]
             wall1, cpu1 = median([r["seconds"] for r in rows[base]]), median([r["cpu"] for r in rows[base]])
-            print(f"medians (ratio: wall time over {config_name(*base)}'s; bound: see the docstring)")
+            print(f"medians (ratio: wall time over {config_name(*base)}'s)")
             print(f"{'config':>10} {'wall s':>7} {'img/s':>6} {'ratio':>6} {'cpu s':>6} {'cpu ratio':>9} "
-                  f"{'bound':>6} {'merge s':>7} {'load':>9}")
-            from ptq.parallel import usable_cores
-
+                  f"{'merge s':>7} {'load':>9}")
             for config in configs:
                 wall = median([r["seconds"] for r in rows[config]])
                 cpu = median([r["cpu"] for r in rows[config]])
                 loads = [r["load"] for r in rows[config]]
-                bound = f"{cpu / min(config[0], usable_cores()) / wall1:6.2f}" if config[0] > 1 else f"{'-':>6}"
                 print(f"{config_name(*config):>10} {wall:7.1f} {rows[config][0]['images'] / wall:6.2f} "
-                      f"{wall / wall1:6.2f} {cpu:6.1f} {cpu / cpu1:9.2f} {bound} "
+                      f"{wall / wall1:6.2f} {cpu:6.1f} {cpu / cpu1:9.2f} "
                       f"{median([r['merge'] for r in rows[config]]):7.3f} {min(loads):4.1f}-{max(loads):.1f}",
                       flush=True)
             if kind == "report" and args.memory:
