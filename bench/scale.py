@@ -1,15 +1,23 @@
 """Benchmark: `--workers N` and `--ray` against one process, for `ptq report` and `ptq calibrate`.
 
-    python bench/scale.py                        # EfficientNet-Lite0, 200 report images, 1 / 2 / N workers, Ray
-    python bench/scale.py --images 60 --no-ray --kinds report   # quicker
+    python bench/scale.py                     # report over 200 images: 1, 2, 1, 2 workers, interleaved
+    python bench/scale.py --repeat 3 --kinds report calibrate --ray --memory
+    python bench/scale.py --images 60 --repeat 1     # quicker
 
 The 200 images are the eval photos (../shared/assets/images/eval) plus mirrored and cropped copies written
-to a temp folder (labels kept in the names). Every configuration runs in a fresh subprocess (`--one`), which
-prints its wall time (model loading and worker start-up included: what a user waits for), its result's
-digest (every configuration must print the same one), the merge time, and the peak RSS of the driver and of
-its largest worker process (`ru_maxrss` of self and of the waited-for children). Memory flat in the number of
-images is checked by the 2-worker report over a quarter of the images. The load average before and after
-each run is printed: the machine is shared.
+to a temp folder (labels kept in the names). Every run is a fresh subprocess (`--one`). Its wall time is
+taken from outside (interpreter start and exit, imports, model loading, worker start-up and shut-down: what a
+user waits for) and its CPU time is the user + system time of the process and of its worker processes
+(rusage of the waited-for children). The configurations are interleaved (1, 2, 1, 2, ...) and each one's
+median is printed, with the load average at the start of each run: the machine is shared, and a run's
+wall time depends on how busy it is. Each run also prints its result's digest (every configuration must
+print the same one), the merge time in the driver, and the peak RSS of the driver and of its largest worker.
+
+The CPU columns are steadier than the wall times: `cpu ratio` is the CPU time of the configuration over that
+of one process (the CPU the workers add: start-up, merge), and `cores` the CPU time over the wall time (how
+many cores the run kept busy). One `ptq report` process already keeps about 1.5 cores busy when it has two
+to itself (its float and metric threads overlap the integer graph), so on C idle cores N workers can at best
+take cpu_ratio x cores_1 / min(N, C) of its time: 0.75 x cpu_ratio for 2 workers on 2 cores.
 """
 from __future__ import annotations
 
@@ -103,7 +111,7 @@ def one(argv: list[str]) -> None:
         result, count = json.dumps(res.table.to_dict(), sort_keys=True), res.images_used
     seconds = time.perf_counter() - start
     print(json.dumps({
-        "seconds": seconds, "images": count, "merge": timings["merge"],
+        "inner_seconds": seconds, "images": count, "merge": timings["merge"],
         "digest": hashlib.sha256(result.encode()).hexdigest()[:12],
         "rss_driver_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "rss_worker_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
@@ -112,53 +120,84 @@ def one(argv: list[str]) -> None:
 
 
 def run(kind: str, images: Path, table: Path, workers: int, ray: str = "") -> dict:
+    """One configuration in a fresh subprocess: its JSON line, with the wall time and CPU time measured here."""
     load = os.getloadavg()[0]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
     out = subprocess.run([sys.executable, __file__, "--one", kind, str(images), str(table), str(workers), ray],
                          check=True, capture_output=True, text=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     row = json.loads(out.stdout.strip().splitlines()[-1])
-    row["load"] = (load, os.getloadavg()[0])
+    row.update(seconds=wall, load=load, cpu=(after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
     return row
+
+
+def median(values: list[float]) -> float:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def config_name(workers: int, cluster: str) -> str:
+    return f"ray x{workers}" if cluster else f"{workers} worker{'s' if workers > 1 else ''}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=200)
-    parser.add_argument("--workers", type=int, nargs="+", default=sorted({1, 2, os.cpu_count() or 2}))
-    parser.add_argument("--no-ray", action="store_true")
-    parser.add_argument("--kinds", nargs="+", choices=("report", "calibrate"), default=["report", "calibrate"])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeat", type=int, default=2, help="interleaved rounds over the configurations (default 2)")
+    parser.add_argument("--ray", action="store_true", help="also a local Ray cluster of 2 worker processes")
+    parser.add_argument("--memory", action="store_true", help="also the 2-worker report over a quarter of the images")
+    parser.add_argument("--kinds", nargs="+", choices=("report", "calibrate"), default=["report"])
     parser.add_argument("--one", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         return one(args.one)
     import importlib.util
 
-    has_ray = not args.no_ray and importlib.util.find_spec("ray") is not None
-    print(f"{os.cpu_count()} cores, load average {os.getloadavg()}")
+    if args.ray and importlib.util.find_spec("ray") is None:
+        parser.error("--ray needs Ray: pip install 'ptq[ray]'")
+    print(f"{os.cpu_count()} cores, load average {tuple(round(x, 2) for x in os.getloadavg())}")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "full").mkdir()
-        (tmp / "quarter").mkdir()
         full = make_images(tmp / "full", args.images)
-        quarter = make_images(tmp / "quarter", args.images // 4)
         from ptq.pipeline import calibrate
 
         table = calibrate(MODEL, REPO / "examples" / "calib", tmp / "table", write_qdq=False).table_path
-        configs = [(w, "") for w in args.workers] + ([(2, "local")] if has_ray else [])
+        configs = [(w, "") for w in args.workers] + ([(2, "local")] if args.ray else [])
         for kind in args.kinds:
-            print(f"\n{kind}, {args.images} images (wall time includes model loading and worker start-up)")
-            print(f"{'config':>10} {'s':>7} {'img/s':>7} {'speed-up':>8} {'merge s':>8} {'driver MB':>9} "
-                  f"{'worker MB':>9} {'digest':>13} load before/after")
-            base = None
-            for workers, cluster in configs:
-                row = run(kind, full, table, workers, cluster)
-                base = base or row["seconds"]
-                name = f"ray x{workers}" if cluster else f"{workers} worker{'s' if workers > 1 else ''}"
-                print(f"{name:>10} {row['seconds']:7.1f} {row['images'] / row['seconds']:7.2f} "
-                      f"{base / row['seconds']:7.2f}x {row['merge']:8.3f} {row['rss_driver_mb']:9.0f} "
-                      f"{row['rss_worker_mb']:9.0f} {row['digest']:>13} {row['load'][0]:.1f}/{row['load'][1]:.1f}",
+            run(kind, full, table, 1)  # not counted: compiles the kernels if numba's cache is cold
+            print(f"\n{kind}, {args.images} images, {args.repeat} interleaved rounds")
+            print(f"{'config':>10} {'wall s':>7} {'img/s':>6} {'cpu s':>6} {'cores':>5} {'merge s':>7} "
+                  f"{'driver MB':>9} {'worker MB':>9} {'digest':>13} {'load':>5}")
+            rows: dict = {c: [] for c in configs}
+            for _ in range(args.repeat):
+                for config in configs:
+                    row = run(kind, full, table, *config)
+                    rows[config].append(row)
+                    print(f"{config_name(*config):>10} {row['seconds']:7.1f} {row['images'] / row['seconds']:6.2f} "
+                          f"{row['cpu']:6.1f} {row['cpu'] / row['seconds']:5.2f} {row['merge']:7.3f} "
+                          f"{row['rss_driver_mb']:9.0f} {row['rss_worker_mb']:9.0f} {row['digest']:>13} "
+                          f"{row['load']:5.1f}", flush=True)
+            base = configs[0]
+            wall1, cpu1 = median([r["seconds"] for r in rows[base]]), median([r["cpu"] for r in rows[base]])
+            print(f"medians (ratio: wall time over {config_name(*base)}'s)")
+            print(f"{'config':>10} {'wall s':>7} {'img/s':>6} {'ratio':>6} {'cpu s':>6} {'cpu ratio':>9} "
+                  f"{'merge s':>7} {'load':>9}")
+            for config in configs:
+                wall = median([r["seconds"] for r in rows[config]])
+                cpu = median([r["cpu"] for r in rows[config]])
+                loads = [r["load"] for r in rows[config]]
+                print(f"{config_name(*config):>10} {wall:7.1f} {rows[config][0]['images'] / wall:6.2f} "
+                      f"{wall / wall1:6.2f} {cpu:6.1f} {cpu / cpu1:9.2f} "
+                      f"{median([r['merge'] for r in rows[config]]):7.3f} {min(loads):4.1f}-{max(loads):.1f}",
                       flush=True)
-            if kind == "report":
-                row = run(kind, quarter, table, 2)
+            if kind == "report" and args.memory:
+                (tmp / "quarter").mkdir()
+                row = run(kind, make_images(tmp / "quarter", args.images // 4), table, 2)
                 print(f"memory check, 2 workers over {row['images']} images: driver {row['rss_driver_mb']:.0f} MB, "
                       f"worker {row['rss_worker_mb']:.0f} MB", flush=True)
 

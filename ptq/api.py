@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 from ptq.backends import DEFAULT_BACKEND_NAME
 from ptq.data_options import DataOptions, quiet_logging
+from ptq.parallel import choose_workers
 from ptq.pipeline import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, CalibrationResult
 from ptq.qdq_export import DEFAULT_TARGET
 
@@ -41,7 +42,7 @@ def _options(function: str, options: dict, *, labels: bool = True, parallel: boo
     opts = DataOptions.of(function, options)
     if not labels and opts.labels is not None:
         raise ValueError(f"--labels: `ptq {function}` uses no labels")
-    if not parallel and opts.sharded:
+    if not parallel and ((opts.workers or 1) > 1 or opts.ray is not None):
         raise ValueError(f"`ptq {function}` runs in one process (no --workers, --ray)")
     return opts
 
@@ -246,10 +247,11 @@ def run(
         prepared = prepare(graph, table, float_nodes=list(float_nodes), backend=backend,
                            options=ExecutorOptions(strict=strict))
         outcomes = []
-        if opts.sharded:  # the workers get the model as loaded here (the adjusted one with adjusted weights)
+        if opts.sharded(len(files)):  # the workers get the model as loaded here (the adjusted one with adjusted weights)
             job = ClassifyJob(graph.model.SerializeToString(), table, samples.format, tuple(float_nodes), backend,
                               strict, top)
-            classify_sharded(job, files, opts.workers, opts.ray, outcomes.append, progress=opts.progress)
+            classify_sharded(job, files, choose_workers(opts.workers, len(files)), opts.ray, outcomes.append,
+                             progress=opts.progress)
         else:
             context = run_context(graph, prepared, samples.format)
             for path in tqdm(files, unit="img", desc="run", disable=None if opts.progress else True, leave=False):
@@ -336,11 +338,12 @@ def report(
     with quiet_logging(opts.quiet):
         loaded = load(model, quant, opts, strict)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
-        if opts.sharded:
+        if opts.sharded(samples.expected):
             from reports.evaluate_shards import sharded_evaluate
 
             # the loaded model (the adjusted one when the table records weight adjustments) goes to the workers
-            ev = sharded_evaluate(graph.model, table, samples, workers=opts.workers, ray=opts.ray,
+            ev = sharded_evaluate(graph.model, table, samples, workers=choose_workers(opts.workers, samples.expected),
+                                  ray=opts.ray,
                                   float_nodes=float_nodes, isolated_images=isolated_images, progress=opts.progress,
                                   backend=backend)
         else:
@@ -426,11 +429,12 @@ def debug(
     from ptq.quant_table import save_quant_table
     from reports.auto_debug import auto_debug
     from reports.dump import dump_tensors
+    from reports.evaluate_shards import choose_evaluator
     from reports.fake_quant import fake_quant as run_fake_quant
     from reports.layer_nodes import float_node_names
     from reports.writers import finite_or_none
 
-    opts = _options("debug", options, parallel=False)
+    opts = _options("debug", options)
     layers, op_types = _names(fake_quant), _names(fake_quant_ops)
     if layers and op_types:
         raise ValueError("choose --fake-quant or --fake-quant-ops, not both")
@@ -444,17 +448,21 @@ def debug(
         loaded = load(model, quant, opts, strict)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
         result = DebugResult(loaded.inputs)
-        if auto is not None:
-            result.auto = auto_debug(graph, table, samples, auto, model=str(model), quant=str(quant),
-                                     isolated_images=isolated_images, progress=opts.progress, backend=backend)
+        # one pool of workers (or plain `evaluate`) serves every evaluation of the command
+        with choose_evaluator(graph, table, samples, workers=opts.workers, ray=opts.ray) as evaluator:
+            if auto is not None:
+                result.auto = auto_debug(graph, table, samples, auto, model=str(model), quant=str(quant),
+                                         isolated_images=isolated_images, progress=opts.progress, backend=backend,
+                                         evaluator=evaluator)
+            elif layers or op_types:
+                result.fake_quant = run_fake_quant(graph, table, samples, layers=layers, op_types=op_types,
+                                                   progress=opts.progress, backend=backend, evaluator=evaluator)
+        if result.auto is not None:
             result.auto.report.inputs = loaded.inputs
             if out is not None:
                 result.report_paths = write_report(result.auto.report, Path(out))
             if write_quant:
                 result.written_quant = save_quant_table(result.auto.mixed_table or table, write_quant)
-        elif layers or op_types:
-            result.fake_quant = run_fake_quant(graph, table, samples, layers=layers, op_types=op_types,
-                                               progress=opts.progress, backend=backend)
         if dump:
             from ptq.executor import prepare
 

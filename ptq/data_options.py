@@ -40,7 +40,7 @@ class DataOptions:
     seed: int = 0
     batch_size: int = 8
     quiet: bool = False
-    workers: int = 1
+    workers: Optional[int] = 1  # None: `ptq.parallel.choose_workers` picks (the CLI's default)
     ray: Optional[str] = None
 
     def __post_init__(self):
@@ -53,7 +53,7 @@ class DataOptions:
             raise ValueError(f"--num-images must be positive, got {self.num_images}")
         if self.batch_size <= 0:
             raise ValueError(f"--batch-size must be positive, got {self.batch_size}")
-        if self.workers < 1:
+        if self.workers is not None and self.workers < 1:
             raise ValueError(f"--workers must be at least 1, got {self.workers}")
 
     @classmethod
@@ -66,9 +66,11 @@ class DataOptions:
                             f"the shared options are {sorted(known)}")
         return cls(**options)
 
-    @property
-    def sharded(self) -> bool:
-        return self.workers > 1 or self.ray is not None
+    def sharded(self, samples: int) -> bool:
+        """Whether `samples` samples go to workers: --ray, or more than one worker (`choose_workers`)."""
+        from ptq.parallel import choose_workers
+
+        return choose_workers(self.workers, samples) > 1 or self.ray is not None
 
     @property
     def progress(self) -> bool:

@@ -13,14 +13,24 @@ changed (the shards before the first unreadable image keep their results). Unrea
 so the usual cost is nothing; the skipped list and count are exactly the one-process ones.
 
 A job (`ShardJob`) is shipped to every worker once: `setup()` loads the model there (initializer), then
-`run(context, shard)` computes one shard. Workers run OpenBLAS and onnxruntime on one thread.
+`run(context, item)` computes one item (a shard, or a (call, shard) pair when one pool serves several calls:
+`ptq debug`, `ptq tune`). Workers run OpenBLAS and onnxruntime on one thread. The job travels pickled
+to bytes: a process's start-up arguments are written to it through a pipe, and a job unpickled there would
+make the driver wait for each worker's imports before starting the next one (the workers start together).
+
+How many workers (`choose_workers`): what --workers asks for; by default the usable cores, but no more workers
+than shards of MIN_IMAGES_PER_WORKER images, so a handful of images runs in one process (a worker's start-up,
+about 3 s of CPU for imports, the model and the compiled kernels, is the work of 20-60 images).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing
 import os
+import pickle
 import signal
+import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -30,7 +40,11 @@ from typing import Any, Iterator, Optional, Protocol, Sequence
 from ptq.images import ImageLog
 
 DEFAULT_POOL_RESTARTS = 3
-SHARDS_PER_WORKER = 4  # small enough to balance the load and re-run little after a crash
+# small shards balance the load (the run ends when the last shard does) and re-run little after a crash; a
+# shard's fixed cost is nil once a worker keeps its prepared graph and float session (a report shard of 1
+# image took 0.14 s of CPU, of 5 images 0.72 s), so 8 per worker: 200 report images wait ~6 images at the end
+SHARDS_PER_WORKER = 8
+MIN_IMAGES_PER_WORKER = 50  # by default, a worker is started for each 50 images, up to the usable cores
 
 
 @dataclass(frozen=True)
@@ -56,15 +70,37 @@ class ShardResult:
 
 
 class ShardJob(Protocol):
-    """What a worker runs: `setup()` once per worker process, then `run(context, shard)` per shard."""
+    """What a worker runs: `setup()` once per worker process, then `run(context, item)` per item (a shard,
+    or whatever the job's items are)."""
 
     def setup(self) -> Any: ...
 
-    def run(self, context: Any, shard: Shard) -> ShardResult: ...
+    def run(self, context: Any, item: Any) -> ShardResult: ...
 
 
 class ShardRunner(Protocol):
-    def map(self, shards: Sequence[Shard]) -> Iterator[tuple[Shard, ShardResult]]: ...
+    def map(self, items: Sequence[Any]) -> Iterator[tuple[Any, ShardResult]]: ...
+
+
+@dataclass
+class CallRunner:
+    """The shards of one call on a pool that serves several: each shard goes out as (call, shard), and comes
+    back as the shard (`run_sharded` sees a plain runner)."""
+
+    runner: ShardRunner
+    call: Any
+
+    def map(self, shards: Sequence[Shard]) -> Iterator[tuple[Shard, ShardResult]]:
+        for (_, shard), result in self.runner.map([(self.call, s) for s in shards]):
+            yield shard, result
+
+
+class QuietLog(ImageLog):
+    """A log that does not warn: a worker's (the driver warns about unreadable images, once, in candidate
+    order), or one that only counts the candidates."""
+
+    def skip(self, path: Path, reason: str) -> None:
+        self.skipped.append((path, reason))
 
 
 def plan_shards(used: Sequence[Path], batch_size: int, shard_batches: int, isolated: int = 0) -> list[Shard]:
@@ -167,14 +203,24 @@ def worker_environment() -> Iterator[None]:
                 del os.environ[name]
 
 
-def _init_worker(job: ShardJob) -> None:
+def _leave_now() -> None:
+    """A worker's last step (atexit, once the pool has told it to stop: every result is sent): leave without
+    tearing down the interpreter, which the driver would wait for (numba, onnxruntime, hundreds of MB:
+    1.9 s at load 10, 5 s at load 18)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _init_worker(job: bytes) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it stops the workers
-    _WORKER["job"] = job
-    _WORKER["context"] = job.setup()
+    atexit.register(_leave_now)
+    _WORKER["job"] = pickle.loads(job)
+    _WORKER["context"] = _WORKER["job"].setup()
 
 
-def _run_in_worker(shard: Shard) -> ShardResult:
-    return _WORKER["job"].run(_WORKER["context"], shard)
+def _run_in_worker(item: Any) -> ShardResult:
+    return _WORKER["job"].run(_WORKER["context"], item)
 
 
 class LocalPool:
@@ -197,7 +243,7 @@ class LocalPool:
     def _executor(self) -> ProcessPoolExecutor:
         if self.pool is None:
             self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                            initializer=_init_worker, initargs=(self.job,))
+                                            initializer=_init_worker, initargs=(pickle.dumps(self.job),))
         return self.pool
 
     def _close(self, abort: bool) -> None:
@@ -209,16 +255,17 @@ class LocalPool:
             for process in processes:
                 process.terminate()
         else:
-            self.pool.shutdown(wait=True)
+            self.pool.shutdown(wait=True)  # quick: a worker skips its interpreter's teardown (`_leave_now`)
         self.pool = None
 
-    def map(self, shards: Sequence[Shard]) -> Iterator[tuple[Shard, ShardResult]]:
-        """(shard, result) as the shards finish; every shard exactly once."""
-        pending = list(shards)
+    def map(self, items: Sequence[Any]) -> Iterator[tuple[Any, ShardResult]]:
+        """(item, result) as the items finish; every item exactly once."""
+        items = list(items)
+        pending = set(range(len(items)))  # by position: items need not be comparable
         while pending:
             pool = self._executor()
             with worker_environment():  # the executor spawns its processes in submit()
-                futures = {pool.submit(_run_in_worker, s): s for s in pending}
+                futures = {pool.submit(_run_in_worker, items[k]): k for k in sorted(pending)}
             broken = False
             waiting = set(futures)
             while waiting:
@@ -229,8 +276,8 @@ class LocalPool:
                     except BrokenProcessPool:
                         broken = True
                         continue
-                    pending.remove(futures[future])
-                    yield futures[future], result
+                    pending.discard(futures[future])
+                    yield items[futures[future]], result
             if broken:
                 self._close(abort=True)
                 self.crashes += 1
@@ -248,12 +295,27 @@ def make_runner(job: ShardJob, workers: int, ray: Optional[str] = None):
     return LocalPool(job, workers)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def choose_workers(requested: Optional[int], images: int) -> int:
+    """`requested` when given (--workers N); else the usable cores, but no more than one worker per
+    MIN_IMAGES_PER_WORKER images (at least 1): below that a worker's start-up costs more than it saves."""
+    if requested is not None:
+        return requested
+    return max(1, min(usable_cores(), images // MIN_IMAGES_PER_WORKER))
+
+
 def add_parallel_arguments(parser) -> None:
     """--workers and --ray, for the commands that stream images."""
     group = parser.add_argument_group("scale-out (same result as one process)")
-    group.add_argument("--workers", type=positive_workers, default=1, metavar="N",
-                       help="worker processes, each on a shard of the images (default 1; see the README for "
-                       "when more pay off)")
+    group.add_argument("--workers", type=positive_workers, default=None, metavar="N",
+                       help=f"worker processes, each on shards of the images (default: the usable cores, one "
+                       f"per {MIN_IMAGES_PER_WORKER} images: fewer images run in one process)")
     group.add_argument("--ray", metavar="auto|ADDRESS|local",
                        help="run the shards as Ray tasks: on the cluster at ADDRESS, the running one ('auto'), or "
                        "a cluster started in this process ('local'); needs `pip install ptq[ray]`")

@@ -27,6 +27,7 @@ from ptq.atomic import atomic_write_bytes
 from ptq.float_run import collect_statistics, image_input
 from ptq.core.graph import Graph, Node, load_model
 from ptq.images import ImageLog, InputSpec, Preprocess, iter_batches
+from ptq.parallel import QuietLog, choose_workers
 from ptq.samples import ArrayFormat, ImageFormat, SampleSource, iter_sample_batches, iter_samples
 from ptq.qdq_check import CHECK_SAMPLES, QDQCheck, QDQCheckError, check_qdq
 from ptq.qdq_export import DEFAULT_TARGET, export_qdq, get_target
@@ -326,7 +327,7 @@ def calibrate(
     progress: bool = False,
     write_qdq: bool = True,
     align: bool = True,
-    workers: int = 1,
+    workers: Optional[int] = 1,
     ray: Optional[str] = None,
     equalize: bool = False,
     bias_correction: bool = False,
@@ -350,7 +351,8 @@ def calibrate(
     `range_search` picks each activation's range among several calibrators' by its consumers' output error
     (`ptq.range_search`). `workers` > 1 processes (or a Ray cluster: `ray` 'auto', an address or 'local')
     collect the statistics
-    of image files in shards, with the same result as one process (`ptq.calibration_shards`).
+    of image files in shards, with the same result as one process (`ptq.calibration_shards`); None picks
+    the number by `ptq.parallel.choose_workers` (the usable cores, one per 50 images).
     `scheme="int4-dsp"` quantizes for the packed-DSP backend `dsp:int4` (`ptq.int4_dsp`: 4-bit, power-of-two
     scales, 8-bit Add groups and outputs, Requantize nodes written into the adjusted model); it fixes the bit
     widths, symmetry, ranges and pow2, so those arguments must keep their defaults.
@@ -403,7 +405,9 @@ def calibrate(
     if rewritten:
         graph, _copies = int4_dsp.with_requantize(graph)
     needs = required_stats([options.calibrator] + (list(RANGE_SEARCH_CANDIDATES) if range_search else []))
-    if (workers > 1 or ray is not None) and isinstance(source, SampleSource):
+    if isinstance(source, SampleSource) and workers is None:
+        workers = choose_workers(None, len(source.candidates(QuietLog(), num_images, seed)))
+    if ((workers or 1) > 1 or ray is not None) and isinstance(source, SampleSource):
         from ptq.calibration_shards import sharded_statistics
 
         # the workers load the model they are sent: the adjusted one when the adjustments changed it

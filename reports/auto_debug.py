@@ -9,13 +9,14 @@ saturate stays wrong: `auto_debug` names the suspects that saturate (recalibrate
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from ptq.core.graph import Graph
 from ptq.executor import prepare
 from ptq.quant_table import QuantTable
 from reports.build import build_report
 from reports.evaluate import evaluate
+from reports.evaluation import Evaluation
 from reports.layer_nodes import float_node_names
 from reports.layer_specs import INPUT_OP, LayerSpec
 from reports.layers import Report
@@ -79,9 +80,10 @@ class AutoResult:
 
 
 def outputs_only(graph: Graph, table: QuantTable, images, float_nodes: Sequence[str] = (), desc: str = "",
-                  backend=None, progress: bool = False) -> OutputMetrics:
-    ev = evaluate(graph, table, images, float_nodes=float_nodes, layers=False, isolated=False, desc=desc,
-                  backend=backend, progress=progress)
+                  backend=None, progress: bool = False, evaluator: Callable[..., Evaluation] = evaluate) -> OutputMetrics:
+    """The graph outputs' metrics only (`evaluator`: `evaluate` or a `ShardedEvaluator`)."""
+    ev = evaluator(graph, table, images, float_nodes=float_nodes, layers=False, isolated=False, desc=desc,
+                   backend=backend, progress=progress)
     return OutputMetrics.of(ev)
 
 
@@ -101,12 +103,14 @@ def suggest(baseline: OutputMetrics, rows: Sequence[AutoRow]) -> Suggestion:
 
 
 def auto_debug(graph: Graph, table: QuantTable, images, k: int, *, model: str = "", quant: str = "",
-               isolated_images: Optional[int] = None, progress: bool = False, backend=None) -> AutoResult:
-    """Report, then try each of the top `k` suspects alone in float and in 16 bits (see the module docstring)."""
+               isolated_images: Optional[int] = None, progress: bool = False, backend=None,
+               evaluator: Callable[..., Evaluation] = evaluate) -> AutoResult:
+    """Report, then try each of the top `k` suspects alone in float and in 16 bits (see the module docstring).
+    `evaluator`: `reports.evaluate.evaluate`, or a `ShardedEvaluator` (workers; the same result)."""
     if k <= 0:
         raise ValueError(f"--auto needs a positive number of suspects, got {k}")
     base = prepare(graph, table, backend=backend)
-    ev = evaluate(graph, table, images, prepared=base, isolated_images=isolated_images, progress=progress)
+    ev = evaluator(graph, table, images, isolated_images=isolated_images, progress=progress, backend=backend)
     report = build_report(ev, model, quant)
     baseline = OutputMetrics.of(ev)
     specs: dict[str, LayerSpec] = {s.name: s for s in ev.layers}
@@ -117,12 +121,12 @@ def auto_debug(graph: Graph, table: QuantTable, images, k: int, *, model: str = 
         if spec.op_type != INPUT_OP:
             nodes = float_node_names(base, [suspect.name])
             float_trial = Trial("float", outputs_only(graph, table, images, nodes, desc=f"float {suspect.name}",
-                                                       backend=backend, progress=progress))
+                                                       backend=backend, progress=progress, evaluator=evaluator))
         int16_trial = Trial("int16", None)
         if suspect.name in table.tensors and table.tensors[suspect.name].kind == "activation":
             wide = with_bits(table, [suspect.name], 16)
             int16_trial = Trial("int16", outputs_only(graph, wide, images, desc=f"int16 {suspect.name}",
-                                                       backend=backend, progress=progress))
+                                                       backend=backend, progress=progress, evaluator=evaluator))
         rows.append(AutoRow(suspect.name, spec.op_type, suspect.reason, float_trial, int16_trial))
     rows.sort(key=lambda r: -r.best_cosine())
     suggestion = suggest(baseline, rows)
@@ -132,5 +136,5 @@ def auto_debug(graph: Graph, table: QuantTable, images, k: int, *, model: str = 
     mixed = with_bits(table, suggestion.int16_tensors, 16) if suggestion.int16_tensors else None
     if suggestion.int16_tensors or suggestion.float_layers:
         suggestion.metrics = outputs_only(graph, mixed or table, images, suggestion.float_nodes, desc="suggested",
-                                           backend=backend, progress=progress)
+                                           backend=backend, progress=progress, evaluator=evaluator)
     return AutoResult(report, baseline, rows, suggestion, mixed)

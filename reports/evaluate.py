@@ -15,7 +15,7 @@ the other core free.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 from ptq.core.graph import Graph
 from ptq.executor import IntegerGraph, prepare
@@ -56,6 +56,7 @@ def evaluate(
     desc: str = "report",
     backend=None,
     accumulator: type = SimilarityAccumulator,
+    reference: Callable[[Graph, Sequence[str]], FloatRunner] = float_reference,
 ) -> Evaluation:
     """Run the float model and the integer graph on every image and accumulate the similarities.
 
@@ -64,6 +65,7 @@ def evaluate(
     pass; 0: on none of them). `float_nodes` are node names, tensor names or op types run in float inside the integer graph.
     `backend` (a `DotBackend` or a `ptq.backends` name) computes the integer graph's dot products.
     `accumulator`: the `SimilarityAccumulator` class (a sharded run records each sample's sums).
+    `reference(graph, tensors)`: the float runner (a worker reuses one session for all its shards).
     """
     from tqdm import tqdm
 
@@ -83,7 +85,7 @@ def evaluate(
     in_float_model = set(graph.activations)
     read = [i for k in steps for i in prepared.steps[k].node.inputs if i in prepared.qparams and i in in_float_model]
     wanted = list(dict.fromkeys([s.name for s in specs] + outputs + read))
-    runner = float_reference(graph, wanted)
+    runner = reference(graph, wanted)
     ev = Evaluation(
         layers=specs,
         qparams=dict(prepared.qparams),

@@ -6,9 +6,14 @@ worker records every sample's sums (a few floats per tensor and image, `Recordin
 driver adds them up in image order, as one process would. Counts (clipped values, accumulator overflows,
 top-k agreement, value histograms) are integers and merge exactly. The isolated metrics go to the first N
 images of the whole run (`Shard.isolated`). Shards and unreadable images: `ptq.parallel`.
+
+`ShardedEvaluator` keeps its pool for several calls (`ptq debug`, `ptq tune`): a worker loads the model once,
+prepares the integer graph once per call and keeps its float reference session from shard to shard.
 """
 from __future__ import annotations
 
+import contextlib
+import uuid
 from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
@@ -18,12 +23,16 @@ import onnx
 
 from ptq.core.graph import Graph, load_model
 from ptq.executor import IntegerGraph, prepare
+from ptq.float_run import FloatRunner
 from ptq.images import ImageLog
-from ptq.parallel import Shard, ShardResult, make_runner, run_sharded, shard_batches_for
-from ptq.samples import SampleFormat
+from ptq.parallel import (
+    CallRunner, QuietLog, Shard, ShardResult, choose_workers, make_runner, run_sharded, shard_batches_for,
+)
 from ptq.quant_table import QuantTable
+from ptq.samples import SampleFormat
 from reports.evaluate import evaluate
 from reports.evaluation import Evaluation
+from reports.float_reference import float_reference
 from reports.image_source import ImageSet
 from reports.labels import LabelResolver
 from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreement
@@ -39,13 +48,6 @@ class RecordingAccumulator(SimilarityAccumulator):
     def _add(self, **sample) -> None:
         self.records.append(sample)
         super()._add(**sample)
-
-
-class QuietLog(ImageLog):
-    """A worker's log: the driver warns about unreadable images, once, in candidate order."""
-
-    def skip(self, path: Path, reason: str) -> None:
-        self.skipped.append((path, reason))
 
 
 @dataclass
@@ -66,36 +68,62 @@ class ShardImages:
 
 
 @dataclass(frozen=True)
-class ReportContext:
-    graph: Graph
-    prepared: IntegerGraph
+class EvaluateCall:
+    """One `evaluate` over shards: what may differ between the calls one pool serves (`ptq debug` and
+    `ptq tune` evaluate many tables and float-node choices on the same model and images). `key` names the
+    call: a worker prepares its integer graph once per call."""
 
-
-@dataclass(frozen=True)
-class ReportJob:
-    """`evaluate` of one integer graph over image shards (the model as a path or serialized bytes)."""
-
-    model: Union[str, bytes]
+    key: str
     table: QuantTable
-    format: SampleFormat
-    labels: LabelResolver
     float_nodes: tuple = ()
     backend: Optional[str] = None
     layers: bool = True
     isolated: bool = True
 
+
+@dataclass
+class ReportContext:
+    """A worker's model, and what it prepared for the call it is serving (the latest one only)."""
+
+    graph: Graph
+    call_key: Optional[str] = None
+    prepared: Optional[IntegerGraph] = None
+    runner: Optional[FloatRunner] = None  # the float reference session, reused by the next shards
+
+    def prepare(self, call: EvaluateCall) -> IntegerGraph:
+        if call.key != self.call_key:
+            self.prepared = prepare(self.graph, call.table, float_nodes=list(call.float_nodes), backend=call.backend)
+            self.call_key = call.key
+        return self.prepared
+
+    def reference(self, graph: Graph, tensors: Sequence[str]) -> FloatRunner:
+        """`reports.evaluate`'s float runner, one session for every shard that wants the same tensors."""
+        if self.runner is None or self.runner.tensors != list(dict.fromkeys(tensors)):
+            self.runner = float_reference(graph, tensors)
+        return self.runner
+
+
+@dataclass(frozen=True)
+class ReportJob:
+    """`evaluate` of one model over image shards (the model as a path or serialized bytes); each item is an
+    (`EvaluateCall`, `Shard`) pair."""
+
+    model: Union[str, bytes]
+    input_shapes: Optional[dict]
+    format: SampleFormat
+    labels: LabelResolver
+
     def setup(self) -> ReportContext:
         model = self.model if isinstance(self.model, str) else onnx.load_from_string(self.model)
-        graph = load_model(model, self.table.options.input_shapes)
-        return ReportContext(graph, prepare(graph, self.table, float_nodes=list(self.float_nodes),
-                                            backend=self.backend))
+        return ReportContext(load_model(model, self.input_shapes))
 
-    def run(self, context: ReportContext, shard: Shard) -> ShardResult:
+    def run(self, context: ReportContext, item: tuple[EvaluateCall, Shard]) -> ShardResult:
+        call, shard = item
         source = ShardImages([p for batch in shard.batches for p in batch], self.format, self.labels)
         try:
-            ev = evaluate(context.graph, self.table, source, layers=self.layers, isolated=self.isolated,
-                          isolated_images=shard.isolated, prepared=context.prepared,
-                          accumulator=RecordingAccumulator)
+            ev = evaluate(context.graph, call.table, source, layers=call.layers, isolated=call.isolated,
+                          isolated_images=shard.isolated, prepared=context.prepare(call),
+                          accumulator=RecordingAccumulator, reference=context.reference)
         except ValueError:
             if source.log.skipped and not source.log.used:  # "no image could be decoded"
                 return ShardResult(skipped=source.log.skipped)
@@ -135,6 +163,67 @@ def merge_evaluations(parts: Sequence[Evaluation]) -> Evaluation:
     return ev
 
 
+class ShardedEvaluator:
+    """`reports.evaluate.evaluate` with its arguments, computed by `workers` processes (or on Ray) that load
+    the model and start once for every call (`ptq report` makes one call, `ptq debug` and `ptq tune` many).
+    A context manager: the pool lives until the `with` block ends. Each call must pass the graph and the
+    image set the evaluator was made for (the workers hold that model and those samples' format)."""
+
+    def __init__(self, model: Union[str, Path, onnx.ModelProto], input_shapes: Optional[dict], images: ImageSet, *,
+                 workers: int, ray: Optional[str] = None, graph: Optional[Graph] = None):
+        source = str(Path(model).resolve()) if isinstance(model, (str, Path)) else model.SerializeToString()
+        self.graph, self.images = graph, images
+        self.runner = make_runner(ReportJob(source, input_shapes, images.format, images.labels), workers, ray)
+        self.workers = workers
+
+    @classmethod
+    def for_graph(cls, graph: Graph, table: QuantTable, images: ImageSet, *, workers: int,
+                  ray: Optional[str] = None) -> "ShardedEvaluator":
+        """The workers get the model as loaded here (the adjusted one when the table records weight
+        adjustments), with the table's input shapes."""
+        return cls(graph.model, table.options.input_shapes, images, workers=workers, ray=ray, graph=graph)
+
+    def __enter__(self) -> "ShardedEvaluator":
+        self.runner.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.runner.__exit__(*exc)
+
+    def __call__(self, graph: Optional[Graph], table: QuantTable, images: ImageSet, *, float_nodes: Sequence[str] = (),
+                 layers: bool = True, isolated: bool = True, isolated_images: Optional[int] = None,
+                 progress: bool = False, desc: str = "report", backend=None) -> Evaluation:
+        from tqdm import tqdm
+
+        if graph is not self.graph or images is not self.images:
+            raise ValueError("a ShardedEvaluator evaluates the graph and the images it was made for")
+        if backend is not None and not isinstance(backend, str):
+            raise ValueError("workers take the backend by name (ptq.backends)")
+        if isolated and not layers:
+            raise ValueError("isolated metrics need layers=True")
+        call = EvaluateCall(uuid.uuid4().hex, table, tuple(float_nodes), backend, layers, isolated)
+        prefix = images.expected if isolated_images is None else isolated_images
+        log = ImageLog()
+        with tqdm(total=images.expected, unit="img", desc=desc, disable=None if progress else True,
+                  leave=False) as bar:
+            parts = run_sharded(CallRunner(self.runner, call), images.files, log, limit=images.limit, batch_size=1,
+                                shard_batches=shard_batches_for(images.expected, 1, self.workers),
+                                isolated=prefix if isolated else 0, on_shard=bar.update)
+        if not parts:
+            raise ValueError("no image could be decoded")
+        return merge_evaluations(parts)
+
+
+def choose_evaluator(graph: Graph, table: QuantTable, images: ImageSet, *, workers: Optional[int],
+                     ray: Optional[str] = None):
+    """A context manager giving `reports.evaluate.evaluate` when `ptq.parallel.choose_workers` picks one
+    process (and no Ray), else a `ShardedEvaluator` whose workers serve every call (`ptq debug`, `ptq tune`)."""
+    workers = choose_workers(workers, images.expected)
+    if workers == 1 and ray is None:
+        return contextlib.nullcontext(evaluate)
+    return ShardedEvaluator.for_graph(graph, table, images, workers=workers, ray=ray)
+
+
 def sharded_evaluate(
     model: Union[str, Path, onnx.ModelProto],
     table: QuantTable,
@@ -151,18 +240,6 @@ def sharded_evaluate(
     desc: str = "report",
 ) -> Evaluation:
     """What `evaluate(graph, table, images, ...)` returns, computed by `workers` processes (or on Ray)."""
-    from tqdm import tqdm
-
-    source = str(Path(model).resolve()) if isinstance(model, (str, Path)) else model.SerializeToString()
-    job = ReportJob(source, table, images.format, images.labels, tuple(float_nodes), backend, layers, isolated)
-    prefix = images.expected if isolated_images is None else isolated_images
-    log = ImageLog()
-    with make_runner(job, workers, ray) as runner, \
-            tqdm(total=images.expected, unit="img", desc=desc, disable=None if progress else True,
-                 leave=False) as bar:
-        parts = run_sharded(runner, images.files, log, limit=images.limit, batch_size=1,
-                            shard_batches=shard_batches_for(images.expected, 1, workers),
-                            isolated=prefix if isolated else 0, on_shard=bar.update)
-    if not parts:
-        raise ValueError("no image could be decoded")
-    return merge_evaluations(parts)
+    with ShardedEvaluator(model, table.options.input_shapes, images, workers=workers, ray=ray) as evaluator:
+        return evaluator(None, table, images, float_nodes=float_nodes, layers=layers, isolated=isolated,
+                         isolated_images=isolated_images, progress=progress, desc=desc, backend=backend)

@@ -10,12 +10,13 @@ whose *range* is wrong (values saturate) stays wrong. The report's `clipped_frac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ptq.core.graph import Graph
 from ptq.executor import prepare
 from ptq.quant_table import QuantTable
 from reports.evaluate import evaluate
+from reports.evaluation import Evaluation
 from reports.layer_nodes import float_node_names, resolve_layer
 from reports.output_metrics import OutputMetrics
 
@@ -49,8 +50,10 @@ class FakeQuantResult:
 
 
 def fake_quant(graph: Graph, table: QuantTable, images, *, layers: Sequence[str] = (), op_types: Sequence[str] = (),
-               progress: bool = False, backend=None) -> FakeQuantResult:
-    """Output metrics and per-layer cumulative cosines with the chosen layers / op types in float, and without."""
+               progress: bool = False, backend=None,
+               evaluator: Callable[..., Evaluation] = evaluate) -> FakeQuantResult:
+    """Output metrics and per-layer cumulative cosines with the chosen layers / op types in float, and without.
+    `evaluator`: `reports.evaluate.evaluate`, or a `ShardedEvaluator` (workers; the same result)."""
     if not layers and not op_types:
         raise ValueError("choose layers (tensor or node names) or op types to run in float")
     base = prepare(graph, table, backend=backend)
@@ -60,9 +63,9 @@ def fake_quant(graph: Graph, table: QuantTable, images, *, layers: Sequence[str]
         raise ValueError(f"op types {unknown} do not occur in the model (it has {sorted(known_ops)})")
     notes = [note for note in (resolve_layer(base, layer).note for layer in layers) if note]
     specs = float_node_names(base, layers) + list(op_types)
-    before = evaluate(graph, table, images, isolated=False, prepared=base, progress=progress, desc="integer")
-    after = evaluate(graph, table, images, float_nodes=specs, isolated=False, progress=progress, desc="fake-quant",
-                     backend=backend)
+    before = evaluator(graph, table, images, isolated=False, progress=progress, desc="integer", backend=backend)
+    after = evaluator(graph, table, images, float_nodes=specs, isolated=False, progress=progress, desc="fake-quant",
+                      backend=backend)
     floated = set(after.float_nodes)
     after_cum = {s.name: after.cumulative[s.name].result().cosine for s in after.layers}
     rows = [

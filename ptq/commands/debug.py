@@ -25,7 +25,7 @@ def _names(text: str) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser, parallel=False)
+    add_common_arguments(parser)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--fake-quant", type=_names, metavar="LAYER[,LAYER...]",
                       help="layers (tensor or node names, as in the report) to run in float; a name a rewrite "
