@@ -45,6 +45,7 @@ from calibrators import TensorStatistics, calibrate_array, get_calibrator
 from ops.registry import op_of, weight_role
 from ptq.core.graph import Graph, Node, load_model
 from ptq.core.qparams import QParams
+from ptq.weight_tensors import weight_tensors
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry
 from ptq.weight_scale_floor import floor_weight_scales
 
@@ -215,19 +216,7 @@ def weight_entries(graph: Graph, options: CalibrationOptions) -> dict[str, Tenso
     """int4 weights with power-of-two scales, per output channel (or per tensor)."""
     calibrator = get_calibrator(options.weight_calibrator).for_grid(True)
     entries = {}
-    for node in graph.nodes:
-        role = weight_role(node)
-        if role is None or len(node.inputs) <= role.input_index:
-            continue
-        name = node.inputs[role.input_index]
-        if name in entries or name not in graph.initializers:
-            continue
-        w = graph.initializers[name]
-        if not np.issubdtype(w.dtype, np.floating):
-            continue
-        axis = None
-        if options.per_channel and role.channel_axis is not None and w.ndim >= 2:
-            axis = role.channel_axis % w.ndim
+    for name, w, axis in weight_tensors(graph, options.per_channel):
         rmin, rmax = calibrate_array(calibrator, w, axis=axis, bits=NARROW_BITS)
         t = np.maximum(np.abs(np.atleast_1d(rmin)), np.abs(np.atleast_1d(rmax)))
         scale = np.array([tqt_scale(float(v), NARROW_BITS, True) for v in t])

@@ -33,8 +33,9 @@ from ptq.qdq_check import CHECK_SAMPLES, QDQCheck, QDQCheckError, check_qdq
 from ptq.qdq_export import DEFAULT_TARGET, export_qdq, get_target
 from ptq.core.qparams import compute_qparams
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
-from ops.registry import op_of, weight_role
+from ops.registry import op_of
 from ptq.weight_scale_floor import floor_weight_scales
+from ptq.weight_tensors import weight_tensors
 
 DEFAULT_CALIBRATOR = "extrema"
 DEFAULT_WEIGHT_CALIBRATOR = "extrema"
@@ -200,19 +201,7 @@ def weight_entries(graph: Graph, options: CalibrationOptions) -> dict[str, Tenso
     """Table entries of the weights (initializers in a weight role, see ptq.core.roles)."""
     calibrator = get_calibrator(options.weight_calibrator).for_grid(options.weight_symmetric)
     entries = {}
-    for node in graph.nodes:
-        role = weight_role(node)
-        if role is None or len(node.inputs) <= role.input_index:
-            continue
-        name = node.inputs[role.input_index]
-        if name in entries or name not in graph.initializers:
-            continue
-        w = graph.initializers[name]
-        if not np.issubdtype(w.dtype, np.floating):
-            continue
-        axis = None
-        if options.per_channel and role.channel_axis is not None and w.ndim >= 2:
-            axis = role.channel_axis % w.ndim
+    for name, w, axis in weight_tensors(graph, options.per_channel):
         rmin, rmax = calibrate_array(calibrator, w, axis=axis, bits=options.weight_bits)
         qp = compute_qparams(rmin, rmax, options.weight_bits, symmetric=options.weight_symmetric,
                              narrow=options.weight_narrow, pow2=options.pow2, axis=axis)

@@ -16,6 +16,7 @@ from ptq.core.graph import load_model
 from ptq.core.qparams import compute_qparams
 from ptq.pipeline import calibrate
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry
+from tests.test_bias_correction import with_weights
 from tests.tiny_models import make_model
 
 EPS = 1e-5
@@ -105,12 +106,7 @@ def test_correction_is_the_closed_form_and_removes_the_planted_shift():
     w_q = qp.dequantize(qp.quantize(graph.initializers["W1"])).astype(np.float32)
 
     def with_values(values):
-        m = onnx.ModelProto()
-        m.CopyFrom(model)
-        for init in m.graph.initializer:
-            if init.name in values:
-                init.CopyFrom(numpy_helper.from_array(values[init.name].astype(np.float32), init.name))
-        return m
+        return with_weights(model, values)
 
     ref = run(model, x)
     planted = (run(with_values({"W1": w_q}), x) - ref).mean(axis=(0, 2, 3))

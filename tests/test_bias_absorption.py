@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from ptq.bias_absorption import output_lower_bound
 from ptq.core.graph import load_model
 from ptq.equalize import equalize
+from tests.test_bias_correction import run as run_with_outputs
 from tests.tiny_models import make_model
 
 
@@ -40,13 +40,7 @@ def high_bias_chain(act: str, pads2=(0, 0, 0, 0)) -> onnx.ModelProto:
 
 
 def run(model, x, names=("out",)):
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for name in names:
-        if name not in [o.name for o in m.graph.output]:
-            m.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return dict(zip(names, sess.run(list(names), {"input": x})))
+    return run_with_outputs(model, x, list(names))
 
 
 def inits(model):
