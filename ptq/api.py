@@ -20,6 +20,7 @@ from ptq.data_options import DataOptions, quiet_logging
 from ptq.parallel import choose_workers
 from ptq.pipeline import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, CalibrationResult
 from ptq.qdq_export import DEFAULT_TARGET
+from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_Z
 
 if TYPE_CHECKING:
     from ptq.core.graph import Graph
@@ -487,9 +488,9 @@ def tune(
     budget_int16: int = 8,
     allow_float: int = 0,
     validation: Optional[PathLike] = None,
-    validation_fraction: Optional[float] = None,
-    margin: Optional[float] = None,
-    z: Optional[float] = None,
+    validation_fraction: float = DEFAULT_VALIDATION_FRACTION,
+    margin: float = DEFAULT_MARGIN,
+    z: float = DEFAULT_Z,
     out: Optional[PathLike] = None,
     **options,
 ) -> TuneResult:
@@ -509,7 +510,6 @@ def tune(
     from ptq.adjusted_model import save_adjusted
     from ptq.core.graph import load_model
     from ptq.quant_table import save_quant_table
-    from ptq.tuning import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_Z
     from ptq.tuning import tune as run_tuning
     from reports.image_source import ImageSet
 
@@ -528,9 +528,7 @@ def tune(
         reference = load_model(model, table.options.input_shapes)  # the user's model: the goal
         result = run_tuning(
             graph, table, samples, target_cosine, budget_int16=budget_int16, allow_float=allow_float,
-            validation=held, reference=reference,
-            validation_fraction=DEFAULT_VALIDATION_FRACTION if validation_fraction is None else validation_fraction,
-            margin=DEFAULT_MARGIN if margin is None else margin, z=DEFAULT_Z if z is None else z,
+            validation=held, reference=reference, validation_fraction=validation_fraction, margin=margin, z=z,
             progress=opts.progress)
     out_dir = Path(out) if out is not None else table_path.parent
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -12,10 +12,12 @@ import contextlib
 import logging
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence, Union
 
 from ptq.images import Preprocess
-from ptq.samples import ArrayFormat, ImageFormat, SampleSource
+
+if TYPE_CHECKING:  # ptq.samples loads onnx: not needed to build the command line
+    from ptq.samples import SampleSource
 
 PREPROCESSING = ("config", "mean", "std", "resize", "crop_ratio", "bgr", "layout")
 
@@ -86,8 +88,10 @@ class DataOptions:
         merged.update({k: v for k, v in flags.items() if v is not None})
         return Preprocess(**merged)
 
-    def source(self, recorded_preprocess: Optional[dict] = None) -> SampleSource:
+    def source(self, recorded_preprocess: Optional[dict] = None) -> "SampleSource":
         """Where the samples come from and how they are read."""
+        from ptq.samples import ArrayFormat, ImageFormat, SampleSource
+
         if self.data is not None:
             return SampleSource(_location(self.data), ArrayFormat())
         return SampleSource(_location(self.images), ImageFormat(self.preprocess(recorded_preprocess)))

@@ -40,6 +40,7 @@ from ptq.quant_table import QuantTable
 from ptq.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
 from ptq.range_search import candidate_entries, search_ranges
 from ptq.table_edit import with_float
+from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_Z
 from ptq.tune_data import Samples, Score, Validation, split_samples
 from ptq.weight_scale_floor import floor_weight_scales
 from reports.build import build_report
@@ -50,9 +51,6 @@ from reports.tables import with_bits
 logger = logging.getLogger("ptq.tune")
 
 DEFAULT_RANGE_CALIBRATORS = ("mse", "kld")
-DEFAULT_VALIDATION_FRACTION = 0.3
-DEFAULT_MARGIN = 0.0
-DEFAULT_Z = 2.0
 RANKING_IMAGES = 8  # images of the isolated per-layer pass that ranks the bottlenecks
 
 

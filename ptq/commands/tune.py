@@ -14,7 +14,7 @@ HELP = "reach a target logits cosine: per-channel weights, better ranges, 16-bit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ptq.tuning import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_Z
+    from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_Z
 
     parser.add_argument("model", help="the float ONNX model")
     parser.add_argument("--quant", required=True, help="the quantization table (.quant.json) to start from")
