@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 from ptq.backends import DEFAULT_BACKEND_NAME
 from ptq.data_options import DataOptions, quiet_logging
-from ptq.parallel import choose_workers
+from ptq.parallel import choose_workers, ship_model
 from ptq.pipeline import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, CalibrationResult
 from ptq.qdq_export import DEFAULT_TARGET
 from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_Z
@@ -249,7 +249,7 @@ def run(
                            options=ExecutorOptions(strict=strict))
         outcomes = []
         if opts.sharded(len(files)):  # the workers get the model as loaded here (the adjusted one with adjusted weights)
-            job = ClassifyJob(graph.model.SerializeToString(), table, samples.format, tuple(float_nodes), backend,
+            job = ClassifyJob(ship_model(graph.model), table, samples.format, tuple(float_nodes), backend,
                               strict, top)
             classify_sharded(job, files, choose_workers(opts.workers, len(files)), opts.ray, outcomes.append,
                              progress=opts.progress)

@@ -8,16 +8,15 @@ folded in batch order, so the table is byte-identical to the one-process table (
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Optional, Union
-
-import onnx
+from typing import Optional
 
 from calibrators import TensorStatistics
-from ptq.core.graph import Graph, load_model
+from ptq.core.graph import Graph
 from ptq.float_run import FloatRunner, collect_statistics
 from ptq.images import ImageLog
-from ptq.parallel import Shard, ShardResult, make_runner, run_sharded, shard_batches_for
+from ptq.parallel import (
+    Shard, ShardResult, ShippedModel, load_shipped_model, make_runner, run_sharded, shard_batches_for, ship_model,
+)
 from ptq.samples import SampleFormat, SampleSource, UnreadableSample, stack
 
 
@@ -32,14 +31,13 @@ class WorkerContext:
 class CalibrationJob:
     """Statistics of every activation of a model (a file path, or a serialized model) over sample shards."""
 
-    model: Union[str, bytes]
+    model: ShippedModel
     input_shapes: Optional[dict]
     format: SampleFormat
     needs: frozenset
 
     def setup(self) -> WorkerContext:
-        model = self.model if isinstance(self.model, str) else onnx.load_from_string(self.model)
-        graph = load_model(model, self.input_shapes)
+        graph = load_shipped_model(self.model, self.input_shapes)
         return WorkerContext(graph, self.format.reader(graph),
                              FloatRunner.create(graph, graph.activations, intra_op_threads=1))
 
@@ -71,8 +69,7 @@ def sharded_statistics(
     log = ImageLog()
     candidates = source.candidates(log, num_images, seed)
     source.format.reader(graph)  # errors (no image input, ...) before spawning
-    shipped = str(Path(model).resolve()) if isinstance(model, (str, Path)) else model.SerializeToString()
-    job = CalibrationJob(shipped, input_shapes, source.format, frozenset(needs))
+    job = CalibrationJob(ship_model(model), input_shapes, source.format, frozenset(needs))
     expected = len(candidates) if num_images is None else min(num_images, len(candidates))
     per_shard = shard_batches_for(expected, batch_size, workers)
     with make_runner(job, workers, ray) as runner, \

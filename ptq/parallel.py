@@ -35,7 +35,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional, Protocol, Sequence
+from typing import Any, Iterator, Optional, Protocol, Sequence, Union
 
 from ptq.images import ImageLog
 
@@ -173,6 +173,24 @@ def run_sharded(
             log.skip(path, failed[path])
     log.used.extend(used)
     return [done[s] for s in shards]
+
+
+ShippedModel = Union[str, bytes]  # what a job carries to its workers: a model file's absolute path, or the model
+
+
+def ship_model(model) -> ShippedModel:
+    """A model path (made absolute: workers may start elsewhere) or an in-memory `onnx.ModelProto`, serialized."""
+    return str(Path(model).resolve()) if isinstance(model, (str, Path)) else model.SerializeToString()
+
+
+def load_shipped_model(model: ShippedModel, input_shapes: Optional[dict]):
+    """In a worker: the `ptq.core.graph.Graph` of a shipped model (onnx is loaded here, not at import, which
+    the command line pays for)."""
+    import onnx
+
+    from ptq.core.graph import load_model
+
+    return load_model(model if isinstance(model, str) else onnx.load_from_string(model), input_shapes)
 
 
 # ---------------------------------------------------------------------------------------------- local pool

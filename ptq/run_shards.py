@@ -11,15 +11,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Optional
 
 import numpy as np
-import onnx
 
-from ptq.core.graph import Graph, load_model
+from ptq.core.graph import Graph
 from ptq.executor import ExecutorOptions, IntegerGraph, prepare
 from ptq.float_run import FloatRunner
-from ptq.parallel import Shard, ShardResult, make_runner, plan_shards, shard_batches_for
+from ptq.parallel import (
+    Shard, ShardResult, ShippedModel, load_shipped_model, make_runner, plan_shards, shard_batches_for,
+)
 from ptq.quant_table import QuantTable
 from ptq.samples import SampleFormat, UnreadableSample
 from reports.float_reference import float_reference
@@ -52,7 +53,7 @@ def run_context(graph: Graph, prepared: IntegerGraph, format: SampleFormat) -> R
 
 @dataclass(frozen=True)
 class ClassifyJob:
-    model: Union[str, bytes]
+    model: ShippedModel
     table: QuantTable
     format: SampleFormat
     float_nodes: tuple
@@ -61,8 +62,7 @@ class ClassifyJob:
     top: int
 
     def setup(self) -> RunContext:
-        model = self.model if isinstance(self.model, str) else onnx.load_from_string(self.model)
-        graph = load_model(model, self.table.options.input_shapes)
+        graph = load_shipped_model(self.model, self.table.options.input_shapes)
         prepared = prepare(graph, self.table, float_nodes=list(self.float_nodes), backend=self.backend,
                            options=ExecutorOptions(strict=self.strict))
         return run_context(graph, prepared, self.format)

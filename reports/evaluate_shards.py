@@ -21,12 +21,13 @@ from typing import Iterator, Optional, Sequence, Union
 
 import onnx
 
-from ptq.core.graph import Graph, load_model
+from ptq.core.graph import Graph
 from ptq.executor import IntegerGraph, prepare
 from ptq.float_run import FloatRunner
 from ptq.images import ImageLog
 from ptq.parallel import (
-    CallRunner, QuietLog, Shard, ShardResult, choose_workers, make_runner, run_sharded, shard_batches_for,
+    CallRunner, QuietLog, Shard, ShardResult, ShippedModel, choose_workers, load_shipped_model, make_runner,
+    run_sharded, shard_batches_for, ship_model,
 )
 from ptq.quant_table import QuantTable
 from ptq.samples import SampleFormat
@@ -108,14 +109,13 @@ class ReportJob:
     """`evaluate` of one model over image shards (the model as a path or serialized bytes); each item is an
     (`EvaluateCall`, `Shard`) pair."""
 
-    model: Union[str, bytes]
+    model: ShippedModel
     input_shapes: Optional[dict]
     format: SampleFormat
     labels: LabelResolver
 
     def setup(self) -> ReportContext:
-        model = self.model if isinstance(self.model, str) else onnx.load_from_string(self.model)
-        return ReportContext(load_model(model, self.input_shapes))
+        return ReportContext(load_shipped_model(self.model, self.input_shapes))
 
     def run(self, context: ReportContext, item: tuple[EvaluateCall, Shard]) -> ShardResult:
         call, shard = item
@@ -171,9 +171,8 @@ class ShardedEvaluator:
 
     def __init__(self, model: Union[str, Path, onnx.ModelProto], input_shapes: Optional[dict], images: ImageSet, *,
                  workers: int, ray: Optional[str] = None, graph: Optional[Graph] = None):
-        source = str(Path(model).resolve()) if isinstance(model, (str, Path)) else model.SerializeToString()
         self.graph, self.images = graph, images
-        self.runner = make_runner(ReportJob(source, input_shapes, images.format, images.labels), workers, ray)
+        self.runner = make_runner(ReportJob(ship_model(model), input_shapes, images.format, images.labels), workers, ray)
         self.workers = workers
 
     @classmethod
