@@ -30,7 +30,7 @@ import numpy as np
 
 from ptq.bias_correction import conv_geometry, weighted_layers, BiasCorrectionLog
 from ptq.core.graph import Graph, Node
-from ptq.float_run import FloatRunner
+from ptq.float_run import layer_inputs
 from ptq.quant_table import QuantTable
 
 ZETA, GAMMA = 1.1, -0.1
@@ -133,25 +133,19 @@ def adaround(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray], *, 
     log = AdaRoundLog()
     layers = [n for n in weighted_layers(graph, table, BiasCorrectionLog())
               if not np.any(table.tensors[n.inputs[1]].qparams.zero_point)]
-    by_input: dict[str, list[Node]] = {}
-    for node in layers:
-        by_input.setdefault(node.inputs[0], []).append(node)
     rng = np.random.default_rng(seed)
     hess: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
-    runner = FloatRunner.create(graph, list(by_input))
-    for batch in batches:
-        for name, x in runner.run(batch):
-            for node in by_input.get(name, []):
-                w = graph.initializers[node.inputs[1]]
-                if node.op_type == "Conv":
-                    group = int(node.attr("group", 1))
-                    patches = sample_patches(x.astype(np.float64), node, w, positions, rng)
-                    xg = patches.reshape(patches.shape[0], group, -1).transpose(1, 0, 2)  # [G, S, K]
-                else:
-                    xg = x.reshape(1, -1, x.shape[-1]).astype(np.float64)
-                hess[node.name] = hess.get(node.name, 0) + np.matmul(xg.transpose(0, 2, 1), xg)
-                counts[node.name] = counts.get(node.name, 0) + xg.shape[1]
+    for node, x in layer_inputs(graph, layers, batches):
+        w = graph.initializers[node.inputs[1]]
+        if node.op_type == "Conv":
+            group = int(node.attr("group", 1))
+            patches = sample_patches(x.astype(np.float64), node, w, positions, rng)
+            xg = patches.reshape(patches.shape[0], group, -1).transpose(1, 0, 2)  # [G, S, K]
+        else:
+            xg = x.reshape(1, -1, x.shape[-1]).astype(np.float64)
+        hess[node.name] = hess.get(node.name, 0) + np.matmul(xg.transpose(0, 2, 1), xg)
+        counts[node.name] = counts.get(node.name, 0) + xg.shape[1]
     learned = {}
     for node in layers:
         if node.name not in hess:

@@ -21,7 +21,7 @@ import onnx
 from onnx import numpy_helper
 
 from ptq.core.graph import Graph, Node
-from ptq.float_run import FloatRunner
+from ptq.float_run import layer_inputs
 from ptq.quant_table import QuantTable
 
 
@@ -93,22 +93,16 @@ def mean_patches(graph: Graph, layers: list[Node], batches: Iterable[np.ndarray]
     for a Gemm), from the float graph's activations over `batches` (each folded in and dropped)."""
     sums: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
-    by_input: dict[str, list[Node]] = {}
-    for node in layers:
-        by_input.setdefault(node.inputs[0], []).append(node)
-    runner = FloatRunner.create(graph, list(by_input))
-    for batch in batches:
-        for name, x in runner.run(batch):
-            for node in by_input.get(name, []):
-                w = graph.initializers[node.inputs[1]]
-                if node.op_type == "Conv":
-                    pads, strides, dilations = conv_geometry(node, w)
-                    s, n = mean_patch(x, w.shape[2:], pads, strides, dilations)
-                else:
-                    rows = x.reshape(-1, x.shape[-1]).astype(np.float64)
-                    s, n = rows.sum(axis=0), rows.shape[0]
-                sums[node.name] = sums.get(node.name, 0) + s
-                counts[node.name] = counts.get(node.name, 0) + n
+    for node, x in layer_inputs(graph, layers, batches):
+        w = graph.initializers[node.inputs[1]]
+        if node.op_type == "Conv":
+            pads, strides, dilations = conv_geometry(node, w)
+            s, n = mean_patch(x, w.shape[2:], pads, strides, dilations)
+        else:
+            rows = x.reshape(-1, x.shape[-1]).astype(np.float64)
+            s, n = rows.sum(axis=0), rows.shape[0]
+        sums[node.name] = sums.get(node.name, 0) + s
+        counts[node.name] = counts.get(node.name, 0) + n
     return {name: sums[name] / counts[name] for name in sums}
 
 

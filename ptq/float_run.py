@@ -19,7 +19,7 @@ import onnx
 from onnx import helper
 
 from calibrators import Stat, TensorStatistics
-from ptq.core.graph import Graph, ModelError
+from ptq.core.graph import Graph, ModelError, Node
 
 
 def stats_model(graph: Graph, tensors: Sequence[str]) -> onnx.ModelProto:
@@ -145,6 +145,19 @@ def _ort_errors() -> tuple:
 
 def _concat(arrays: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(arrays, axis=0) if arrays[0].ndim else np.stack(arrays)
+
+
+def layer_inputs(graph: Graph, layers: Sequence[Node], batches: Iterable) -> Iterator[tuple[Node, np.ndarray]]:
+    """(layer, the batch of its first input's float activations) for every layer and batch: one float run per
+    batch, an activation that feeds several layers computed once."""
+    by_input: dict[str, list[Node]] = {}
+    for node in layers:
+        by_input.setdefault(node.inputs[0], []).append(node)
+    runner = FloatRunner.create(graph, list(by_input))
+    for batch in batches:
+        for name, x in runner.run(batch):
+            for node in by_input.get(name, []):
+                yield node, x
 
 
 def collect_statistics(
