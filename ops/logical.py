@@ -154,6 +154,7 @@ class _BoolOp(OpDef):
 
     int_types = "bool -> bool"
     section = "4.41"
+    lsb_bound = 0.0  # exact: no quantization
     apply: ClassVar[Callable[..., np.ndarray]]
 
     def index_outputs(self, node):
@@ -181,7 +182,6 @@ class And(_BoolOp):
     """ONNX And (bool, broadcasting)."""
 
     op_type = "And"
-    lsb_bound = 0.0
     apply = staticmethod(np.logical_and)
 
 
@@ -190,7 +190,6 @@ class Or(_BoolOp):
     """ONNX Or (bool, broadcasting)."""
 
     op_type = "Or"
-    lsb_bound = 0.0
     apply = staticmethod(np.logical_or)
 
 
@@ -199,7 +198,6 @@ class Xor(_BoolOp):
     """ONNX Xor (bool, broadcasting)."""
 
     op_type = "Xor"
-    lsb_bound = 0.0
     apply = staticmethod(np.logical_xor)
 
 
@@ -208,7 +206,6 @@ class Not(_BoolOp):
     """ONNX Not (bool)."""
 
     op_type = "Not"
-    lsb_bound = 0.0
     apply = staticmethod(np.logical_not)
 
 
