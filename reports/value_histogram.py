@@ -44,11 +44,25 @@ def inner_bins(codes: int, limit: int = MAX_INNER) -> int:
 
 
 @numba.njit(cache=True, nogil=True)
+def bin_index(v, low, high, inv, inner, margin):
+    """The bin of a float64 value v (the layout of the module docstring; NaN: bin 0, callers refuse NaN):
+    floor((v - high) * inv) past `high`, floor((v - low) * inv) otherwise, clamped to the margins. Written as
+    selects, so that a loop over values vectorizes."""
+    outside = np.floor((v - high) * inv)
+    outside = outside if outside < margin else np.float64(margin)
+    inside = np.floor((v - low) * inv)  # v - low < 0 exactly when v < low: the sign of a rounded difference is exact
+    inside = inside if inside < inner - 1 else np.float64(inner - 1)
+    inside = inside if inside > -margin - 1 else np.float64(-margin - 1)
+    j = outside + (1 + margin + inner) if v > high else inside + (1 + margin)
+    return np.int32(j) if v == v else np.int32(0)
+
+
+@numba.njit(cache=True, nogil=True)
 def _fold(x, low, high, inv, inner, margin, counts):
-    """counts[bin(v)] += 1 for every v of x (the layout of the module docstring), in one pass, each v compared
-    and offset in float64; returns (min, max, NaN count). One pass instead of numpy's nine (convert, scale,
-    floor, clip, cast, bincount, min, max, the mask above high): 17-19 ms CPU per EfficientNet-Lite0 image
-    (7.1 M values; `bench/report_histograms.py`), where those numpy passes took 41 ms."""
+    """counts[bin(v)] += 1 for every v of x (`bin_index`), in one pass, each v compared and offset in float64;
+    returns (min, max, NaN count). One pass instead of numpy's nine (convert, scale, floor, clip, cast, bincount,
+    min, max, the mask above high): 17-19 ms CPU per EfficientNet-Lite0 image (7.1 M values;
+    `bench/report_histograms.py`), where those numpy passes took 41 ms."""
     smallest, largest, nan = np.inf, -np.inf, 0
     for k in range(x.size):
         v = np.float64(x[k])
@@ -57,11 +71,7 @@ def _fold(x, low, high, inv, inner, margin, counts):
             continue
         smallest = min(smallest, v)
         largest = max(largest, v)
-        if v > high:
-            j = 1 + margin + inner + int(min(np.floor((v - high) * inv), margin))
-        else:  # x - low < 0 exactly when x < low: the sign of a rounded difference is exact
-            j = 1 + margin + int(max(min(np.floor((v - low) * inv), inner - 1), -margin - 1))
-        counts[j] += 1
+        counts[bin_index(v, low, high, inv, inner, margin)] += 1
     return smallest, largest, nan
 
 
@@ -134,6 +144,12 @@ class ValueHistogram:
             raise ValueError(f"histogram: {nan} NaN values")
         self.min = min(self.min, low)
         self.max = max(self.max, high)
+
+    def add(self, counts: np.ndarray, smallest: float, largest: float) -> None:
+        """Fold in counts binned elsewhere with these bins (`reports.pair_sums.compare`) and their extremes."""
+        self.counts += counts
+        self.min = min(self.min, smallest)
+        self.max = max(self.max, largest)
 
     def merge(self, other: "ValueHistogram") -> "ValueHistogram":
         """The histogram of both value sets (same bins; neither input is modified)."""

@@ -8,10 +8,9 @@ from typing import Callable, Optional
 
 class MetricWorker:
     """One background thread for the metric updates and the isolated runs, which overlap the
-    integer graph running in the calling thread (onnxruntime and numpy release the GIL). Tasks run in submission
-    order, so a metric update finds the `ReferenceTensor` an earlier task of its image prepared. `settle()` closes an
-    image; once more than LAG images are open it waits for the oldest one's tasks and re-raises their errors
-    (each open image holds its float tensors)."""
+    integer graph running in the calling thread (onnxruntime, numpy and the compiled comparisons release the GIL).
+    Tasks run in submission order. `settle()` closes an image; once more than LAG images are open it waits for the
+    oldest one's tasks and re-raises their errors (each open image holds its float tensors)."""
 
     LAG = 3
 

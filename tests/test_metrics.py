@@ -151,28 +151,6 @@ def test_clip_accumulator_counts_values_beyond_half_an_lsb():
     assert c.merge(ClipAccumulator(3, 1)).fraction == pytest.approx(3 / 10)
 
 
-def test_blocked_dot_matches_float64_on_a_large_float32_tensor():
-    from reports.metrics import dot64
-
-    rng = np.random.default_rng(3)
-    a = rng.normal(size=300_001).astype(np.float32)  # not a multiple of the block: the tail is summed too
-    b = (a + rng.normal(scale=0.01, size=a.size)).astype(np.float32)
-    exact = float(np.dot(a.astype(np.float64), b.astype(np.float64)))
-    assert dot64(a, b) == pytest.approx(exact, rel=1e-7)
-
-
-def test_update_overwriting_the_test_array_gives_the_same_sums():
-    rng = np.random.default_rng(5)
-    x = rng.normal(size=(3, 700)).astype(np.float32)
-    y = (x + rng.normal(scale=0.05, size=x.shape)).astype(np.float32)
-    kept, overwritten = SimilarityAccumulator(), SimilarityAccumulator()
-    kept.update(x, y.copy())
-    scratch = y.copy()
-    overwritten.update(x, scratch, overwrite_test=True)
-    assert vars(kept) == vars(overwritten)
-    assert np.array_equal(scratch, x - y)  # the difference was written over the test tensor
-
-
 def test_file_name_labels_only_when_every_image_has_one(tmp_path):
     """A folder of unlabelled photos where one file happens to end in `_512` has no labels at all."""
     from reports.labels import LabelResolver

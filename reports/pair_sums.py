@@ -1,0 +1,256 @@
+"""One read of a float reference tensor x and its test tensor y (integer codes dequantized on the fly, or floats):
+the similarity sums, and for the report's cumulative comparison the clipped counts and the value histogram too.
+
+Per element, with x first clamped to a folded range [a, b] when given (in x's dtype, as `np.clip` does):
+
+    y    = (float32(y_q) - float32(zp[c])) * float32(scale[c])   in float32 (`reports.grid.dequantize32`),
+           or y as it is when the test tensor is float
+    d    = x - y                                                  in the common dtype, rounded once as numpy does
+    dot += x*y,  xx += x*x,  yy += y*y,  se += d*d                each product in float64
+    max_err = max |d|,  below += x < grid_lo[c],  above += x > grid_hi[c]   (x in float64 against float64 bounds)
+    counts[bin(x)] += 1                                           (`reports.value_histogram.bin_index`)
+
+The tensor is read as rows of (outer, channels, inner) around the channel axis (axis 1 of a per-tensor grid of
+rank >= 3, where it is the channel axis too; a flat row otherwise). Summation order, fixed by the shape alone (so
+the same codes give the same bits whether they are stored channels first or channels last): each row in chunks
+of CHUNK elements; a chunk's four sums are added in an order the compiler picks to vectorize (the only
+reassociation); a row adds its chunk sums in order, and the totals add the rows in order. Products of float32
+values are exact in float64, so each sum carries at most ~CHUNK + rows/CHUNK roundings of float64 (relative
+error below 1e-13 on a 1.2 M-element activation), where the former float32 block sums carried ~1e-8.
+Clipped counts, histogram counts and the extremes do not depend on order at all.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numba
+import numpy as np
+from numba import types
+from llvmlite import ir
+from numba.extending import intrinsic, overload
+
+from ptq.core.qparams import QParams
+from reports.value_histogram import ValueHistogram, bin_index
+
+CHUNK = 1024  # elements summed together (in a vectorized order), then added to the totals in order
+
+
+@dataclass(frozen=True)
+class PairSums:
+    """The sums of one (reference, test) tensor pair (module docstring)."""
+
+    dot: float
+    xx: float
+    yy: float
+    se: float
+    max_err: float
+    n: int
+
+
+@dataclass(frozen=True)
+class GridCounts:
+    """What the cumulative comparison counts besides the sums: values beyond the grid, the value histogram's
+    counts (int64, its layout) and the extremes of the (clamped) reference."""
+
+    below: int
+    above: int
+    counts: np.ndarray
+    min: float
+    max: float
+
+
+def _test_value(v, zp, scale):
+    """A test element as a float: integer codes dequantized (compiled through the overload below)."""
+    return v
+
+
+@overload(_test_value)
+def _test_value_typed(v, zp, scale):
+    if isinstance(v, types.Integer):
+        return lambda v, zp, scale: (np.float32(v) - zp) * scale
+    return lambda v, zp, scale: v
+
+
+@intrinsic
+def _order_key(typingctx, value):
+    """A float's bits as a signed integer of its width, flipped for negative floats so that the integers order
+    as the floats do (-0.0 just below +0.0; NaN beyond +inf): integer minima and maxima vectorize where float
+    ones do not (they must keep NaN). `from_order_key` inverts it."""
+    if not isinstance(value, types.Float):
+        return None
+    width = value.bitwidth
+    ret = types.int32 if width == 32 else types.int64
+
+    def codegen(context, builder, signature, args):
+        itype = ir.IntType(width)
+        bits = builder.bitcast(args[0], itype)
+        sign = builder.ashr(bits, ir.Constant(itype, width - 1))
+        return builder.xor(bits, builder.and_(sign, ir.Constant(itype, (1 << (width - 1)) - 1)))
+
+    return ret(value), codegen
+
+
+def from_order_key(key: int, dtype) -> float:
+    """The float (of `dtype`, float32 or float64) whose `_order_key` is `key`."""
+    itype = np.int32 if np.dtype(dtype) == np.float32 else np.int64
+    width = np.dtype(itype).itemsize * 8
+    k = itype(key)
+    bits = k ^ ((k >> itype(width - 1)) & itype((1 << (width - 1)) - 1))
+    return float(np.array(bits, dtype=itype).view(dtype))
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})  # the four float sums only: reassociated to vectorize
+def _chunk_sums(xb, yb, n, keys):
+    """(sum x*y, sum x*x, sum y*y, sum d*d) over the first n elements, in float64; the order keys of max |d|,
+    min x and max x folded into keys[0:3]."""
+    dot = 0.0
+    xx = 0.0
+    yy = 0.0
+    se = 0.0
+    err = keys[0]
+    smallest = keys[1]
+    largest = keys[2]
+    for i in range(n):
+        x = np.float64(xb[i])
+        y = np.float64(yb[i])
+        e = xb[i] - yb[i]
+        d = np.float64(e)
+        dot += x * y
+        xx += x * x
+        yy += y * y
+        se += d * d
+        k = np.int64(_order_key(np.abs(e)))
+        err = k if k > err else err
+        k = np.int64(_order_key(xb[i]))
+        smallest = k if k < smallest else smallest
+        largest = k if k > largest else largest
+    keys[0] = err
+    keys[1] = smallest
+    keys[2] = largest
+    return dot, xx, yy, se
+
+
+@numba.njit(cache=True, nogil=True)
+def _chunk_bins(xb, n, grid_lo, grid_hi, low, high, inv, inner, margin, jb):
+    """(values below grid_lo, values above grid_hi); each element's histogram bin into jb."""
+    below = 0
+    above = 0
+    for i in range(n):
+        v = np.float64(xb[i])
+        below += v < grid_lo
+        above += v > grid_hi
+        jb[i] = bin_index(v, low, high, inv, inner, margin)
+    return below, above
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_bins(jb, n, sub):
+    """sub[i % 4, jb[i]] += 1: four interleaved tallies, so that runs of one bin do not serialize the increments."""
+    for i in range(n):
+        sub[i & 3, jb[i]] += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _compare(x, test, zp, scale, clip_lo, clip_hi, grid_lo, grid_hi, binned, low, high, inv, inner, margin, bins,
+             xb, yb):
+    """x and test (rows, C, length), C-contiguous; per-channel zp, scale, grid_lo, grid_hi of length C. Returns
+    (sums [dot, xx, yy, se], order keys [max |d|, min x, max x], counts: `bins` histogram counts, below, above)."""
+    sums = np.zeros(4)
+    keys = np.array([0, np.iinfo(np.int64).max, np.iinfo(np.int64).min], dtype=np.int64)
+    counts = np.zeros(bins + 2, dtype=np.int64)
+    sub = np.zeros((4, bins + 2), dtype=np.int64)
+    jb = np.zeros(CHUNK, dtype=np.int32)
+    rows, channels, length = x.shape
+    for r in range(rows):
+        for c in range(channels):
+            z = zp[c]
+            s = scale[c]
+            for start in range(0, length, CHUNK):
+                n = min(CHUNK, length - start)
+                # x clamped (NaN stays NaN) and the test values, into the chunk buffers (loops over unit-stride
+                # slices vectorize)
+                row = x[r, c, start:start + n]
+                for i in range(n):
+                    v = row[i]
+                    v = clip_lo if v < clip_lo else v
+                    xb[i] = clip_hi if v > clip_hi else v
+                values = test[r, c, start:start + n]
+                for i in range(n):
+                    yb[i] = _test_value(values[i], z, s)
+                dot, xx, yy, se = _chunk_sums(xb, yb, n, keys)
+                sums[0] += dot
+                sums[1] += xx
+                sums[2] += yy
+                sums[3] += se
+                if binned:
+                    below, above = _chunk_bins(xb, n, grid_lo[c], grid_hi[c], low, high, inv, inner, margin, jb)
+                    counts[bins] += below
+                    counts[bins + 1] += above
+                    _count_bins(jb, n, sub)
+    for k in range(4):
+        for b in range(bins):
+            counts[b] += sub[k, b]
+    return sums, keys, counts
+
+
+def _rows(a: np.ndarray, qp: Optional[QParams]) -> np.ndarray:
+    """`a` as (rows, C, length), C-contiguous: around a per-channel grid's axis, else one flat row."""
+    a = np.ascontiguousarray(a)  # channels-last codes (the compiled convolutions') are transposed here
+    if qp is None or qp.axis is None or qp.scale.size == 1:
+        return a.reshape(1, 1, -1)
+    axis = qp.axis % a.ndim
+    return a.reshape(math.prod(a.shape[:axis]), a.shape[axis], -1)
+
+
+def _per_channel(value, channels: int, dtype) -> np.ndarray:
+    return np.ascontiguousarray(np.broadcast_to(np.asarray(value, dtype=dtype).reshape(-1), (channels,)))
+
+
+def compare(reference: np.ndarray, test: np.ndarray, qp: Optional[QParams] = None, *,
+            clamp: Optional[tuple[float, float]] = None, histogram: Optional[ValueHistogram] = None,
+            grid: Optional[tuple[np.ndarray, np.ndarray]] = None) -> tuple[PairSums, Optional[GridCounts]]:
+    """The sums of `reference` against `test` in one pass (module docstring): `test` holds integer codes
+    dequantized with `qp`, or floats (then `qp` only chooses the row layout). `clamp`: the folded range the
+    reference is clamped to first. With `histogram` (its bins) and `grid` (`reports.grid.grid_bounds` of qp): the
+    `GridCounts` too; the caller folds them in (nothing is changed here). Raises on NaN or infinite values."""
+    x = np.asarray(reference)
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
+    y = np.asarray(test)
+    if y.shape != x.shape:
+        raise ValueError(f"similarity: reference shape {x.shape} differs from test shape {y.shape}")
+    if x.size == 0:
+        raise ValueError("similarity: empty tensor")
+    if y.dtype.kind not in "iuf" or (y.dtype.kind == "f" and y.dtype not in (np.float32, np.float64)):
+        y = y.astype(np.float64)
+    integer = y.dtype.kind in "iu"
+    if integer and qp is None:
+        raise ValueError("similarity: integer codes need their qparams")
+    x3 = _rows(x, qp)
+    y3 = _rows(y, qp)
+    channels = x3.shape[1]
+    zp = _per_channel(qp.zero_point if integer else 0, channels, np.float32)
+    scale = _per_channel(qp.scale if integer else 1, channels, np.float32)
+    binned = histogram is not None
+    if binned != (grid is not None):
+        raise ValueError("compare: give the histogram and the grid bounds together")
+    lo, hi = grid if binned else (-np.inf, np.inf)
+    low, high, inv, inner, margin, bins = ((histogram.low, histogram.high, 1.0 / histogram.width, histogram.inner,
+                                            histogram.margin, histogram.counts.size) if binned else
+                                           (0.0, 1.0, 1.0, 1, 0, 0))
+    clip_lo, clip_hi = (-np.inf, np.inf) if clamp is None else clamp
+    xb = np.empty(CHUNK, dtype=x.dtype)
+    yb = np.empty(CHUNK, dtype=np.float32 if integer else y.dtype)
+    sums, keys, counts = _compare(x3, y3, zp, scale, x.dtype.type(clip_lo), x.dtype.type(clip_hi),
+                                   _per_channel(lo, channels, np.float64), _per_channel(hi, channels, np.float64),
+                                   binned, low, high, inv, inner, margin, bins, xb, yb)
+    dot, xx, yy, se = (float(s) for s in sums)
+    if not (math.isfinite(xx) and math.isfinite(yy) and math.isfinite(se)):
+        raise ValueError("similarity: tensors must be finite (found NaN or Inf)")
+    pair = PairSums(dot=dot, xx=xx, yy=yy, se=se, max_err=from_order_key(keys[0], np.result_type(xb, yb)), n=x.size)
+    if not binned:
+        return pair, None
+    return pair, GridCounts(below=int(counts[-2]), above=int(counts[-1]), counts=counts[:-2],
+                            min=from_order_key(keys[1], x.dtype), max=from_order_key(keys[2], x.dtype))
