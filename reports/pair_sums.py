@@ -22,6 +22,7 @@ Clipped counts, histogram counts and the extremes do not depend on order at all.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from typing import Optional
 
@@ -94,11 +95,10 @@ def _order_key(typingctx, value):
 
 def from_order_key(key: int, dtype) -> float:
     """The float (of `dtype`, float32 or float64) whose `_order_key` is `key`."""
-    itype = np.int32 if np.dtype(dtype) == np.float32 else np.int64
-    width = np.dtype(itype).itemsize * 8
-    k = itype(key)
-    bits = k ^ ((k >> itype(width - 1)) & itype((1 << (width - 1)) - 1))
-    return float(np.array(bits, dtype=itype).view(dtype))
+    single = np.dtype(dtype) == np.float32
+    key = int(key)
+    bits = key ^ ((1 << (31 if single else 63)) - 1) if key < 0 else key
+    return struct.unpack("<f" if single else "<d", struct.pack("<i" if single else "<q", bits))[0]
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc"})  # the four float sums only: reassociated to vectorize
@@ -205,7 +205,9 @@ def _rows(a: np.ndarray, qp: Optional[QParams]) -> np.ndarray:
 
 
 def _per_channel(value, channels: int, dtype) -> np.ndarray:
-    return np.ascontiguousarray(np.broadcast_to(np.asarray(value, dtype=dtype).reshape(-1), (channels,)))
+    """One value per channel, contiguous."""
+    values = np.asarray(value, dtype=dtype).reshape(-1)
+    return values if values.size == channels else np.full(channels, values[0], dtype=dtype)
 
 
 def compare(reference: np.ndarray, test: np.ndarray, qp: Optional[QParams] = None, *,
