@@ -61,6 +61,21 @@ def test_codes_compared_in_one_pass_equal_the_separate_accumulators(shape):
     assert sums.max_err == float(np.abs(x - qp.dequantize(codes)).max())
 
 
+def test_values_on_the_bin_edges_are_binned_as_the_histogram_bins_them():
+    """Every inner bin edge (low and high included) among uniform values, one chunk holding a value beyond."""
+    rng = np.random.default_rng(2)
+    qp = compute_qparams(-1.0, 3.0, 8, signed=False)
+    h = ValueHistogram.for_grid(qp)
+    edges = h.edges()[h.margin:h.margin + h.inner + 1]
+    x = rng.uniform(h.low, h.high, size=5 * CHUNK)
+    x[:edges.size] = edges  # every inner edge, low and high included
+    x[3 * CHUNK + 5] = h.high + 0.5
+    x = x.astype(np.float32)
+    _, grid = compare(x, x, histogram=h, grid=grid_bounds(qp, 1))
+    h.update(x)
+    np.testing.assert_array_equal(grid.counts, h.counts)
+
+
 def test_channels_last_codes_give_the_same_bits_as_channels_first():
     """The compiled convolutions hand over channels-last views: the sums must not depend on the layout."""
     rng = np.random.default_rng(7)
