@@ -101,9 +101,8 @@ def evaluate(
     bounds = {s.name: grid_bounds(ev.qparams[s.name], ranks[s.name]) for s in specs}
     # every layer gets its histogram: which ones the report shows (the top suspects) is known only after the
     # pass, and a second pass would cost another float run per image. Measured on EfficientNet-Lite0 (62
-    # layers, 7.1 M values per image): 98 counts per layer, 48 KiB in all whatever the number of images;
-    # binning 19 ms CPU per image in the worker thread (`bench/report_histograms.py`), `ptq report` on 12
-    # images 5.00 s user CPU against 4.75 s without histograms (+5%), wall time within the noise
+    # layers, 7.1 M values per image): 98 counts per layer, 48 KiB in all whatever the number of images; the
+    # values are binned in the same pass that compares them (`reports.pair_sums`)
     ev.histograms = {s.name: ValueHistogram.for_grid(ev.qparams[s.name], ranks[s.name]) for s in specs}
     folded = folded_ranges(graph) if table.options.fold_clip else {}
     image = ImageRun(prepared, ev, specs, steps, bounds, outputs,

@@ -10,14 +10,21 @@ Per element, with x first clamped to a folded range [a, b] when given (in x's dt
     max_err = max |d|,  below += x < grid_lo[c],  above += x > grid_hi[c]   (x in float64 against float64 bounds)
     counts[bin(x)] += 1                                           (`reports.value_histogram.bin_index`)
 
-The tensor is read as rows of (outer, channels, inner) around the channel axis (axis 1 of a per-tensor grid of
-rank >= 3, where it is the channel axis too; a flat row otherwise). Summation order, fixed by the shape alone (so
-the same codes give the same bits whether they are stored channels first or channels last): each row in chunks
-of CHUNK elements; a chunk's four sums are added in an order the compiler picks to vectorize (the only
-reassociation); a row adds its chunk sums in order, and the totals add the rows in order. Products of float32
-values are exact in float64, so each sum carries at most ~CHUNK + rows/CHUNK roundings of float64 (relative
-error below 1e-13 on a 1.2 M-element activation), where the former float32 block sums carried ~1e-8.
-Clipped counts, histogram counts and the extremes do not depend on order at all.
+Summation order, fixed by the shape and the qparams alone: the codes are read in C order (channels-last codes,
+the compiled convolutions' views, are transposed first: numpy's copy is faster than a strided gather here), so
+the same codes give the same bits on both backends. The tensor is one flat row (per channel: one row per channel
+and outer index, in C order), read in chunks of CHUNK elements; a chunk's four sums are added in the order the
+compiler picks to vectorize them (the only reassociation), and the totals add the chunk sums in order. The same
+process and machine give the same bits every time, so `--workers N` merges into the one-process report
+(`reports.evaluate_shards` re-adds each sample's sums); another CPU may vectorize with other widths and differ
+in the last bits, as the BLAS block sums before did. Products of float32 values are exact in float64, so a sum
+carries only float64 roundings of its additions (relative error below 1e-12, tested), where the former float32
+block sums carried ~1e-8. The clipped counts, histogram counts and extremes do not depend on the order at all
+(the extremes are taken on order keys: -0.0 counts as below +0.0).
+
+Measured on EfficientNet-Lite0 (62 tensors, 7.1 M values per image, hot caches, a loaded 2-core machine): 28 ms
+CPU per image (kernel 19-22, transposing the channels-last codes 5, Python 1.5) where the separate numpy passes,
+block sums and histogram kernel took 45-50 ms.
 """
 from __future__ import annotations
 
