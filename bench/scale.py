@@ -67,6 +67,14 @@ def one(argv: list[str]) -> None:
     from ptq import parallel
 
     timings = {"merge": 0.0}
+    methods: list[str] = []
+    pool_exit = parallel.LocalPool.__exit__
+
+    def recorded_exit(pool, *exc):
+        methods.extend(pool.methods)
+        return pool_exit(pool, *exc)
+
+    parallel.LocalPool.__exit__ = recorded_exit
     start = time.perf_counter()
     if kind == "report":
         from ptq.core.graph import load_model
@@ -88,10 +96,12 @@ def one(argv: list[str]) -> None:
         evaluate_shards.merge_evaluations = timed_merge
         q = load_quant_table(table)
         image_set = ImageSet.from_folder(images, Preprocess(**q.options.preprocess))
+        graph = load_model(str(MODEL), q.options.input_shapes)
         if workers == 1 and ray is None:
-            ev = evaluate(load_model(str(MODEL), q.options.input_shapes), q, image_set, isolated_images=2)
-        else:
-            ev = evaluate_shards.sharded_evaluate(MODEL, q, image_set, workers=workers, ray=ray, isolated_images=2)
+            ev = evaluate(graph, q, image_set, isolated_images=2)
+        else:  # as `ptq report` calls it: the loaded model is given (forked workers inherit it)
+            ev = evaluate_shards.sharded_evaluate(graph.model, q, image_set, workers=workers, ray=ray,
+                                                  isolated_images=2, graph=graph)
         result = json.dumps(build_report(ev, "m", "q").to_dict(), sort_keys=True)
         count = ev.images
     else:
@@ -115,7 +125,7 @@ def one(argv: list[str]) -> None:
         "digest": hashlib.sha256(result.encode()).hexdigest()[:12],
         "rss_driver_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "rss_worker_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
-        "shards_per_worker": parallel.SHARDS_PER_WORKER,
+        "shards_per_worker": parallel.SHARDS_PER_WORKER, "start": "+".join(methods) or "-",
     }))
 
 

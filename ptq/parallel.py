@@ -316,14 +316,19 @@ class LocalPool:
                 self.pool.submit(os.getpid)
         return self.pool
 
-    def _close(self, abort: bool) -> None:
+    def _close(self, abort: bool, join: bool = False) -> None:
+        """`abort`: do not wait for the running shards; `join`: wait for the pool's own thread to end (a broken
+        pool's ends at once), so that this driver may fork the next pool."""
         if self.pool is None:
             return
         if abort:  # interrupted or failed: do not wait for the running shards
             processes = list((self.pool._processes or {}).values())  # the executor has no public handle
+            manager = self.pool._executor_manager_thread
             self.pool.shutdown(wait=False, cancel_futures=True)
             for process in processes:
                 process.terminate()
+            if join and manager is not None:
+                manager.join()
         else:
             self.pool.shutdown(wait=True)  # quick: a worker skips its interpreter's teardown (`_leave_now`)
         self.pool = None
@@ -349,7 +354,7 @@ class LocalPool:
                     pending.discard(futures[future])
                     yield items[futures[future]], result
             if broken:
-                self._close(abort=True)
+                self._close(abort=True, join=True)
                 self.crashes += 1
                 if self.crashes > self.restarts:
                     raise RuntimeError(f"worker processes died {self.crashes} times; giving up")
