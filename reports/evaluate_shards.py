@@ -26,8 +26,8 @@ from ptq.executor import IntegerGraph, prepare
 from ptq.float_run import FloatRunner
 from ptq.images import ImageLog
 from ptq.parallel import (
-    CallRunner, QuietLog, Shard, ShardResult, ShippedModel, choose_workers, load_shipped_model, make_runner,
-    run_sharded, shard_batches_for, ship_model, usable_cores,
+    CallRunner, QuietLog, Shard, ShardResult, ShippedModel, choose_workers, guided_shard_batches, load_shipped_model,
+    make_runner, run_sharded, ship_model, usable_cores,
 )
 from ptq.quant_table import QuantTable
 from ptq.samples import SampleFormat
@@ -218,7 +218,7 @@ class ShardedEvaluator:
         with tqdm(total=images.expected, unit="img", desc=desc, disable=None if progress else True,
                   leave=False) as bar:
             parts = run_sharded(CallRunner(self.runner, call), images.files, log, limit=images.limit, batch_size=1,
-                                shard_batches=shard_batches_for(images.expected, 1, self.workers),
+                                shard_batches=guided_shard_batches(images.expected, 1, self.workers),
                                 isolated=prefix if isolated else 0, on_shard=bar.update)
         if not parts:
             raise ValueError("no image could be decoded")
@@ -226,10 +226,8 @@ class ShardedEvaluator:
 
 
 def worker_threads(workers: int, ray: Optional[str]) -> bool:
-    """Whether each worker runs `evaluate` with its helper threads: only when the workers leave cores free."""
-    import os
-    if os.environ.get("PTQ_EXP_THREADS"):
-        return os.environ["PTQ_EXP_THREADS"] == "1"
+    """Whether each worker runs `evaluate` with its helper threads: only when the workers leave cores free
+    (a Ray task has one CPU)."""
     return ray is None and workers < usable_cores()
 
 

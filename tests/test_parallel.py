@@ -39,6 +39,22 @@ def test_plan_is_whole_batches_in_order_with_the_isolated_prefix():
     assert optimistic_used(used, {used[1]: "bad", used[4]: "bad"}, limit=4) == [used[0], used[2], used[3], used[5]]
 
 
+def test_guided_shards_shrink_to_one_batch_and_keep_their_images_when_the_plan_changes_further_on():
+    from ptq.parallel import guided_shard_batches
+
+    sizes = guided_shard_batches(200, 1, 2)
+    assert sum(sizes) == 200 and sizes[0] == 50 and sizes[-3:] == [1, 1, 1]
+    assert all(a >= b for a, b in zip(sizes, sizes[1:]))
+    assert guided_shard_batches(10, 4, 1) == [2, 1] and guided_shard_batches(0, 1, 2) == [1]
+    used = [Path(f"{k}.jpg") for k in range(20)]
+    shards = plan_shards(used, batch_size=2, shard_batches=guided_shard_batches(20, 2, 2), isolated=5)
+    assert [len(s.batches) for s in shards] == [3, 2, 2, 1, 1, 1] and [s.isolated for s in shards] == [5, 0, 0, 0, 0, 0]
+    assert [p for s in shards for b in s.batches for p in b] == used
+    replanned = plan_shards(used[:13] + used[14:], batch_size=2, shard_batches=guided_shard_batches(20, 2, 2))
+    assert replanned[:2] == shards[:2] and replanned[2] != shards[2]  # the shards before image 13 are kept
+    assert [s.start for s in replanned] == [0, 6, 10, 14, 16, 18] and replanned[-1].images == 1  # the last size repeats
+
+
 @pytest.mark.parametrize("calibrator", ["mean", "3std"])
 def test_bundled_photos_two_workers_write_the_one_process_table(model_path, calib_dir, tmp_path, calibrator):
     """The order-sensitive calibrators: per-batch extrema (mean) and Chan moments (3std); 3 shards of batch 4
