@@ -50,7 +50,7 @@ def test_guided_shards_shrink_to_one_batch_and_keep_their_images_when_the_plan_c
     shards = plan_shards(used, batch_size=2, shard_batches=guided_shard_batches(20, 2, 2), isolated=5)
     assert [len(s.batches) for s in shards] == [3, 2, 2, 1, 1, 1] and [s.isolated for s in shards] == [5, 0, 0, 0, 0, 0]
     assert [p for s in shards for b in s.batches for p in b] == used
-    replanned = plan_shards(used[:13] + used[14:], batch_size=2, shard_batches=guided_shard_batches(20, 2, 2))
+    replanned = plan_shards(used[:13] + used[14:], 2, guided_shard_batches(20, 2, 2), isolated=5)
     assert replanned[:2] == shards[:2] and replanned[2] != shards[2]  # the shards before image 13 are kept
     assert [s.start for s in replanned] == [0, 6, 10, 14, 16, 18] and replanned[-1].images == 1  # the last size repeats
 
