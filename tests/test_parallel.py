@@ -320,6 +320,15 @@ def test_default_workers_are_the_usable_cores_one_per_50_images(monkeypatch):
         assert args.workers is None and args.ray is None
 
 
+def test_report_workers_run_helper_threads_only_beside_idle_cores(monkeypatch):
+    from ptq import parallel
+    from reports.evaluate_shards import worker_threads
+
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert [worker_threads(n, None) for n in (1, 3, 4, 6)] == [True, True, False, False]
+    assert worker_threads(1, "local") is False  # a Ray task has one CPU
+
+
 def test_debug_with_two_workers_writes_the_one_process_results(model_path, eval_dir, quant_table, tmp_path):
     """`ptq debug --auto`: a report and the suspects' trials, every evaluation on the same two workers."""
     images = tmp_path / "images"
