@@ -3,6 +3,7 @@
     python bench/scale.py                     # report over 200 images: 1, 2, 1, 2 workers, interleaved
     python bench/scale.py --repeat 3 --kinds report calibrate --ray --memory
     python bench/scale.py --images 60 --repeat 1     # quicker
+    python bench/scale.py --variants threads lean uniform   # also 2 workers with helper threads on / off, equal shards
 
 The 200 images are the eval photos (../shared/assets/images/eval) plus mirrored and cropped copies written
 to a temp folder (labels kept in the names). Every run is a fresh subprocess (`--one`). Its wall time is
@@ -11,7 +12,9 @@ user waits for) and its CPU time is the user + system time of the process and of
 (rusage of the waited-for children). The configurations are interleaved (1, 2, 1, 2, ...) and each one's
 median is printed, with the load average at the start of each run: the machine is shared, and a run's
 wall time depends on how busy it is. Each run also prints its result's digest (every configuration must
-print the same one), the merge time in the driver, and the peak RSS of the driver and of its largest worker.
+print the same one), the merge time in the driver, the peak RSS of the driver and of its largest worker, and
+how its workers started (`fork` or `spawn`, `ptq.parallel.start_method`). The report is computed as `ptq report`
+computes it: the driver loads the model and hands it to `sharded_evaluate` (forked workers inherit it).
 
 The CPU columns are steadier than the wall times: `cpu ratio` is the CPU time of the configuration over that
 of one process (the CPU the workers add: start-up, merge), and `cores` the CPU time over the wall time (how
