@@ -3,6 +3,7 @@
     python bench/scale.py                     # report over 200 images: 1, 2, 1, 2 workers, interleaved
     python bench/scale.py --repeat 3 --kinds report calibrate --ray --memory
     python bench/scale.py --images 60 --repeat 1     # quicker
+    python bench/scale.py --variants threads lean uniform   # also 2 workers with helper threads on / off, equal shards
 
 The 200 images are the eval photos (../shared/assets/images/eval) plus mirrored and cropped copies written
 to a temp folder (labels kept in the names). Every run is a fresh subprocess (`--one`). Its wall time is
@@ -11,7 +12,9 @@ user waits for) and its CPU time is the user + system time of the process and of
 (rusage of the waited-for children). The configurations are interleaved (1, 2, 1, 2, ...) and each one's
 median is printed, with the load average at the start of each run: the machine is shared, and a run's
 wall time depends on how busy it is. Each run also prints its result's digest (every configuration must
-print the same one), the merge time in the driver, and the peak RSS of the driver and of its largest worker.
+print the same one), the merge time in the driver, the peak RSS of the driver and of its largest worker, and
+how its workers started (`fork` or `spawn`, `ptq.parallel.start_method`). The report is computed as `ptq report`
+computes it: the driver loads the model and hands it to `sharded_evaluate` (forked workers inherit it).
 
 The CPU columns are steadier than the wall times: `cpu ratio` is the CPU time of the configuration over that
 of one process (the CPU the workers add: start-up, merge), and `cores` the CPU time over the wall time (how
@@ -63,16 +66,29 @@ def make_images(folder: Path, count: int) -> Path:
 
 def one(argv: list[str]) -> None:
     """One configuration in this process: prints a JSON line."""
-    kind, images, table, workers, ray = argv[0], argv[1], argv[2], int(argv[3]), argv[4] or None
+    kind, images, table, workers, ray, variant = argv[0], argv[1], argv[2], int(argv[3]), argv[4] or None, argv[5]
     from ptq import parallel
+    from reports import evaluate_shards
+
+    if variant in ("threads", "lean"):  # the report workers' helper threads forced on or off (forked workers see it)
+        evaluate_shards.worker_threads = lambda workers, ray: variant == "threads"
+    elif variant == "uniform":  # the shards of `shard_batches_for` (8 per worker) instead of shrinking ones
+        evaluate_shards.guided_shard_batches = parallel.shard_batches_for
 
     timings = {"merge": 0.0}
+    methods: list[str] = []
+    pool_exit = parallel.LocalPool.__exit__
+
+    def recorded_exit(pool, *exc):
+        methods.extend(pool.methods)
+        return pool_exit(pool, *exc)
+
+    parallel.LocalPool.__exit__ = recorded_exit
     start = time.perf_counter()
     if kind == "report":
         from ptq.core.graph import load_model
         from ptq.images import Preprocess
         from ptq.quant_table import load_quant_table
-        from reports import evaluate_shards
         from reports.build import build_report
         from reports.evaluate import evaluate
         from reports.image_source import ImageSet
@@ -88,10 +104,12 @@ def one(argv: list[str]) -> None:
         evaluate_shards.merge_evaluations = timed_merge
         q = load_quant_table(table)
         image_set = ImageSet.from_folder(images, Preprocess(**q.options.preprocess))
+        graph = load_model(str(MODEL), q.options.input_shapes)
         if workers == 1 and ray is None:
-            ev = evaluate(load_model(str(MODEL), q.options.input_shapes), q, image_set, isolated_images=2)
-        else:
-            ev = evaluate_shards.sharded_evaluate(MODEL, q, image_set, workers=workers, ray=ray, isolated_images=2)
+            ev = evaluate(graph, q, image_set, isolated_images=2)
+        else:  # as `ptq report` calls it: the loaded model is given (forked workers inherit it)
+            ev = evaluate_shards.sharded_evaluate(graph.model, q, image_set, workers=workers, ray=ray,
+                                                  isolated_images=2, graph=graph)
         result = json.dumps(build_report(ev, "m", "q").to_dict(), sort_keys=True)
         count = ev.images
     else:
@@ -115,16 +133,16 @@ def one(argv: list[str]) -> None:
         "digest": hashlib.sha256(result.encode()).hexdigest()[:12],
         "rss_driver_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "rss_worker_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
-        "shards_per_worker": parallel.SHARDS_PER_WORKER,
+        "shards_per_worker": parallel.SHARDS_PER_WORKER, "start": "+".join(methods) or "-",
     }))
 
 
-def run(kind: str, images: Path, table: Path, workers: int, ray: str = "") -> dict:
+def run(kind: str, images: Path, table: Path, workers: int, ray: str = "", variant: str = "") -> dict:
     """One configuration in a fresh subprocess: its JSON line, with the wall time and CPU time measured here."""
     load = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, __file__, "--one", kind, str(images), str(table), str(workers), ray],
+    out = subprocess.run([sys.executable, __file__, "--one", kind, str(images), str(table), str(workers), ray, variant],
                          check=True, capture_output=True, text=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -139,8 +157,9 @@ def median(values: list[float]) -> float:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
-def config_name(workers: int, cluster: str) -> str:
-    return f"ray x{workers}" if cluster else f"{workers} worker{'s' if workers > 1 else ''}"
+def config_name(workers: int, cluster: str, variant: str = "") -> str:
+    name = f"ray x{workers}" if cluster else f"{workers} worker{'s' if workers > 1 else ''}"
+    return f"{name} {variant}" if variant else name
 
 
 def main() -> None:
@@ -151,7 +170,10 @@ def main() -> None:
     parser.add_argument("--ray", action="store_true", help="also a local Ray cluster of 2 worker processes")
     parser.add_argument("--memory", action="store_true", help="also the 2-worker report over a quarter of the images")
     parser.add_argument("--kinds", nargs="+", choices=("report", "calibrate"), default=["report"])
-    parser.add_argument("--one", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--variants", nargs="+", choices=("threads", "lean", "uniform"), default=[],
+                        help="also 2 workers with their helper threads on (threads) or off (lean) whatever the cores, "
+                        "or with 8 equal shards per worker (uniform)")
+    parser.add_argument("--one", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         return one(args.one)
@@ -167,31 +189,32 @@ def main() -> None:
         from ptq.pipeline import calibrate
 
         table = calibrate(MODEL, REPO / "examples" / "calib", tmp / "table", write_qdq=False).table_path
-        configs = [(w, "") for w in args.workers] + ([(2, "local")] if args.ray else [])
+        configs = ([(w, "", "") for w in args.workers] + [(2, "", v) for v in args.variants]
+                   + ([(2, "local", "")] if args.ray else []))
         for kind in args.kinds:
             run(kind, full, table, 1)  # not counted: compiles the kernels if numba's cache is cold
             print(f"\n{kind}, {args.images} images, {args.repeat} interleaved rounds")
-            print(f"{'config':>10} {'wall s':>7} {'img/s':>6} {'cpu s':>6} {'cores':>5} {'merge s':>7} "
-                  f"{'driver MB':>9} {'worker MB':>9} {'digest':>13} {'load':>5}")
+            print(f"{'config':>17} {'wall s':>7} {'img/s':>6} {'cpu s':>6} {'cores':>5} {'merge s':>7} "
+                  f"{'driver MB':>9} {'worker MB':>9} {'digest':>13} {'start':>5} {'load':>5}")
             rows: dict = {c: [] for c in configs}
             for _ in range(args.repeat):
                 for config in configs:
                     row = run(kind, full, table, *config)
                     rows[config].append(row)
-                    print(f"{config_name(*config):>10} {row['seconds']:7.1f} {row['images'] / row['seconds']:6.2f} "
+                    print(f"{config_name(*config):>17} {row['seconds']:7.1f} {row['images'] / row['seconds']:6.2f} "
                           f"{row['cpu']:6.1f} {row['cpu'] / row['seconds']:5.2f} {row['merge']:7.3f} "
                           f"{row['rss_driver_mb']:9.0f} {row['rss_worker_mb']:9.0f} {row['digest']:>13} "
-                          f"{row['load']:5.1f}", flush=True)
+                          f"{row['start']:>5} {row['load']:5.1f}", flush=True)
             base = configs[0]
             wall1, cpu1 = median([r["seconds"] for r in rows[base]]), median([r["cpu"] for r in rows[base]])
             print(f"medians (ratio: wall time over {config_name(*base)}'s)")
-            print(f"{'config':>10} {'wall s':>7} {'img/s':>6} {'ratio':>6} {'cpu s':>6} {'cpu ratio':>9} "
+            print(f"{'config':>17} {'wall s':>7} {'img/s':>6} {'ratio':>6} {'cpu s':>6} {'cpu ratio':>9} "
                   f"{'merge s':>7} {'load':>9}")
             for config in configs:
                 wall = median([r["seconds"] for r in rows[config]])
                 cpu = median([r["cpu"] for r in rows[config]])
                 loads = [r["load"] for r in rows[config]]
-                print(f"{config_name(*config):>10} {wall:7.1f} {rows[config][0]['images'] / wall:6.2f} "
+                print(f"{config_name(*config):>17} {wall:7.1f} {rows[config][0]['images'] / wall:6.2f} "
                       f"{wall / wall1:6.2f} {cpu:6.1f} {cpu / cpu1:9.2f} "
                       f"{median([r['merge'] for r in rows[config]]):7.3f} {min(loads):4.1f}-{max(loads):.1f}",
                       flush=True)

@@ -346,7 +346,7 @@ def report(
             ev = sharded_evaluate(graph.model, table, samples, workers=choose_workers(opts.workers, samples.expected),
                                   ray=opts.ray,
                                   float_nodes=float_nodes, isolated_images=isolated_images, progress=opts.progress,
-                                  backend=backend)
+                                  backend=backend, graph=graph)
         else:
             ev = evaluate(graph, table, samples, float_nodes=float_nodes, isolated_images=isolated_images,
                           progress=opts.progress, backend=backend)

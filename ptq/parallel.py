@@ -14,9 +14,18 @@ so the usual cost is nothing; the skipped list and count are exactly the one-pro
 
 A job (`ShardJob`) is shipped to every worker once: `setup()` loads the model there (initializer), then
 `run(context, item)` computes one item (a shard, or a (call, shard) pair when one pool serves several calls:
-`ptq debug`, `ptq tune`). Workers run OpenBLAS and onnxruntime on one thread. The job travels pickled
-to bytes: a process's start-up arguments are written to it through a pipe, and a job unpickled there would
-make the driver wait for each worker's imports before starting the next one (the workers start together).
+`ptq debug`, `ptq tune`). Workers run OpenBLAS and onnxruntime on one thread.
+
+How a local worker starts (`start_method`): on Linux by fork when the driver is safe to fork (no thread of
+its own besides BLAS's, no onnxruntime loaded, no numba thread pool: `fork_is_safe`), which the command line's
+driver is when the pool starts (`LocalPool.__enter__`, before its progress bar's thread). A forked worker
+inherits the imported modules and the job as it is in the driver (a `ptq report` job carries the loaded
+model): it starts in about 1 s of CPU (the compiled kernels and the float session) instead of about 3 s
+(a fresh interpreter importing numpy, onnxruntime and ptq and loading the model). Elsewhere (macOS, Windows),
+from a driver with threads, and for a pool re-started after a crash inside the run (the progress bar's
+thread runs by then), workers are spawned: the job then travels pickled to bytes (a process's start-up
+arguments are written to it through a pipe, and a job unpickled there would make the driver wait for each
+worker's imports before starting the next one).
 
 How many workers (`choose_workers`): what --workers asks for; by default the usable cores, but no more workers
 than shards of MIN_IMAGES_PER_WORKER images, so a handful of images runs in one process (a worker's start-up,
@@ -31,6 +40,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -103,19 +113,24 @@ class QuietLog(ImageLog):
         self.skipped.append((path, reason))
 
 
-def plan_shards(used: Sequence[Path], batch_size: int, shard_batches: int, isolated: int = 0) -> list[Shard]:
-    """`used` in batches of `batch_size`, `shard_batches` batches per shard; the first `isolated` images
-    of `used` are marked for isolated metrics."""
+def plan_shards(used: Sequence[Path], batch_size: int, shard_batches: Union[int, Sequence[int]],
+                isolated: int = 0) -> list[Shard]:
+    """`used` in batches of `batch_size`, `shard_batches` batches per shard (a sequence: the sizes of the
+    successive shards, the last one repeated); the first `isolated` images of `used` are marked for isolated
+    metrics."""
     if batch_size <= 0:
         raise ValueError(f"--batch-size must be positive, got {batch_size}")
+    sizes = [shard_batches] if isinstance(shard_batches, int) else list(shard_batches)
     batches = [tuple(used[k:k + batch_size]) for k in range(0, len(used), batch_size)]
     shards = []
-    start = 0
-    for k in range(0, len(batches), shard_batches):
-        group = tuple(batches[k:k + shard_batches])
+    start = k = 0
+    while k < len(batches):
+        size = sizes[min(len(shards), len(sizes) - 1)]
+        group = tuple(batches[k:k + size])
         shard = Shard(start, group, max(0, min(isolated - start, sum(len(b) for b in group))))
         shards.append(shard)
         start += shard.images
+        k += size
     return shards
 
 
@@ -137,6 +152,19 @@ def shard_batches_for(images: int, batch_size: int, workers: int) -> int:
     return max(1, -(-batches // (workers * SHARDS_PER_WORKER)))
 
 
+def guided_shard_batches(images: int, batch_size: int, workers: int) -> list[int]:
+    """Batches per shard, shrinking (guided self-scheduling): each shard a 1/(2 x workers) share of the batches
+    not yet planned, so the run starts with large shards and ends with shards of one batch: the worker that
+    finishes last waits a batch, not a whole shard (with 8 shards of 13 images per worker: up to 13 images of
+    200). The sizes are fixed from the expected count, so a shard keeps its images when the plan changes
+    after it (an unreadable image further on)."""
+    left, sizes = -(-images // batch_size), []
+    while left > 0:
+        sizes.append(max(1, -(-left // (2 * workers))))
+        left -= sizes[-1]
+    return sizes or [1]
+
+
 def run_sharded(
     runner: ShardRunner,
     candidates: Sequence[Path],
@@ -144,7 +172,7 @@ def run_sharded(
     *,
     limit: Optional[int],
     batch_size: int,
-    shard_batches: int,
+    shard_batches: Union[int, Sequence[int]],
     isolated: int = 0,
     on_shard=None,
 ) -> list:
@@ -203,11 +231,12 @@ ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM
 
 @contextlib.contextmanager
 def worker_environment() -> Iterator[None]:
-    """The environment processes spawned meanwhile inherit: one BLAS thread (OpenBLAS reads it when numpy
-    loads, before any code of ours runs in the child), a value the user set is kept; and SIGINT blocked.
-    Ctrl-C is the driver's: a child inherits the blocked signal through exec, so one that is still importing
-    when Ctrl-C comes prints no traceback (`_init_worker` then ignores it for good), while the driver gets a
-    Ctrl-C that arrived meanwhile as soon as the signal is unblocked."""
+    """The environment processes started meanwhile inherit: one BLAS thread (a spawned child's OpenBLAS reads
+    it when numpy loads, before any code of ours runs there; a forked child applies it with threadpoolctl), a
+    value the user set is kept; and SIGINT blocked. Ctrl-C is the driver's: a child inherits the blocked signal
+    (through fork, and exec), so one that is still starting when Ctrl-C comes prints no traceback
+    (`_init_worker` then ignores it for good), while the driver gets a Ctrl-C that arrived meanwhile as soon as
+    the signal is unblocked."""
     saved = {name: os.environ.get(name) for name in ONE_BLAS_THREAD}
     for name, value in ONE_BLAS_THREAD.items():
         os.environ.setdefault(name, value)
@@ -230,11 +259,44 @@ def _leave_now() -> None:
     os._exit(0)
 
 
-def _init_worker(job: bytes) -> None:
+def _init_worker(job: Union[bytes, "ShardJob"]) -> None:
+    """A worker's start: a spawned one gets the job pickled, a forked one the driver's job object itself."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it stops the workers
-    atexit.register(_leave_now)
-    _WORKER["job"] = pickle.loads(job)
-    _WORKER["context"] = _WORKER["job"].setup()
+    atexit.register(_leave_now)  # a spawned worker's exit (a forked one leaves by os._exit anyway)
+    if isinstance(job, bytes):
+        job = pickle.loads(job)
+    else:  # forked: numpy was loaded in the driver, before the environment asked for one BLAS thread
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(int(os.environ["OPENBLAS_NUM_THREADS"]), user_api="blas")
+    _WORKER["job"] = job
+    _WORKER["context"] = job.setup()
+
+
+def fork_is_safe() -> bool:
+    """Whether this process may fork workers that go on running numpy, numba and onnxruntime: it runs no other
+    Python thread (a fork copies only the calling thread, and a lock another one holds stays held in the child),
+    has not loaded onnxruntime (its import starts a thread, its sessions thread pools) nor started numba's thread
+    pool; BLAS threads are fine when they are OpenBLAS's pthreads (OpenBLAS stops them at fork) or there is one."""
+    if threading.active_count() > 1 or "onnxruntime" in sys.modules:
+        return False
+    numba_threads = sys.modules.get("numba.np.ufunc.parallel")
+    if numba_threads is not None and getattr(numba_threads, "_is_initialized", True):
+        return False
+    if "numpy" not in sys.modules:
+        return True
+    from threadpoolctl import threadpool_info
+
+    return all(lib["num_threads"] == 1 or (lib["internal_api"] == "openblas" and lib["threading_layer"] == "pthreads")
+               for lib in threadpool_info())
+
+
+def start_method() -> str:
+    """'fork' on Linux from a driver that is safe to fork (`fork_is_safe`), else 'spawn' (macOS's system
+    libraries are not fork-safe, Windows has no fork)."""
+    if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods() and fork_is_safe():
+        return "fork"
+    return "spawn"
 
 
 def _run_in_worker(item: Any) -> ShardResult:
@@ -242,8 +304,9 @@ def _run_in_worker(item: Any) -> ShardResult:
 
 
 class LocalPool:
-    """`workers` spawned processes, each set up once with the job. A worker that dies (the pool breaks)
-    costs a new pool, and the shards not finished are queued again, up to `restarts` times."""
+    """`workers` processes (forked or spawned: `start_method`), each set up once with the job. A worker that
+    dies (the pool breaks) costs a new pool, and the shards not finished are queued again, up to `restarts`
+    times. Entering the pool starts the workers: a driver forks before it starts threads of its own."""
 
     def __init__(self, job: ShardJob, workers: int, restarts: int = DEFAULT_POOL_RESTARTS):
         if workers < 1:
@@ -251,8 +314,10 @@ class LocalPool:
         self.job, self.workers, self.restarts = job, workers, restarts
         self.pool: Optional[ProcessPoolExecutor] = None
         self.crashes = 0
+        self.methods: list[str] = []  # how each pool of this run started its workers ('fork' or 'spawn')
 
     def __enter__(self) -> "LocalPool":
+        self._executor()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -260,18 +325,28 @@ class LocalPool:
 
     def _executor(self) -> ProcessPoolExecutor:
         if self.pool is None:
-            self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                            initializer=_init_worker, initargs=(pickle.dumps(self.job),))
+            method = start_method()
+            job = self.job if method == "fork" else pickle.dumps(self.job)
+            self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(method),
+                                            initializer=_init_worker, initargs=(job,))
+            self.methods.append(method)
+            with worker_environment():  # the processes start with the first task, now: before any thread here
+                self.pool.submit(os.getpid)
         return self.pool
 
-    def _close(self, abort: bool) -> None:
+    def _close(self, abort: bool, join: bool = False) -> None:
+        """`abort`: do not wait for the running shards; `join`: wait for the pool's own thread to end (a broken
+        pool's ends at once), so that this driver may fork the next pool."""
         if self.pool is None:
             return
         if abort:  # interrupted or failed: do not wait for the running shards
             processes = list((self.pool._processes or {}).values())  # the executor has no public handle
+            manager = self.pool._executor_manager_thread
             self.pool.shutdown(wait=False, cancel_futures=True)
             for process in processes:
                 process.terminate()
+            if join and manager is not None:
+                manager.join()
         else:
             self.pool.shutdown(wait=True)  # quick: a worker skips its interpreter's teardown (`_leave_now`)
         self.pool = None
@@ -297,7 +372,7 @@ class LocalPool:
                     pending.discard(futures[future])
                     yield items[futures[future]], result
             if broken:
-                self._close(abort=True)
+                self._close(abort=True, join=True)
                 self.crashes += 1
                 if self.crashes > self.restarts:
                     raise RuntimeError(f"worker processes died {self.crashes} times; giving up")

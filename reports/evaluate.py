@@ -27,6 +27,7 @@ from reports.float_reference import float_reference
 from reports.grid import grid_bounds
 from reports.image_run import ImageRun
 from reports.image_source import ArraySamples, ImageSet
+from reports.inline import background
 from reports.layer_specs import layer_specs
 from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreement
 from reports.value_histogram import ValueHistogram
@@ -57,6 +58,7 @@ def evaluate(
     backend=None,
     accumulator: type = SimilarityAccumulator,
     reference: Callable[[Graph, Sequence[str]], FloatRunner] = float_reference,
+    threads: bool = True,
 ) -> Evaluation:
     """Run the float model and the integer graph on every image and accumulate the similarities.
 
@@ -66,6 +68,8 @@ def evaluate(
     `backend` (a `DotBackend` or a `ptq.backends` name) computes the integer graph's dot products.
     `accumulator`: the `SimilarityAccumulator` class (a sharded run records each sample's sums).
     `reference(graph, tensors)`: the float runner (a worker reuses one session for all its shards).
+    `threads=False`: no helper threads, every step in the calling thread (a sharded report's worker when the
+    workers already take every core: `reports.evaluate_shards`).
     """
     from tqdm import tqdm
 
@@ -107,8 +111,7 @@ def evaluate(
     folded = folded_ranges(graph) if table.options.fold_clip else {}
     image = ImageRun(prepared, ev, specs, steps, bounds, outputs,
                      {name: span for name, span in folded.items() if name in bounds})
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ptq-report") as pool, \
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="ptq-float") as float_pool, \
+    with background(threads, "ptq-report") as pool, background(threads, "ptq-float") as float_pool, \
             tqdm(total=images.expected, unit="img", desc=desc, disable=None if progress else True, leave=False) as bar:
         worker = MetricWorker(pool)
         samples = iter(images.samples(graph))

@@ -26,8 +26,8 @@ from ptq.executor import IntegerGraph, prepare
 from ptq.float_run import FloatRunner
 from ptq.images import ImageLog
 from ptq.parallel import (
-    CallRunner, QuietLog, Shard, ShardResult, ShippedModel, choose_workers, load_shipped_model, make_runner,
-    run_sharded, shard_batches_for, ship_model,
+    CallRunner, QuietLog, Shard, ShardResult, ShippedModel, choose_workers, guided_shard_batches, load_shipped_model,
+    make_runner, run_sharded, ship_model, usable_cores,
 )
 from ptq.quant_table import QuantTable
 from ptq.samples import SampleFormat
@@ -107,15 +107,25 @@ class ReportContext:
 @dataclass(frozen=True)
 class ReportJob:
     """`evaluate` of one model over image shards (the model as a path or serialized bytes); each item is an
-    (`EvaluateCall`, `Shard`) pair."""
+    (`EvaluateCall`, `Shard`) pair. `graph`: the model as the driver loaded it, which a forked worker inherits
+    instead of loading the model again (it is not pickled: a spawned worker or a Ray task loads `model`).
+    `threads`: `evaluate`'s helper threads in each worker (off when the workers take every core)."""
 
     model: ShippedModel
     input_shapes: Optional[dict]
     format: SampleFormat
     labels: LabelResolver
+    threads: bool = True
+    graph: Optional[Graph] = field(default=None, compare=False, repr=False)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "graph": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
     def setup(self) -> ReportContext:
-        return ReportContext(load_shipped_model(self.model, self.input_shapes))
+        return ReportContext(self.graph or load_shipped_model(self.model, self.input_shapes))
 
     def run(self, context: ReportContext, item: tuple[EvaluateCall, Shard]) -> ShardResult:
         call, shard = item
@@ -123,7 +133,7 @@ class ReportJob:
         try:
             ev = evaluate(context.graph, call.table, source, layers=call.layers, isolated=call.isolated,
                           isolated_images=shard.isolated, prepared=context.prepare(call),
-                          accumulator=RecordingAccumulator, reference=context.reference)
+                          accumulator=RecordingAccumulator, reference=context.reference, threads=self.threads)
         except ValueError:
             if source.log.skipped and not source.log.used:  # "no image could be decoded"
                 return ShardResult(skipped=source.log.skipped)
@@ -172,7 +182,9 @@ class ShardedEvaluator:
     def __init__(self, model: Union[str, Path, onnx.ModelProto], input_shapes: Optional[dict], images: ImageSet, *,
                  workers: int, ray: Optional[str] = None, graph: Optional[Graph] = None):
         self.graph, self.images = graph, images
-        self.runner = make_runner(ReportJob(ship_model(model), input_shapes, images.format, images.labels), workers, ray)
+        job = ReportJob(ship_model(model), input_shapes, images.format, images.labels,
+                        threads=worker_threads(workers, ray), graph=graph)
+        self.runner = make_runner(job, workers, ray)
         self.workers = workers
 
     @classmethod
@@ -206,11 +218,17 @@ class ShardedEvaluator:
         with tqdm(total=images.expected, unit="img", desc=desc, disable=None if progress else True,
                   leave=False) as bar:
             parts = run_sharded(CallRunner(self.runner, call), images.files, log, limit=images.limit, batch_size=1,
-                                shard_batches=shard_batches_for(images.expected, 1, self.workers),
+                                shard_batches=guided_shard_batches(images.expected, 1, self.workers),
                                 isolated=prefix if isolated else 0, on_shard=bar.update)
         if not parts:
             raise ValueError("no image could be decoded")
         return merge_evaluations(parts)
+
+
+def worker_threads(workers: int, ray: Optional[str]) -> bool:
+    """Whether each worker runs `evaluate` with its helper threads: only when the workers leave cores free
+    (a Ray task has one CPU)."""
+    return ray is None and workers < usable_cores()
 
 
 def choose_evaluator(graph: Graph, table: QuantTable, images: ImageSet, *, workers: Optional[int],
@@ -237,8 +255,11 @@ def sharded_evaluate(
     backend: Optional[str] = None,
     progress: bool = False,
     desc: str = "report",
+    graph: Optional[Graph] = None,
 ) -> Evaluation:
-    """What `evaluate(graph, table, images, ...)` returns, computed by `workers` processes (or on Ray)."""
-    with ShardedEvaluator(model, table.options.input_shapes, images, workers=workers, ray=ray) as evaluator:
-        return evaluator(None, table, images, float_nodes=float_nodes, layers=layers, isolated=isolated,
+    """What `evaluate(graph, table, images, ...)` returns, computed by `workers` processes (or on Ray).
+    `graph`: `model` as already loaded here (forked workers inherit it instead of loading the model)."""
+    with ShardedEvaluator(model, table.options.input_shapes, images, workers=workers, ray=ray,
+                          graph=graph) as evaluator:
+        return evaluator(graph, table, images, float_nodes=float_nodes, layers=layers, isolated=isolated,
                          isolated_images=isolated_images, progress=progress, desc=desc, backend=backend)

@@ -39,6 +39,22 @@ def test_plan_is_whole_batches_in_order_with_the_isolated_prefix():
     assert optimistic_used(used, {used[1]: "bad", used[4]: "bad"}, limit=4) == [used[0], used[2], used[3], used[5]]
 
 
+def test_guided_shards_shrink_to_one_batch_and_keep_their_images_when_the_plan_changes_further_on():
+    from ptq.parallel import guided_shard_batches
+
+    sizes = guided_shard_batches(200, 1, 2)
+    assert sum(sizes) == 200 and sizes[0] == 50 and sizes[-3:] == [1, 1, 1]
+    assert all(a >= b for a, b in zip(sizes, sizes[1:]))
+    assert guided_shard_batches(10, 4, 1) == [2, 1] and guided_shard_batches(0, 1, 2) == [1]
+    used = [Path(f"{k}.jpg") for k in range(20)]
+    shards = plan_shards(used, batch_size=2, shard_batches=guided_shard_batches(20, 2, 2), isolated=5)
+    assert [len(s.batches) for s in shards] == [3, 2, 2, 1, 1, 1] and [s.isolated for s in shards] == [5, 0, 0, 0, 0, 0]
+    assert [p for s in shards for b in s.batches for p in b] == used
+    replanned = plan_shards(used[:13] + used[14:], 2, guided_shard_batches(20, 2, 2), isolated=5)
+    assert replanned[:2] == shards[:2] and replanned[2] != shards[2]  # the shards before image 13 are kept
+    assert [s.start for s in replanned] == [0, 6, 10, 14, 16, 18] and replanned[-1].images == 1  # the last size repeats
+
+
 @pytest.mark.parametrize("calibrator", ["mean", "3std"])
 def test_bundled_photos_two_workers_write_the_one_process_table(model_path, calib_dir, tmp_path, calibrator):
     """The order-sensitive calibrators: per-batch extrema (mean) and Chan moments (3std); 3 shards of batch 4
@@ -85,22 +101,51 @@ def quant_table(model_path, calib_dir, tmp_path_factory) -> Path:
     return calibrate_cli(model_path, calib_dir, tmp_path_factory.mktemp("table"), "--num-images", "4")
 
 
-def test_report_with_two_workers_writes_the_one_process_report(model_path, eval_dir, quant_table, tmp_path):
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_driver(code: str, start: str) -> list[str]:
+    """`code` run by a fresh interpreter as the driver of a pool; returns how its pools started their workers.
+    `start` 'fork': the driver as the command line is (forks); 'spawn': one that has loaded onnxruntime first
+    (not safe to fork: it spawns)."""
+    import subprocess
+    import sys
+
+    script = "\n".join([
+        "import json, sys",
+        f"sys.path[:0] = {[str(REPO), str(REPO / 'tests'), str(REPO / 'tests' / 'ops')]!r}",
+        "import onnxruntime" if start == "spawn" else "",
+        "from ptq import parallel",
+        "methods = []",
+        "leave = parallel.LocalPool.__exit__",
+        "parallel.LocalPool.__exit__ = lambda pool, *exc: (methods.extend(pool.methods), leave(pool, *exc))[1]",
+        code,
+        "print(json.dumps(methods))",
+    ])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_report_with_two_workers_writes_the_one_process_report(model_path, eval_dir, quant_table, tmp_path, start):
     """7 labelled photos and an unreadable file among them; isolated metrics over the first 3 images span
-    three shards."""
+    three shards. The two workers are forked by a driver like the command line, spawned by one that has
+    loaded onnxruntime."""
     images = tmp_path / "images"
     images.mkdir()
     for path in sorted(eval_dir.iterdir())[:7]:
         shutil.copy(path, images / path.name)
     (images / "imagenet_02_999x.jpg").write_bytes(b"not a jpeg")
-    reports = []
-    for workers in ("1", "2"):
-        out = tmp_path / f"report{workers}"
-        assert main(["report", str(model_path), "--quant", str(quant_table), "--images", str(images),
-                     "--out", str(out), "--isolated-images", "3", "--workers", workers]) == 0
-        reports.append(json.loads((out / "report.json").read_text()))
-    assert reports[0]["images"] == 7 and reports[0]["isolated_images"] == 3
-    assert reports[1] == reports[0]
+    args = ["report", str(model_path), "--quant", str(quant_table), "--images", str(images), "--isolated-images", "3"]
+    assert main([*args, "--out", str(tmp_path / "one"), "--workers", "1"]) == 0
+    methods = run_driver(f"from ptq.cli import main; assert main({[*args, '--out', str(tmp_path / 'two')]!r} + "
+                         "['--workers', '2']) == 0", start)
+    assert methods == [start]
+    one, two = (json.loads((tmp_path / name / "report.json").read_text()) for name in ("one", "two"))
+    assert one["images"] == 7 and one["isolated_images"] == 3
+    assert two == one
 
 
 @dataclass(frozen=True)
@@ -121,7 +166,35 @@ class DiesOnce:
         return self.inner.run(context, shard)
 
 
-def test_a_worker_that_dies_mid_run_has_its_shard_rerun_with_the_same_result(tmp_path):
+NEEDS = ("mean", "3std", "kld")
+
+
+def sharded_with_a_death(model: str, images: str, marker: str, out: str) -> None:
+    """In a driver: the statistics of `images` on two workers, one of which dies on the shard starting at image 6
+    (the first time); the merged parts, the images used and the crash count are pickled to `out`."""
+    import pickle
+
+    from calibrators import required_stats
+
+    files = sorted(Path(images).iterdir())
+    pre = Preprocess(mean=0, std=255, crop_ratio=1.0)
+    job = DiesOnce(CalibrationJob(model, None, ImageFormat(pre), required_stats(list(NEEDS))), start=6, marker=marker)
+    log = ImageLog()
+    with LocalPool(job, workers=2) as pool:
+        parts = run_sharded(pool, files, log, limit=None, batch_size=2, shard_batches=1)
+    merged = parts[0]
+    for part in parts[1:]:
+        for name, stats in merged.items():
+            stats.merge(part[name])
+    Path(out).write_bytes(pickle.dumps((merged, log.used, pool.crashes)))
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_a_worker_that_dies_mid_run_has_its_shard_rerun_with_the_same_result(tmp_path, start):
+    """The pool breaks, the shards not finished are queued on a new pool (started by fork again: the pool's
+    threads are gone by then and this driver has no progress bar)."""
+    import pickle
+
     from calibrators import required_stats
     from ptq.core.graph import load_model
     from ptq.pipeline import collect_image_statistics
@@ -130,20 +203,15 @@ def test_a_worker_that_dies_mid_run_has_its_shard_rerun_with_the_same_result(tmp
     onnx.save(conv_relu_gemm(batch=None), model)
     images = tmp_path / "images"
     files = write_images(images, 12, size=(8, 8))
-    pre, needs = Preprocess(mean=0, std=255, crop_ratio=1.0), required_stats(["mean", "3std", "kld"])
+    pre, needs = Preprocess(mean=0, std=255, crop_ratio=1.0), required_stats(list(NEEDS))
     expected, _ = collect_image_statistics(load_model(str(model)), images, needs, preprocess=pre, batch_size=2)
 
-    marker = tmp_path / "died"
-    job = DiesOnce(CalibrationJob(str(model), None, ImageFormat(pre), needs), start=6, marker=str(marker))
-    log = ImageLog()
-    with LocalPool(job, workers=2) as pool:
-        parts = run_sharded(pool, sorted(files), log, limit=None, batch_size=2, shard_batches=1)
-        assert pool.crashes == 1 and marker.exists()
-    merged = parts[0]
-    for part in parts[1:]:
-        for name, stats in merged.items():
-            stats.merge(part[name])
-    assert log.used == sorted(files) and list(merged) == list(expected)
+    marker, out = tmp_path / "died", tmp_path / "merged.pickle"
+    methods = run_driver(f"from test_parallel import sharded_with_a_death; "
+                         f"sharded_with_a_death({str(model)!r}, {str(images)!r}, {str(marker)!r}, {str(out)!r})", start)
+    merged, used, crashes = pickle.loads(out.read_bytes())
+    assert crashes == 1 and marker.exists() and methods == [start, start]
+    assert used == sorted(files) and list(merged) == list(expected)
     for name, stats in expected.items():
         got = merged[name]
         assert got.batch_extrema.as_arrays()[0].tobytes() == stats.batch_extrema.as_arrays()[0].tobytes()
@@ -197,8 +265,11 @@ def _session_processes(sid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
-@pytest.mark.parametrize("delay", [0.3, 2.0], ids=["workers-starting", "workers-running"])
-def test_ctrl_c_stops_the_workers_and_writes_nothing(model_path, calib_dir, tmp_path, delay):
+@pytest.mark.parametrize("command,delay", [("calibrate", 0.3), ("calibrate", 2.0), ("report", 0.3)],
+                         ids=["calibrate-workers-starting", "calibrate-workers-running", "report-workers-starting"])
+def test_ctrl_c_stops_the_workers_and_writes_nothing(model_path, calib_dir, quant_table, tmp_path, command, delay):
+    """The command line's driver forks its workers (they run its command line); Ctrl-C while they set up
+    (0.3 s: loading the compiled kernels and the float session; their SIGINT must already be blocked) or run."""
     import signal
     import subprocess
     import sys
@@ -210,20 +281,23 @@ def test_ctrl_c_stops_the_workers_and_writes_nothing(model_path, calib_dir, tmp_
     for k in range(10):
         for photo in sorted(calib_dir.iterdir()):
             (images / f"{k}_{photo.name}").symlink_to(photo)
-    command = [sys.executable, "-m", "ptq.cli", "calibrate", str(model_path), "--images", str(images),
-               "--out", str(out), "-q", "--workers", "2", "--calibrator", "kld"]
+    flags = ["--calibrator", "kld"] if command == "calibrate" else ["--quant", str(quant_table)]
+    command_line = [sys.executable, "-m", "ptq.cli", command, str(model_path), "--images", str(images),
+                    "--out", str(out), "-q", "--workers", "2", *flags]
     # a background job of a non-interactive shell (how CI may start us) inherits SIGINT ignored: undo that
-    process = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE,
-                               cwd=Path(__file__).resolve().parents[1],
+    process = subprocess.Popen(command_line, start_new_session=True, stderr=subprocess.PIPE, cwd=REPO,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while len(_session_processes(process.pid)) < 3 and time.monotonic() < deadline:  # driver, 2 workers
-        time.sleep(0.2)
+        time.sleep(0.05)
     assert process.poll() is None, "the run ended before it could be interrupted"
-    time.sleep(delay)  # 0.3 s: the workers are still importing (their SIGINT must already be blocked)
+    workers = [pid for pid in _session_processes(process.pid) if pid != process.pid]
+    driver_line = Path(f"/proc/{process.pid}/cmdline").read_bytes()
+    assert [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in workers] == [driver_line] * 2  # forked
+    time.sleep(delay)
     os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
     _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130 and stderr == b"ptq calibrate: interrupted\n"  # one line, no traceback
+    assert process.returncode == 130 and stderr == f"ptq {command}: interrupted\n".encode()  # one line, no traceback
     deadline = time.monotonic() + 10
     while _session_processes(process.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -244,6 +318,15 @@ def test_default_workers_are_the_usable_cores_one_per_50_images(monkeypatch):
         extra = ["--out", "o"] if command in ("report", "debug") else []
         args = build_parser().parse_args([command, "m.onnx", "--images", "i", *flags, *extra])
         assert args.workers is None and args.ray is None
+
+
+def test_report_workers_run_helper_threads_only_beside_idle_cores(monkeypatch):
+    from ptq import parallel
+    from reports.evaluate_shards import worker_threads
+
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert [worker_threads(n, None) for n in (1, 3, 4, 6)] == [True, True, False, False]
+    assert worker_threads(1, "local") is False  # a Ray task has one CPU
 
 
 def test_debug_with_two_workers_writes_the_one_process_results(model_path, eval_dir, quant_table, tmp_path):

@@ -187,7 +187,8 @@ def test_float_reference_returns_every_listed_tensor_of_one_sample_on_one_thread
     assert runner.session.get_session_options().intra_op_num_threads == 1
 
 
-def test_isolated_vs_cumulative_on_toy_graph():
+@pytest.mark.parametrize("threads", [True, False], ids=["helper-threads", "one-thread"])
+def test_isolated_vs_cumulative_on_toy_graph(threads):
     from ptq.pipeline import calibrate
     from ptq.core.graph import load_model
     from reports.build import build_report
@@ -200,7 +201,7 @@ def test_isolated_vs_cumulative_on_toy_graph():
     x = rng.normal(size=(12, 8)).astype(np.float32)
     table = calibrate(model, x, write_qdq=False).table
     damaged = scale_range(table, "t1", 1 / 20)  # t1 saturates: its range shrinks 20x
-    ev = evaluate(load_model(model), damaged, ArraySamples(x))
+    ev = evaluate(load_model(model), damaged, ArraySamples(x), threads=threads)
     report = build_report(ev, "toy", "damaged")
     layers = {layer.name: layer for layer in report.layers}
     assert list(layers) == ["x", "t1", "t2", "y"]
@@ -253,13 +254,13 @@ def test_dequantize32_equals_qparams_dequantize_on_every_code(bits, symmetric):
     assert np.array_equal(dequantize32(qp, codes), qp.dequantize(codes))
 
 
-def test_worker_keeps_at_most_lag_images_open_and_reraises_their_errors():
-    from concurrent.futures import ThreadPoolExecutor
-
+@pytest.mark.parametrize("threads", [True, False], ids=["helper-thread", "calling-thread"])
+def test_worker_keeps_at_most_lag_images_open_and_reraises_their_errors(threads):
+    from reports.inline import background
     from reports.worker import MetricWorker
 
     done = []
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    with background(threads, "test") as pool:
         worker = MetricWorker(pool)
         worker.LAG = 2
         worker.submit(done.append, 0)
