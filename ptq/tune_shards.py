@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -50,10 +50,10 @@ from reports.labels import LabelResolver
 @dataclass(frozen=True)
 class GraphVersion:
     """A graph as the workers rebuild it: the shipped model with `initializers` ((name, value) pairs) replaced;
-    `digest` names it (empty: the shipped model itself)."""
+    `digest` names it (empty: the shipped model itself), and versions compare by it."""
 
     digest: str = ""
-    initializers: tuple = ()
+    initializers: tuple = field(default=(), compare=False)
 
     @classmethod
     def of(cls, graph: Graph, base: Graph) -> "GraphVersion":
