@@ -59,8 +59,10 @@ class GraphVersion:
     def of(cls, graph: Graph, base: Graph) -> "GraphVersion":
         if graph is base:
             return cls()
-        if [(n.op_type, n.inputs, n.outputs) for n in graph.nodes] != \
-                [(n.op_type, n.inputs, n.outputs) for n in base.nodes] or graph.initializers.keys() != base.initializers.keys():
+        def structure(g: Graph) -> tuple:
+            return [(n.op_type, n.inputs, n.outputs) for n in g.nodes], sorted(g.initializers)
+
+        if structure(graph) != structure(base):
             raise ValueError("the workers hold the model they were started with: a graph may differ from it "
                              "only in initializer values")
         changed = tuple((name, value) for name, value in graph.initializers.items()
@@ -126,7 +128,8 @@ class TuneContext:
                 self.graph = load_model(with_initializers(self.base.model, dict(version.initializers)), input_shapes)
             else:
                 self.graph = self.base
-            self.digest, self.statistics, self.report, self.scored, self.prepared = version.digest, None, None, None, None
+            self.digest = version.digest
+            self.statistics, self.report, self.scored, self.prepared = None, None, None, None
         return self.graph
 
 

@@ -157,7 +157,7 @@ def tuned_with_bias_correction(tmp_path):
 def tuning_of(result) -> tuple:
     """Everything a tuning decides: the table's bytes, the steps and figures, the graph's initializers."""
     return (json.dumps(result.table.to_dict()), result.to_dict(),
-            {name: (value.dtype.str, value.shape, value.tobytes()) for name, value in result.graph.initializers.items()})
+            {name: (v.dtype.str, v.shape, v.tobytes()) for name, v in result.graph.initializers.items()})
 
 
 @pytest.mark.parametrize("ray", [False, True], ids=["workers", "ray"])
