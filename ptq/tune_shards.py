@@ -107,13 +107,16 @@ class ScoreCall:
     float_nodes: tuple
 
 
+KEPT_VERSIONS = 2  # a dropped candidate's graph is followed by the current one again: keep both
+
+
 @dataclass
 class TuneContext:
-    """A worker's shipped model, the graph of the latest version it was asked for, and what it set up for
-    that graph: a statistics session, a report context, the latest candidate's integer graph."""
+    """A worker's shipped model, the graphs of the latest versions it was asked for (by digest, the shipped
+    model under ""), and what it set up for the one in use: a statistics session, a report context, the
+    latest candidate's integer graph."""
 
-    base: Graph
-    graph: Graph
+    graphs: dict[str, Graph]
     digest: str = ""
     statistics: Optional[WorkerContext] = None
     report: Optional[ReportContext] = None
@@ -121,16 +124,20 @@ class TuneContext:
     prepared: Optional[IntegerGraph] = None
 
     def use(self, version: GraphVersion, input_shapes: Optional[dict]) -> Graph:
-        if version.digest != self.digest:
-            if version.digest:
-                from ptq.adjust import with_initializers
+        if version.digest in self.graphs:  # the most recently used last
+            self.graphs[version.digest] = self.graphs.pop(version.digest)
+        else:
+            from ptq.adjust import with_initializers
 
-                self.graph = load_model(with_initializers(self.base.model, dict(version.initializers)), input_shapes)
-            else:
-                self.graph = self.base
+            base = self.graphs[""]
+            self.graphs[version.digest] = load_model(with_initializers(base.model, dict(version.initializers)),
+                                                     input_shapes)
+            while len(self.graphs) > KEPT_VERSIONS + 1:
+                del self.graphs[next(d for d in self.graphs if d != "")]
+        if version.digest != self.digest:
             self.digest = version.digest
             self.statistics, self.report, self.scored, self.prepared = None, None, None, None
-        return self.graph
+        return self.graphs[version.digest]
 
 
 @dataclass(frozen=True)
@@ -145,8 +152,7 @@ class TuneJob:
     validation: Validation
 
     def setup(self) -> TuneContext:
-        graph = load_shipped_model(self.model, self.input_shapes)
-        return TuneContext(graph, graph)
+        return TuneContext({"": load_shipped_model(self.model, self.input_shapes)})
 
     def run(self, context: TuneContext, item: tuple[Any, Any]) -> ShardResult:
         call, part = item

@@ -197,3 +197,21 @@ def test_a_graph_travels_to_the_workers_as_its_changed_initializers(tmp_path):
     assert version == GraphVersion.of(load_model(changed.model), graph)  # the same values: the same digest
     with pytest.raises(ValueError, match="only in initializer values"):
         GraphVersion.of(load_model(conv_relu_gemm()), graph)
+
+
+def test_a_worker_rebuilds_each_version_once_and_keeps_the_two_latest():
+    from ptq.adjust import with_initializers
+    from ptq.tune_shards import GraphVersion, TuneContext
+
+    graph = load_model(chain())
+    context = TuneContext({"": graph})
+    versions = [GraphVersion.of(load_model(with_initializers(graph.model, {"B2": graph.initializers["B2"] + k})),
+                                graph) for k in (1, 2, 3)]
+    first = context.use(versions[0], None)
+    assert np.array_equal(first.initializers["B2"], graph.initializers["B2"] + 1)
+    assert np.array_equal(first.initializers["W2"], graph.initializers["W2"])
+    context.use(versions[1], None)
+    assert context.use(versions[0], None) is first  # back to the kept state after a dropped candidate
+    context.use(versions[2], None)  # the least recently used (versions[1]) goes
+    assert set(context.graphs) == {"", versions[0].digest, versions[2].digest}
+    assert context.use(versions[0], None) is first and context.use(GraphVersion(), None) is graph
