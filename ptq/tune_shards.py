@@ -34,7 +34,7 @@ from ptq.executor import IntegerGraph, prepare
 from ptq.float_run import FloatRunner
 from ptq.images import ImageLog
 from ptq.parallel import (
-    CallRunner, Shard, ShardResult, ShippedModel, load_shipped_model, make_runner, run_sharded, shard_batches_for,
+    CallRunner, ShardResult, ShippedModel, load_shipped_model, make_runner, run_sharded, shard_batches_for,
     ship_model,
 )
 from ptq.quant_table import QuantTable
