@@ -1,9 +1,13 @@
-"""Benchmark: `--workers N` and `--ray` against one process, for `ptq report` and `ptq calibrate`.
+"""Benchmark: `--workers N` and `--ray` against one process, for `ptq report`, `ptq calibrate` and `ptq tune`.
 
     python bench/scale.py                     # report over 200 images: 1, 2, 1, 2 workers, interleaved
     python bench/scale.py --repeat 3 --kinds report calibrate --ray --memory
     python bench/scale.py --images 60 --repeat 1     # quicker
     python bench/scale.py --variants threads lean uniform   # also 2 workers with helper threads on / off, equal shards
+    python bench/scale.py --kinds tune        # tune to 0.998 on the 23 bundled photos (16 fitted, 7 deciding)
+
+`tune` tunes the table calibrated on examples/calib on those same images (`--images` does not apply); its
+img/s counts the validation images scored (the validation samples times the candidates measured).
 
 The 200 images are the eval photos (../shared/assets/images/eval) plus mirrored and cropped copies written
 to a temp folder (labels kept in the names). Every run is a fresh subprocess (`--one`). Its wall time is
@@ -40,6 +44,8 @@ sys.path.insert(0, str(REPO))
 
 MODEL = REPO / "examples" / "efficientnet_lite0.onnx"
 EVAL = Path(os.environ.get("PTQ_ASSETS", REPO.parent / "shared" / "assets")) / "images" / "eval"
+CALIB = REPO / "examples" / "calib"
+TUNE_TARGET = 0.998
 
 
 def make_images(folder: Path, count: int) -> Path:
@@ -112,6 +118,18 @@ def one(argv: list[str]) -> None:
                                                   isolated_images=2, graph=graph)
         result = json.dumps(build_report(ev, "m", "q").to_dict(), sort_keys=True)
         count = ev.images
+    elif kind == "tune":
+        from ptq.core.graph import load_model
+        from ptq.images import Preprocess
+        from ptq.quant_table import load_quant_table
+        from ptq.tuning import tune
+        from reports.image_source import ImageSet
+
+        q = load_quant_table(table)
+        samples = ImageSet.from_folder(images, Preprocess(**q.options.preprocess))
+        res = tune(load_model(str(MODEL), q.options.input_shapes), q, samples, TUNE_TARGET, workers=workers, ray=ray)
+        result = json.dumps([res.table.to_dict(), res.to_dict()], sort_keys=True)
+        count = res.validation_samples * (len(res.steps) + 1)
     else:
         from calibrators.statistics import TensorStatistics
         from ptq.pipeline import calibrate
@@ -169,7 +187,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="interleaved rounds over the configurations (default 2)")
     parser.add_argument("--ray", action="store_true", help="also a local Ray cluster of 2 worker processes")
     parser.add_argument("--memory", action="store_true", help="also the 2-worker report over a quarter of the images")
-    parser.add_argument("--kinds", nargs="+", choices=("report", "calibrate"), default=["report"])
+    parser.add_argument("--kinds", nargs="+", choices=("report", "calibrate", "tune"), default=["report"])
     parser.add_argument("--variants", nargs="+", choices=("threads", "lean", "uniform"), default=[],
                         help="also 2 workers with their helper threads on (threads) or off (lean) whatever the cores, "
                         "or with 8 equal shards per worker (uniform)")
@@ -185,21 +203,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "full").mkdir()
-        full = make_images(tmp / "full", args.images)
+        full = make_images(tmp / "full", args.images) if set(args.kinds) - {"tune"} else None
         from ptq.pipeline import calibrate
 
-        table = calibrate(MODEL, REPO / "examples" / "calib", tmp / "table", write_qdq=False).table_path
+        table = calibrate(MODEL, CALIB, tmp / "table", write_qdq=False).table_path
         configs = ([(w, "", "") for w in args.workers] + [(2, "", v) for v in args.variants]
                    + ([(2, "local", "")] if args.ray else []))
         for kind in args.kinds:
-            run(kind, full, table, 1)  # not counted: compiles the kernels if numba's cache is cold
-            print(f"\n{kind}, {args.images} images, {args.repeat} interleaved rounds")
+            images = CALIB if kind == "tune" else full
+            run(kind, images, table, 1)  # not counted: compiles the kernels if numba's cache is cold
+            print(f"\n{kind}, {len(list(images.iterdir()))} images, {args.repeat} interleaved rounds")
             print(f"{'config':>17} {'wall s':>7} {'img/s':>6} {'cpu s':>6} {'cores':>5} {'merge s':>7} "
                   f"{'driver MB':>9} {'worker MB':>9} {'digest':>13} {'start':>5} {'load':>5}")
             rows: dict = {c: [] for c in configs}
             for _ in range(args.repeat):
                 for config in configs:
-                    row = run(kind, full, table, *config)
+                    row = run(kind, images, table, *config)
                     rows[config].append(row)
                     print(f"{config_name(*config):>17} {row['seconds']:7.1f} {row['images'] / row['seconds']:6.2f} "
                           f"{row['cpu']:6.1f} {row['cpu'] / row['seconds']:5.2f} {row['merge']:7.3f} "

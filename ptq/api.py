@@ -39,12 +39,10 @@ DEFAULT_ISOLATED_IMAGES = 2  # images the report's isolated metrics cover by def
 PathLike = Union[str, Path]
 
 
-def _options(function: str, options: dict, *, labels: bool = True, parallel: bool = True) -> DataOptions:
+def _options(function: str, options: dict, *, labels: bool = True) -> DataOptions:
     opts = DataOptions.of(function, options)
     if not labels and opts.labels is not None:
         raise ValueError(f"--labels: `ptq {function}` uses no labels")
-    if not parallel and ((opts.workers or 1) > 1 or opts.ray is not None):
-        raise ValueError(f"`ptq {function}` runs in one process (no --workers, --ray)")
     return opts
 
 
@@ -497,7 +495,8 @@ def tune(
     """`ptq tune`: change the table step by step until the logits cosine on validation samples reaches
     `target_cosine` (a part of the samples held out, or the `validation` folder, in the samples' format);
     write `<stem>.tuned.quant.json` and `<stem>.tune.json` to `out` (default: the table's folder). Judge the
-    result on other held-out samples still.
+    result on other held-out samples still. `workers`/`ray`: the passes over the samples (statistics, ranking,
+    each step's validation cosines) on a pool, with the same result (`ptq.tune_shards`).
 
     >>> import tempfile, ptq
     >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
@@ -513,7 +512,7 @@ def tune(
     from ptq.tuning import tune as run_tuning
     from reports.image_source import ImageSet
 
-    opts = _options("tune", options, labels=False, parallel=False)
+    opts = _options("tune", options, labels=False)
     if not 0 < target_cosine <= 1:
         raise ValueError(f"--target-cosine must be in (0, 1], got {target_cosine}")
     if budget_int16 < 0 or allow_float < 0:
@@ -529,7 +528,7 @@ def tune(
         result = run_tuning(
             graph, table, samples, target_cosine, budget_int16=budget_int16, allow_float=allow_float,
             validation=held, reference=reference, validation_fraction=validation_fraction, margin=margin, z=z,
-            progress=opts.progress)
+            progress=opts.progress, workers=choose_workers(opts.workers, samples.expected), ray=opts.ray)
     out_dir = Path(out) if out is not None else table_path.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = table_path.name[: -len(".quant.json")] if table_path.name.endswith(".quant.json") else table_path.stem

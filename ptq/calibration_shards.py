@@ -79,8 +79,13 @@ def sharded_statistics(
                                shard_batches=per_shard, on_shard=bar.update)
     if not payloads:
         raise ValueError(f"no valid image in {source.location} ({len(log.skipped)} files skipped)")
+    return merge_statistics(payloads), log
+
+
+def merge_statistics(payloads: list[dict[str, TensorStatistics]]) -> dict[str, TensorStatistics]:
+    """The shards' statistics (in shard order) as one: each tensor's collectors merged into the first's."""
     stats = payloads[0]
     for shard_stats in payloads[1:]:
         for name, collector in stats.items():
             collector.merge(shard_stats[name])
-    return stats, log
+    return stats

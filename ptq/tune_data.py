@@ -13,16 +13,20 @@ integer graph is built from: bias correction changes the float function, the use
 with its standard error: a handful of validation images says little about the next image set (measured on
 the bundled model: 7 validation images 0.9985 +- 0.0003, the 20 eval photos 0.9975, two hard photos among
 them), so the tuner asks the mean minus z standard errors to reach the target.
+
+`Validation.scorer` (`ptq tune --workers N`, `--ray`): an object whose `cosines(graph, table, float_nodes)`
+computes the same per-sample cosines elsewhere (`ptq.tune_shards`), in sample order, so that the mean is
+the same float; without one they are computed here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Optional, Protocol, Sequence, Union
 
 import numpy as np
 
 from ptq.core.graph import Graph
-from ptq.executor import prepare
+from ptq.executor import IntegerGraph, prepare
 from ptq.float_run import FloatRunner
 from ptq.quant_table import QuantTable
 from reports.image_source import ArraySamples, ImageSet
@@ -55,14 +59,25 @@ def split_samples(samples: Samples, fraction: float) -> tuple[Samples, Samples]:
     return part(kept), part(held)
 
 
+class Scorer(Protocol):
+    def cosines(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str]) -> list[float]: ...
+
+
+def sample_cosine(reference: np.ndarray, output: np.ndarray) -> float:
+    """The cosine of one sample's output (float64, flattened) against the reference model's."""
+    norm = np.linalg.norm(reference) * np.linalg.norm(output)
+    return float(np.dot(reference, output) / norm) if norm > 0 else float(np.array_equal(reference, output))
+
+
 @dataclass
 class Validation:
     """Validation samples (inputs by name) and the reference model's first output on each (computed once);
-    `progress`: a progress bar per pass over them."""
+    `progress`: a progress bar per pass over them; `scorer`: where the cosines are computed (None: here)."""
 
     inputs: list[dict]
     reference: list[np.ndarray]
     progress: bool = False
+    scorer: Optional[Scorer] = None
 
     @classmethod
     def create(cls, reference_graph: Graph, samples: Samples, progress: bool = False) -> "Validation":
@@ -79,17 +94,19 @@ class Validation:
         return len(self.inputs)
 
     def cosines(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str] = ()) -> list[float]:
+        """Per validation sample, in order: the cosine of the integer graph's first output."""
+        if self.scorer is not None:
+            return self.scorer.cosines(graph, table, float_nodes)
+        return self.run(prepare(graph, table, float_nodes=float_nodes), graph.outputs[0], range(len(self)))
+
+    def run(self, prepared: IntegerGraph, output: str, samples: Sequence[int]) -> list[float]:
+        """The cosines of the listed samples (by index) through `prepared`, whose `output` is compared."""
         from tqdm import tqdm
 
-        prepared = prepare(graph, table, float_nodes=float_nodes)
-        out = graph.outputs[0]
         values = []
-        pairs = zip(self.inputs, self.reference)
-        for x, ref in tqdm(pairs, total=len(self), unit="img", desc="tune", disable=None if self.progress else True,
-                           leave=False):
-            y = prepared.run(x, keep_all=False).outputs[out].astype(np.float64).ravel()
-            norm = np.linalg.norm(ref) * np.linalg.norm(y)
-            values.append(float(np.dot(ref, y) / norm) if norm > 0 else float(np.array_equal(ref, y)))
+        for k in tqdm(samples, unit="img", desc="tune", disable=None if self.progress else True, leave=False):
+            y = prepared.run(self.inputs[k], keep_all=False).outputs[output].astype(np.float64).ravel()
+            values.append(sample_cosine(self.reference[k], y))
         return values
 
     def cosine(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str] = ()) -> "Score":

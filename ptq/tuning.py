@@ -24,9 +24,13 @@ raises the validation mean by at least `min_gain`:
 A table calibrated with bias correction has biases corrected for its weight grids; a step that changes a
 weight's grid (per-channel, 16 bits, and the undoing in `prune`) re-corrects that layer's bias for the new
 grid (`ptq.bias_correction.recorrected_biases`), so the tuned graph is returned with the tuned table.
+
+The passes over samples (the statistics, the ranking, each candidate's validation cosines) run in this
+process, or with `workers` > 1 or `ray` on a pool (`ptq.tune_shards`) with the same result bit for bit.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass, field
@@ -148,6 +152,31 @@ def fit_statistics(graph: Graph, samples: Samples, calibrators: Sequence[str]) -
 
     batches = (x for _, x, _ in samples.samples(graph))
     return collect_statistics(graph, batches, graph.activations, required_stats(calibrators))
+
+
+class InProcess:
+    """The passes over samples run here (`sample_passes`); `ptq.tune_shards.TunePool` is the pool's."""
+
+    scorer = None  # the validation cosines: `Validation.cosines` itself
+
+    @staticmethod
+    def statistics(graph: Graph, fit: Samples, calibrators: Sequence[str]) -> dict:
+        return fit_statistics(graph, fit, calibrators)
+
+    @staticmethod
+    def evaluate(graph: Graph, table: QuantTable, samples: Samples, **kwargs):
+        return evaluate(graph, table, samples, **kwargs)
+
+
+def sample_passes(graph: Graph, table: QuantTable, fit: Samples, validation: Validation, *, workers: int = 1,
+                  ray: Optional[str] = None):
+    """A context manager giving the passes over samples: `InProcess`, or with `workers` > 1 or `ray` a pool
+    whose workers serve every pass (`ptq.tune_shards.TunePool`)."""
+    if workers == 1 and ray is None:
+        return contextlib.nullcontext(InProcess())
+    from ptq.tune_shards import TunePool
+
+    return TunePool(graph, fit, validation, table.options.input_shapes, workers=workers, ray=ray)
 
 
 def searched_table(state: _State, stats: dict, fit: Samples) -> QuantTable:
@@ -291,16 +320,28 @@ def tune(graph: Graph, table: QuantTable, images: Samples, target: float, *, bud
          allow_float: int = 0, validation: Optional[Samples] = None, reference: Optional[Graph] = None,
          validation_fraction: float = DEFAULT_VALIDATION_FRACTION, margin: float = DEFAULT_MARGIN, z: float = DEFAULT_Z,
          range_calibrators: Sequence[str] = DEFAULT_RANGE_CALIBRATORS, range_search: bool = True,
-         min_gain: float = 1e-5, progress: bool = False) -> TuneResult:
+         min_gain: float = 1e-5, progress: bool = False, workers: int = 1, ray: Optional[str] = None) -> TuneResult:
     """See the module docstring. `images`: the tuning samples, split into fit and validation parts unless
     `validation` is given (then all of `images` is fitted on). `reference`: the float model the cosine is
     measured against (default `graph`; pass the user's model when `graph` holds adjusted weights).
-    `progress`: a progress bar per pass over the samples."""
+    `progress`: a progress bar per pass over the samples. `workers`, `ray`: where the passes over samples
+    run (`sample_passes`)."""
     if validation is None:
         fit, validation = split_samples(images, validation_fraction)
     else:
         fit = images
     check = Validation.create(reference or graph, validation, progress=progress)
+    with sample_passes(graph, table, fit, check, workers=workers, ray=ray) as passes:
+        return _search(graph, table, fit, dataclasses.replace(check, scorer=passes.scorer), passes, target,
+                       budget_int16=budget_int16, allow_float=allow_float, margin=margin, z=z,
+                       range_calibrators=range_calibrators, range_search=range_search, min_gain=min_gain,
+                       progress=progress)
+
+
+def _search(graph: Graph, table: QuantTable, fit: Samples, check: Validation, passes, target: float, *,
+            budget_int16: int, allow_float: int, margin: float, z: float, range_calibrators: Sequence[str],
+            range_search: bool, min_gain: float, progress: bool) -> TuneResult:
+    """`tune` once the samples are split and the passes over them placed."""
     tuner = _Tuner(graph, table, fit, check, target + margin, z, min_gain)
     baseline = tuner.state.score
     logger.info("validation cosine on %d samples: %.5f +- %.5f (goal: mean - %g sem >= %.5f)", len(check),
@@ -310,7 +351,7 @@ def tune(graph: Graph, table: QuantTable, images: Samples, target: float, *, bud
         tuner.attempt("per-channel weights", per_channel_weights(graph, tuner.state.table), weights=weights)
     if not tuner.done() and (range_calibrators or range_search):
         searched = list(RANGE_SEARCH_CANDIDATES) if range_search else []
-        stats = fit_statistics(tuner.state.graph, fit, list(range_calibrators) + searched)
+        stats = passes.statistics(tuner.state.graph, fit, list(range_calibrators) + searched)
         for name in range_calibrators:
             if tuner.done():
                 break
@@ -334,8 +375,8 @@ def tune(graph: Graph, table: QuantTable, images: Samples, target: float, *, bud
                           with_weight_bits(tuner.state.graph, tuner.state.table, names, 16), int16=names, weights=names)
     ranking = []
     if not tuner.done() and (budget_int16 > len(tuner.state.int16) or allow_float > 0):
-        ev = evaluate(tuner.state.graph, tuner.state.table, fit, isolated=True, isolated_images=RANKING_IMAGES,
-                      desc="ranking", progress=progress)
+        ev = passes.evaluate(tuner.state.graph, tuner.state.table, fit, isolated=True,
+                             isolated_images=RANKING_IMAGES, desc="ranking", progress=progress)
         ranking = [b.name for b in build_report(ev, "", "").bottlenecks]
     for name in ranking:
         if tuner.done() or len(tuner.state.int16) >= budget_int16:

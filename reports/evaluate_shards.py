@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
-from typing import Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import onnx
 
@@ -26,8 +26,8 @@ from ptq.executor import IntegerGraph, prepare
 from ptq.float_run import FloatRunner
 from ptq.images import ImageLog
 from ptq.parallel import (
-    CallRunner, QuietLog, Shard, ShardResult, ShippedModel, choose_workers, guided_shard_batches, load_shipped_model,
-    make_runner, run_sharded, ship_model, usable_cores,
+    CallRunner, QuietLog, Shard, ShardResult, ShardRunner, ShippedModel, choose_workers, guided_shard_batches,
+    load_shipped_model, make_runner, run_sharded, ship_model, usable_cores,
 )
 from ptq.quant_table import QuantTable
 from ptq.samples import SampleFormat
@@ -204,25 +204,36 @@ class ShardedEvaluator:
     def __call__(self, graph: Optional[Graph], table: QuantTable, images: ImageSet, *, float_nodes: Sequence[str] = (),
                  layers: bool = True, isolated: bool = True, isolated_images: Optional[int] = None,
                  progress: bool = False, desc: str = "report", backend=None) -> Evaluation:
-        from tqdm import tqdm
-
         if graph is not self.graph or images is not self.images:
             raise ValueError("a ShardedEvaluator evaluates the graph and the images it was made for")
-        if backend is not None and not isinstance(backend, str):
-            raise ValueError("workers take the backend by name (ptq.backends)")
-        if isolated and not layers:
-            raise ValueError("isolated metrics need layers=True")
-        call = EvaluateCall(uuid.uuid4().hex, table, tuple(float_nodes), backend, layers, isolated)
-        prefix = images.expected if isolated_images is None else isolated_images
-        log = ImageLog()
-        with tqdm(total=images.expected, unit="img", desc=desc, disable=None if progress else True,
-                  leave=False) as bar:
-            parts = run_sharded(CallRunner(self.runner, call), images.files, log, limit=images.limit, batch_size=1,
-                                shard_batches=guided_shard_batches(images.expected, 1, self.workers),
-                                isolated=prefix if isolated else 0, on_shard=bar.update)
-        if not parts:
-            raise ValueError("no image could be decoded")
-        return merge_evaluations(parts)
+        return evaluate_on(self.runner, self.workers, table, images, float_nodes=float_nodes, layers=layers,
+                           isolated=isolated, isolated_images=isolated_images, progress=progress, desc=desc,
+                           backend=backend)
+
+
+def evaluate_on(runner: ShardRunner, workers: int, table: QuantTable, images: ImageSet, *,
+                float_nodes: Sequence[str] = (), layers: bool = True, isolated: bool = True,
+                isolated_images: Optional[int] = None, progress: bool = False, desc: str = "report", backend=None,
+                wrap: Callable[[EvaluateCall], Any] = lambda call: call) -> Evaluation:
+    """One `evaluate` on `runner`, a pool of `workers` whose job runs (`wrap(call)`, `Shard`) items as
+    `ReportJob.run` does (`ptq tune`'s pool wraps the call with the graph it is for)."""
+    from tqdm import tqdm
+
+    if backend is not None and not isinstance(backend, str):
+        raise ValueError("workers take the backend by name (ptq.backends)")
+    if isolated and not layers:
+        raise ValueError("isolated metrics need layers=True")
+    call = wrap(EvaluateCall(uuid.uuid4().hex, table, tuple(float_nodes), backend, layers, isolated))
+    prefix = images.expected if isolated_images is None else isolated_images
+    log = ImageLog()
+    with tqdm(total=images.expected, unit="img", desc=desc, disable=None if progress else True,
+              leave=False) as bar:
+        parts = run_sharded(CallRunner(runner, call), images.files, log, limit=images.limit, batch_size=1,
+                            shard_batches=guided_shard_batches(images.expected, 1, workers),
+                            isolated=prefix if isolated else 0, on_shard=bar.update)
+    if not parts:
+        raise ValueError("no image could be decoded")
+    return merge_evaluations(parts)
 
 
 def worker_threads(workers: int, ray: Optional[str]) -> bool:

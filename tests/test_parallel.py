@@ -313,8 +313,8 @@ def test_default_workers_are_the_usable_cores_one_per_50_images(monkeypatch):
     assert parallel.usable_cores() == 4
     assert [parallel.choose_workers(None, n) for n in (1, 49, 99, 100, 199, 5000)] == [1, 1, 1, 2, 3, 4]
     assert parallel.choose_workers(3, 5) == 3  # asked for: kept, however few the images
-    for command in ("calibrate", "report", "run", "debug"):  # tune runs in one process
-        flags = {"calibrate": []}.get(command, ["--quant", "q"])
+    for command in ("calibrate", "report", "run", "debug", "tune"):
+        flags = {"calibrate": [], "tune": ["--quant", "q", "--target-cosine", "0.99"]}.get(command, ["--quant", "q"])
         extra = ["--out", "o"] if command in ("report", "debug") else []
         args = build_parser().parse_args([command, "m.onnx", "--images", "i", *flags, *extra])
         assert args.workers is None and args.ray is None
@@ -362,3 +362,20 @@ def test_fake_quant_on_workers_gives_the_one_process_result(model_path, eval_dir
         with pytest.raises(ValueError, match="made for"):
             evaluator(load_model_for_table(model_path, table, quant_table), table, images)
     assert one.float_nodes and two.to_dict() == one.to_dict()
+
+
+def test_tune_with_two_workers_writes_the_one_process_table(model_path, calib_dir, quant_table, tmp_path):
+    """6 bundled photos (4 fitted, 2 deciding), no 16-bit budget: the range steps (statistics and the
+    validation cosines on the workers); the ranking and re-corrected biases: tests/test_tune.py."""
+    records, codes = [], []
+    for workers in ("1", "2"):
+        out = tmp_path / f"tune{workers}"
+        codes.append(main(["tune", str(model_path), "--quant", str(quant_table), "--images", str(calib_dir),
+                           "--num-images", "6", "--target-cosine", "0.999", "--budget-int16", "0", "--out", str(out),
+                           "-q", "--workers", workers]))
+        record = json.loads((out / f"{quant_table.name[:-len('.quant.json')]}.tune.json").read_text())
+        records.append((record.pop("tuned"), record))
+    assert codes[0] == codes[1]
+    assert records[0][1]["validation_samples"] == 2 and len(records[0][1]["steps"]) >= 3
+    assert records[1][1] == records[0][1]
+    assert digest(Path(records[1][0])) == digest(Path(records[0][0]))

@@ -136,3 +136,82 @@ def test_recalibrated_ranges_keep_the_float_flags(tmp_path):
     stats, _ = collect_image_statistics(graph, tmp_path / "img", required_stats(["mse"]), preprocess=RAW)
     result = recalibrated(graph, with_float(table, [name]), stats, "mse")
     assert result.float_tensors() == [name] and result.tensors[name].calibrator == "mse"
+
+
+def tuned_with_bias_correction(tmp_path):
+    """The chain model calibrated per-tensor at 6 bits with bias correction (so that the per-channel and
+    16-bit weight steps re-correct biases, and the graph the tuner measures changes), 9 images."""
+    from ptq.adjusted_model import load_model_for_table
+
+    model_path = tmp_path / "chain.onnx"
+    onnx.save(chain(), model_path)
+    write_images(tmp_path / "img", 9, size=(10, 10))
+    calibrate(model_path, tmp_path / "img", tmp_path / "out", preprocess=RAW, write_qdq=False, per_channel=False,
+              bits=6, bias_correction=True)
+    table_path = tmp_path / "out" / "chain.quant.json"
+    table = load_quant_table(table_path)
+    return (load_model_for_table(model_path, table, table_path), table, load_model(model_path),
+            ImageSet.from_folder(tmp_path / "img", RAW))
+
+
+def tuning_of(result) -> tuple:
+    """Everything a tuning decides: the table's bytes, the steps and figures, the graph's initializers."""
+    return (json.dumps(result.table.to_dict()), result.to_dict(),
+            {name: (v.dtype.str, v.shape, v.tobytes()) for name, v in result.graph.initializers.items()})
+
+
+@pytest.mark.parametrize("ray", [False, True], ids=["workers", "ray"])
+def test_tuning_on_workers_is_the_one_process_tuning(tmp_path, ray):
+    """Statistics, ranking and validation cosines on two worker processes (or a local Ray cluster of 2 CPUs,
+    skipped only without Ray): the same steps, figures, table and re-corrected biases as one process."""
+    graph, table, reference, images = tuned_with_bias_correction(tmp_path)
+    kwargs = dict(target=0.9999, budget_int16=10, z=1.0, reference=reference)
+    one = tune(graph, table, images, **kwargs)
+    if ray:
+        ray_module = pytest.importorskip("ray")
+        ray_module.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            two = tune(graph, table, images, ray="local", **kwargs)
+        finally:
+            ray_module.shutdown()
+    else:
+        two = tune(graph, table, images, workers=2, **kwargs)
+    steps = [s.change for s in one.steps]
+    # the path this test is for: a kept weight step (biases re-corrected), ranges, the ranking's 16-bit steps
+    assert steps[0] == "per-channel weights" and one.steps[0].kept
+    assert "activation ranges: per-tensor search" in steps and any(s.startswith("int16: ") for s in steps)
+    assert any(not np.array_equal(one.graph.initializers[n], v) for n, v in graph.initializers.items())
+    assert tuning_of(two) == tuning_of(one)
+
+
+def test_a_graph_travels_to_the_workers_as_its_changed_initializers(tmp_path):
+    from ptq.adjust import with_initializers
+    from ptq.tune_shards import GraphVersion
+    from tests.tiny_models import conv_relu_gemm
+
+    graph = load_model(chain())
+    assert GraphVersion.of(graph, graph) == GraphVersion() == GraphVersion.of(load_model(chain()), graph)
+    changed = load_model(with_initializers(graph.model, {"B2": graph.initializers["B2"] + 1}))
+    version = GraphVersion.of(changed, graph)
+    assert [name for name, _ in version.initializers] == ["B2"] and len(version.digest) == 64
+    assert version == GraphVersion.of(load_model(changed.model), graph)  # the same values: the same digest
+    with pytest.raises(ValueError, match="only in initializer values"):
+        GraphVersion.of(load_model(conv_relu_gemm()), graph)
+
+
+def test_a_worker_rebuilds_each_version_once_and_keeps_the_two_latest():
+    from ptq.adjust import with_initializers
+    from ptq.tune_shards import GraphVersion, TuneContext
+
+    graph = load_model(chain())
+    context = TuneContext({"": graph})
+    versions = [GraphVersion.of(load_model(with_initializers(graph.model, {"B2": graph.initializers["B2"] + k})),
+                                graph) for k in (1, 2, 3)]
+    first = context.use(versions[0], None)
+    assert np.array_equal(first.initializers["B2"], graph.initializers["B2"] + 1)
+    assert np.array_equal(first.initializers["W2"], graph.initializers["W2"])
+    context.use(versions[1], None)
+    assert context.use(versions[0], None) is first  # back to the kept state after a dropped candidate
+    context.use(versions[2], None)  # the least recently used (versions[1]) goes
+    assert set(context.graphs) == {"", versions[0].digest, versions[2].digest}
+    assert context.use(versions[0], None) is first and context.use(GraphVersion(), None) is graph

@@ -12,8 +12,8 @@ from ptq.parallel import add_parallel_arguments
 PARALLEL = ("workers", "ray")
 
 
-def add_data_arguments(parser: argparse.ArgumentParser, *, labels: bool = True, parallel: bool = True) -> None:
-    """--images/--data, preprocessing, [--labels], --num-images, --seed, --batch-size, --quiet[, --workers, --ray]."""
+def add_data_arguments(parser: argparse.ArgumentParser, *, labels: bool = True) -> None:
+    """--images/--data, preprocessing, [--labels], --num-images, --seed, --batch-size, --quiet, --workers, --ray."""
     src = parser.add_argument_group("samples (one of --images, --data)")
     where = src.add_mutually_exclusive_group(required=True)
     where.add_argument("--images", metavar="DIR|FILE", help="an image file or a folder of images (searched recursively)")
@@ -44,8 +44,7 @@ def add_data_arguments(parser: argparse.ArgumentParser, *, labels: bool = True, 
                      "image (default: 0.875)")
     pre.add_argument("--bgr", action="store_const", const=True, help="feed channels in BGR order (default: RGB)")
     pre.add_argument("--layout", choices=LAYOUTS, help="input layout (default: from the model's input shape)")
-    if parallel:
-        add_parallel_arguments(parser)
+    add_parallel_arguments(parser)
 
 
 def data_kwargs(args: argparse.Namespace) -> dict:

@@ -31,11 +31,11 @@ def isolated_images(text: str):
     return value
 
 
-def add_common_arguments(parser: argparse.ArgumentParser, *, parallel: bool = True) -> None:
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """MODEL, --quant, the shared sample options, --strict, --backend: shared by `ptq report`, `ptq debug`."""
     parser.add_argument("model", help="the float ONNX model")
     parser.add_argument("--quant", required=True, help="the quantization table (.quant.json) from `ptq calibrate`")
-    add_data_arguments(parser, parallel=parallel)
+    add_data_arguments(parser)
     add_strict_argument(parser)
     add_backend_argument(parser)
 

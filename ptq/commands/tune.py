@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the validation mean minus this many standard errors must reach the target "
                              f"(default {DEFAULT_Z:g})")
     parser.add_argument("--out", help="output folder (default: the table's folder)")
-    add_data_arguments(parser, labels=False, parallel=False)
+    add_data_arguments(parser, labels=False)
 
 
 def run(args: argparse.Namespace) -> int:
