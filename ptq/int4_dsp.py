@@ -45,11 +45,12 @@ from calibrators import TensorStatistics, calibrate_array, get_calibrator
 from ops.registry import op_of, weight_role
 from ptq.core.graph import Graph, Node, load_model
 from ptq.core.qparams import QParams
+from ptq.option_defaults import INT4_DSP_SCHEME
 from ptq.weight_tensors import weight_tensors
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry
 from ptq.weight_scale_floor import floor_weight_scales
 
-SCHEME = "int4-dsp"
+SCHEME = INT4_DSP_SCHEME
 NARROW_BITS = 4  # weights and activations on the DSP lanes
 WIDE_BITS = 8  # Add groups and graph outputs
 OFFSET_BINARY_ZP = 1 << (NARROW_BITS - 1)  # a signed 4-bit tensor stored as uint4: code = int4 + 8

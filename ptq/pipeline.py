@@ -32,15 +32,12 @@ from ptq.samples import ArrayFormat, ImageFormat, SampleSource, iter_sample_batc
 from ptq.qdq_check import CHECK_SAMPLES, QDQCheck, QDQCheckError, check_qdq
 from ptq.qdq_export import DEFAULT_TARGET, export_qdq, get_target
 from ptq.core.qparams import compute_qparams
+from ptq.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
 from ops.registry import op_of
 from ptq.weight_scale_floor import floor_weight_scales
 from ptq.weight_tensors import weight_tensors
 
-DEFAULT_CALIBRATOR = "extrema"
-DEFAULT_WEIGHT_CALIBRATOR = "extrema"
-DEFAULT_SCHEME = "default"
-SCHEMES = (DEFAULT_SCHEME, int4_dsp.SCHEME)
 _FREE_DEFAULTS = dict(bits=8, weight_bits=8, symmetric=False, weight_symmetric=True, narrow=False,
                       weight_narrow=True, pow2=False)
 
