@@ -190,7 +190,7 @@ def _activation_range(calibrator, stats: TensorStatistics, name: str, bits: int,
 def activation_entries(graph: Graph, stats: dict[str, TensorStatistics], options: CalibrationOptions,
                        bounds: dict[str, tuple[float, float]]) -> dict[str, TensorEntry]:
     """8-bit entries for the share groups (one scale per group) and the graph outputs, 4-bit (uint4) for the
-    rest; `bounds` are the Relu/Clip folds (`ptq.pipeline.folded_ranges`)."""
+    rest; `bounds` are the Relu/Clip folds (`ptq.clip_ranges.folded_ranges`)."""
     calibrator = get_calibrator(options.calibrator).for_grid(True)
     groups = share_groups(graph)
     grouped = {t for group in groups for t in group}
