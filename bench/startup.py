@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The fixed cost of a `ptq` command, each figure beside a bare `python -c pass` (what no code of ours can lower).
 
-    python3 bench/startup.py [--repeat 7] [--quant Q.json]
+    python3 bench/startup.py [--repeat 7] [--quant Q.json] [--tree DIR]
 
-In fresh interpreters (this tree first on sys.path), the best and the median of --repeat runs:
+In fresh interpreters (this tree, or the checkout --tree of another commit, first on sys.path), the best and the
+median of --repeat runs:
 - `python -c pass`, `import ptq`, `ptq --help`, `ptq report --help`, `ptq calibrate --help` (its epilog lists
   the calibrators, which import numpy);
 - the imports of a `ptq report` run on the bundled model and the 20 eval photos (the sum of the top-level
@@ -48,16 +49,16 @@ print(a - t, c - b, d - c, e - d)
 """
 
 
-def wall(argv: list[str]) -> float:
+def wall(argv: list[str], tree: Path) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, *argv], cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run([sys.executable, *argv], cwd=tree, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - start
 
 
-def report_imports(quant: Path, out: Path) -> tuple[float, int]:
+def report_imports(quant: Path, out: Path, tree: Path) -> tuple[float, int]:
     """(seconds importing, modules) of one `ptq report` run."""
     done = subprocess.run([sys.executable, "-X", "importtime", "-m", "ptq.cli", "report", str(MODEL), "--quant",
-                           str(quant), "--images", str(EVAL), "--out", str(out)], cwd=REPO, check=True,
+                           str(quant), "--images", str(EVAL), "--out", str(out)], cwd=tree, check=True,
                           capture_output=True, text=True)
     rows = [line.split("|") for line in done.stderr.splitlines()
             if line.startswith("import time:") and "cumulative" not in line]
@@ -74,29 +75,35 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--quant", type=Path, help="a quant table of the bundled model (default: calibrate one)")
+    parser.add_argument("--tree", type=Path, default=REPO, help="the checkout to measure (default: this one)")
     args = parser.parse_args(argv)
+    tree = args.tree.resolve()
     work = Path(tempfile.mkdtemp(prefix="ptq_startup_"))
     quant = args.quant
     if quant is None:
         subprocess.run([sys.executable, "-m", "ptq.cli", "calibrate", str(MODEL), "--images", str(REPO / "examples/calib"),
-                        "--out", str(work), "-q"], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+                        "--out", str(work), "-q"], cwd=tree, check=True, stdout=subprocess.DEVNULL)
         quant = work / "efficientnet_lite0.quant.json"
-    wall(["-m", "ptq.cli", "report", str(MODEL), "--quant", str(quant), "--images", str(EVAL), "--out", str(work)])
+    wall(["-m", "ptq.cli", "report", str(MODEL), "--quant", str(quant), "--images", str(EVAL), "--out", str(work)], tree)
     commands = {"python -c pass": ["-c", "pass"], "import ptq": ["-c", "import ptq"],
                 "ptq --help": ["-m", "ptq.cli", "--help"], "ptq report --help": ["-m", "ptq.cli", "report", "--help"],
                 "ptq calibrate --help": ["-m", "ptq.cli", "calibrate", "--help"]}
     times: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(args.repeat):  # interleaved: a busy moment of the machine hits every command alike
         for name, argv_ in commands.items():
-            times[name].append(wall(argv_))
+            times[name].append(wall(argv_, tree))
     bare = min(times["python -c pass"])
     for name, values in times.items():
         print(line(name, values, bare))
-    imports = [report_imports(quant, work) for _ in range(3)]
+    imports = [report_imports(quant, work, tree) for _ in range(3)]
     print(f"{'ptq report: imports':28s} best {min(s for s, _ in imports):6.3f} s  median "
           f"{statistics.median(s for s, _ in imports):6.3f} s  ({imports[0][1]} modules)")
-    runs = [[float(v) for v in subprocess.run([sys.executable, "-c", NUMBA_FIRST_USE], cwd=REPO, check=True,
-                                              capture_output=True, text=True).stdout.split()] for _ in range(3)]
+    try:
+        runs = [[float(v) for v in subprocess.run([sys.executable, "-c", NUMBA_FIRST_USE], cwd=tree, check=True,
+                                                  capture_output=True, text=True).stdout.split()] for _ in range(3)]
+    except subprocess.CalledProcessError:
+        print("numba first use: this tree lacks the kernels measured (ops/compiled, reports/value_histogram)")
+        return 0
     best = min(runs, key=sum)
     print(f"{'numba first use (best run)':28s} import {best[0]:.3f} s, scipy.linalg {best[1]:.3f} s, rest of target "
           f"init {best[2]:.3f} s, 6 cached signatures {best[3]:.3f} s: {sum(best):.3f} s")
