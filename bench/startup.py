@@ -81,10 +81,12 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="ptq_startup_"))
     quant = args.quant
     if quant is None:
-        subprocess.run([sys.executable, "-m", "ptq.cli", "calibrate", str(MODEL), "--images", str(REPO / "examples/calib"),
-                        "--out", str(work), "-q"], cwd=tree, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, "-m", "ptq.cli", "calibrate", str(MODEL), "--images",
+                        str(REPO / "examples/calib"), "--out", str(work), "-q"], cwd=tree, check=True,
+                       stdout=subprocess.DEVNULL)
         quant = work / "efficientnet_lite0.quant.json"
-    wall(["-m", "ptq.cli", "report", str(MODEL), "--quant", str(quant), "--images", str(EVAL), "--out", str(work)], tree)
+    report = ["-m", "ptq.cli", "report", str(MODEL), "--quant", str(quant), "--images", str(EVAL), "--out", str(work)]
+    wall(report, tree)  # the numba cache of this tree's kernels, written if missing
     commands = {"python -c pass": ["-c", "pass"], "import ptq": ["-c", "import ptq"],
                 "ptq --help": ["-m", "ptq.cli", "--help"], "ptq report --help": ["-m", "ptq.cli", "report", "--help"],
                 "ptq calibrate --help": ["-m", "ptq.cli", "calibrate", "--help"]}
