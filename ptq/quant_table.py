@@ -122,11 +122,11 @@ def _fingerprint(values: list) -> str:
 
 
 def _range_fingerprint(lo, hi, bits: int) -> str:
-    return _fingerprint([[float(v) for v in lo], [float(v) for v in hi], int(bits)])
+    return _fingerprint([list(map(float, lo)), list(map(float, hi)), int(bits)])
 
 
 def _grid_fingerprint(scale, zero_point, signed: bool, narrow: bool) -> str:
-    return _fingerprint([[float(v) for v in scale], [float(z) for z in zero_point], bool(signed), bool(narrow)])
+    return _fingerprint([list(map(float, scale)), list(map(float, zero_point)), bool(signed), bool(narrow)])
 
 
 @dataclass(frozen=True, eq=False)
