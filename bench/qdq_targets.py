@@ -27,7 +27,8 @@ from ptq.executor import prepare  # noqa: E402
 from ptq.float_run import image_input  # noqa: E402
 from ptq.images import ImageLog, Preprocess, load_image, select_files  # noqa: E402
 from ptq.pipeline import calibrate, input_spec  # noqa: E402
-from ptq.qdq_export import QDQ_TARGETS, export_qdq  # noqa: E402
+from ptq.qdq_export import export_qdq  # noqa: E402
+from ptq.qdq_targets import QDQ_TARGETS  # noqa: E402
 
 BUNDLED = (ROOT / "examples/efficientnet_lite0.onnx", ROOT / "examples/calib", Path("/work/shared/assets/images/eval"))
 

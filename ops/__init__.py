@@ -1,16 +1,10 @@
-"""The operator registry. Importing this package imports every module in it, which registers the ops those
-modules define (`@register`), so adding an op is adding one module. Subpackages (kernel collections) are
-imported by the modules that use them, not here.
+"""The operator registry. Each module of this package registers the ops it defines (`@register`); the registry
+imports a module when one of its ops is first looked up (`ops.index.OP_MODULES` names the module of every op),
+or every module when it is iterated. Adding an op is adding its module and its line in `ops/index.py` (a test
+lists any op missing there). Subpackages (kernel collections) are imported by the modules that use them.
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 from ops.registry import REGISTRY, OpDef, QuantizedNode, QuantizeContext, get_op, register
-
-for _module in pkgutil.iter_modules(__path__):
-    if not _module.ispkg:
-        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["REGISTRY", "OpDef", "QuantizedNode", "QuantizeContext", "get_op", "register"]

@@ -29,7 +29,7 @@ import numpy as np
 
 from ops import compiled
 from ops.base import multiplier
-from ops.registry import QuantizationError, QuantizeOptions, absorbable_ops
+from ops.registry import QuantizationError, QuantizeOptions, absorbable_ops, is_absorbable
 from ptq.core.qparams import QParams
 from ptq.core.requant import (
     MAX_SHIFT,
@@ -216,7 +216,7 @@ def output_stage(
     """
     if out_qp.per_channel:
         raise QuantizationError(f"output qparams must be per tensor, got axis={out_qp.axis}")
-    if activation is not None and activation not in absorbable_ops():
+    if activation is not None and not is_absorbable(activation):
         raise QuantizationError(f"unsupported fused activation {activation!r}; expected one of {absorbable_ops()}")
     r = np.atleast_1d(np.asarray(acc_scale, dtype=np.float64)) / float(out_qp.scale[0])
     # Below 2^(mbits-1-31), N <= 31 leaves M short of mbits bits. Pre-rounding by P bits costs up to

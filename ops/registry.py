@@ -10,6 +10,9 @@ fields). `check_quantized` then verifies that every output has complete qparams.
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Optional, Protocol
 
@@ -19,6 +22,8 @@ from ptq.core.graph import Node
 from ptq.core.qparams import QParams
 from ptq.core.requant import DEFAULT_MBITS
 from ptq.core.roles import BiasRole, WeightRole
+
+from ops.index import OP_MODULES
 
 # `constant(i)`: the value of input i of a node when it is a constant, else None (see OpDef.clip_range)
 ConstantLookup = Callable[[int], Optional[np.ndarray]]
@@ -141,14 +146,53 @@ class OpDef:
         raise NotImplementedError
 
 
-REGISTRY: dict[tuple[str, str], OpDef] = {}
+class OpRegistry(Mapping):
+    """The registered ops by (domain, op_type). Looking an op up imports the module that defines it
+    (`ops.index.OP_MODULES`); iterating imports every module of the package first. A model's run thus imports
+    the modules of its own ops, not the forty of the package (their import is most of `import ops`)."""
+
+    def __init__(self) -> None:
+        self._ops: dict[tuple[str, str], OpDef] = {}
+        self._complete = False
+
+    def add(self, op: OpDef) -> None:
+        key = (op.domain, op.op_type)
+        if key in self._ops:
+            raise ValueError(f"op {op.domain or 'ai.onnx'}::{op.op_type} registered twice")
+        self._ops[key] = op
+
+    def __getitem__(self, key: tuple[str, str]) -> OpDef:
+        op = self._ops.get(key)
+        if op is None and key in OP_MODULES:
+            importlib.import_module(OP_MODULES[key])
+            op = self._ops.get(key)
+        if op is None:
+            raise KeyError(key)
+        return op
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        self._import_all()
+        return iter(dict(self._ops))
+
+    def __len__(self) -> int:
+        self._import_all()
+        return len(self._ops)
+
+    def _import_all(self) -> None:
+        """Every module of the `ops` package (subpackages, kernel collections, are imported by their users)."""
+        if not self._complete:
+            package = importlib.import_module("ops")
+            for module in pkgutil.iter_modules(package.__path__):
+                if not module.ispkg:
+                    importlib.import_module(f"ops.{module.name}")
+            self._complete = True
+
+
+REGISTRY = OpRegistry()
 
 
 def register(cls: type[OpDef]) -> type[OpDef]:
-    key = (cls.domain, cls.op_type)
-    if key in REGISTRY:
-        raise ValueError(f"op {cls.domain or 'ai.onnx'}::{cls.op_type} registered twice")
-    REGISTRY[key] = cls()
+    REGISTRY.add(cls())
     return cls
 
 
@@ -159,6 +203,11 @@ def get_op(op_type: str, domain: str = "") -> Optional[OpDef]:
 def absorbable_ops() -> list[str]:
     """The op types a Conv/Gemm output stage may absorb (`OpDef.absorbable`)."""
     return sorted(op.op_type for op in REGISTRY.values() if op.absorbable)
+
+
+def is_absorbable(op_type: str) -> bool:
+    """`op_type` is one of `absorbable_ops()` (importing only the modules of the ops of that type)."""
+    return any(REGISTRY[key].absorbable for key in OP_MODULES if key[1] == op_type)
 
 
 def op_of(node: Node) -> Optional[OpDef]:

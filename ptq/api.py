@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 from ptq.backends import DEFAULT_BACKEND_NAME
 from ptq.data_options import DataOptions, quiet_logging
 from ptq.parallel import choose_workers, ship_model
-from ptq.pipeline import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, CalibrationResult
-from ptq.qdq_export import DEFAULT_TARGET
+from ptq.qdq_targets import DEFAULT_TARGET
+from ptq.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_ISOLATED_IMAGES, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR
 from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_Z
 
 if TYPE_CHECKING:
     from ptq.core.graph import Graph
     from ptq.executor import FloatNode
+    from ptq.pipeline import CalibrationResult
     from ptq.quant_table import QuantTable
     from ptq.samples import SampleSource
     from ptq.tuning import TuneResult
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     from reports.image_source import ImageSet
     from reports.layers import Bottleneck, LayerReport, OutputReport, Report
 
-DEFAULT_ISOLATED_IMAGES = 2  # images the report's isolated metrics cover by default
 
 PathLike = Union[str, Path]
 

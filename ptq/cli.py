@@ -20,8 +20,19 @@ class UserError(Exception):
     """An error caused by the user's input: printed as one line, exit status 2, no traceback."""
 
 
+class CommandParser(argparse.ArgumentParser):
+    """An ArgumentParser whose epilog may be a function, called when the help is printed: building the parser
+    (which every command does) imports only the small modules holding the options' choices and defaults
+    (`ptq.option_defaults`), never what the help merely lists (the calibrators)."""
+
+    def format_help(self) -> str:
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ptq", description="Post-training quantization for ONNX models.")
+    parser = CommandParser(prog="ptq", description="Post-training quantization for ONNX models.")
     parser.add_argument("--version", action="version", version=f"ptq {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:

@@ -33,7 +33,6 @@ from typing import Callable, Iterable, Mapping, Optional, Union
 import numpy as np
 import onnx
 
-import ops  # noqa: F401  (importing the package registers every op)
 from ops.registry import (
     DotBackend,
     IntRuntime,

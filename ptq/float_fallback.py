@@ -6,15 +6,17 @@ neither knows (a custom domain without a registered op) raises `FloatFallbackErr
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
 from ops.registry import QuantizationError, get_op, node_label
 from ptq.core.graph import Node
+
+if TYPE_CHECKING:
+    from onnx.reference import ReferenceEvaluator
 
 
 class FloatFallbackError(ValueError):
@@ -56,6 +58,8 @@ class NodeFloatEvaluator:
         """The (cached) onnx.reference evaluator of `node`; raises FloatFallbackError when it cannot run it."""
         ev = self._evaluators.get(node.name)
         if ev is None:
+            from onnx.reference import ReferenceEvaluator  # imported by the first node that needs it (~40 ms)
+
             opsets = {"": self.opset}
             if node.domain:
                 opsets[node.domain] = 1

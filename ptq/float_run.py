@@ -12,14 +12,16 @@ is folded on its own (the result is the same, the memory one sample's activation
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper
 
-from calibrators import Stat, TensorStatistics
 from ptq.core.graph import Graph, ModelError, Node
+
+if TYPE_CHECKING:
+    from calibrators import TensorStatistics
 
 
 def stats_model(graph: Graph, tensors: Sequence[str]) -> onnx.ModelProto:
@@ -176,6 +178,8 @@ def collect_statistics(
     `on_batch(n)` is called after each batch of n samples (progress reporting). `runner`: a session made
     once for `tensors` (a worker process computing many shards), instead of a new one.
     """
+    from calibrators import Stat, TensorStatistics  # calibration's, not the reports' (which only run the model)
+
     runner = runner or FloatRunner.create(graph, tensors, providers)
     stats = {name: TensorStatistics(needs, axis=None) for name in tensors}
     # Only per-batch statistics depend on how samples are grouped (min/max, moments and the fixed-grid

@@ -15,19 +15,18 @@ recorded in `ImageLog`.
 from __future__ import annotations
 
 import json
-import logging
 import random
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 from PIL import Image, ImageOps
 
-log = logging.getLogger("ptq.images")
+from ptq.image_log import ImageLog
+from ptq.option_defaults import LAYOUTS
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
-LAYOUTS = ("NCHW", "NHWC")
 # torchvision's ImageNet normalization, in pixel units: the most common convention for ONNX vision models
 DEFAULT_MEAN = (123.675, 116.28, 103.53)
 DEFAULT_STD = (58.395, 57.12, 57.375)
@@ -134,18 +133,6 @@ class InputSpec:
         if not h or not w:
             raise ValueError(f"input shape {tuple(shape)} has dynamic spatial dimensions; give --input-shape")
         return cls(layout, int(c), int(h), int(w))
-
-
-@dataclass
-class ImageLog:
-    """What happened to the files of a folder: images used, files skipped and why."""
-
-    used: list[Path] = field(default_factory=list)
-    skipped: list[tuple[Path, str]] = field(default_factory=list)
-
-    def skip(self, path: Path, reason: str) -> None:
-        log.warning("skipping %s: %s", path, reason)
-        self.skipped.append((path, reason))
 
 
 def _noun(flag: str) -> str:

@@ -45,11 +45,12 @@ from calibrators import TensorStatistics, calibrate_array, get_calibrator
 from ops.registry import op_of, weight_role
 from ptq.core.graph import Graph, Node, load_model
 from ptq.core.qparams import QParams
+from ptq.option_defaults import INT4_DSP_SCHEME
 from ptq.weight_tensors import weight_tensors
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry
 from ptq.weight_scale_floor import floor_weight_scales
 
-SCHEME = "int4-dsp"
+SCHEME = INT4_DSP_SCHEME
 NARROW_BITS = 4  # weights and activations on the DSP lanes
 WIDE_BITS = 8  # Add groups and graph outputs
 OFFSET_BINARY_ZP = 1 << (NARROW_BITS - 1)  # a signed 4-bit tensor stored as uint4: code = int4 + 8
@@ -189,7 +190,7 @@ def _activation_range(calibrator, stats: TensorStatistics, name: str, bits: int,
 def activation_entries(graph: Graph, stats: dict[str, TensorStatistics], options: CalibrationOptions,
                        bounds: dict[str, tuple[float, float]]) -> dict[str, TensorEntry]:
     """8-bit entries for the share groups (one scale per group) and the graph outputs, 4-bit (uint4) for the
-    rest; `bounds` are the Relu/Clip folds (`ptq.pipeline.folded_ranges`)."""
+    rest; `bounds` are the Relu/Clip folds (`ptq.clip_ranges.folded_ranges`)."""
     calibrator = get_calibrator(options.calibrator).for_grid(True)
     groups = share_groups(graph)
     grouped = {t for group in groups for t in group}

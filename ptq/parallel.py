@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Protocol, Sequence, Union
 
-from ptq.images import ImageLog
+from ptq.image_log import ImageLog
 
 DEFAULT_POOL_RESTARTS = 3
 # small shards balance the load (the run ends when the last shard does) and re-run little after a crash; a

@@ -25,22 +25,19 @@ from ptq import adjust, int4_dsp
 from ptq.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
 from ptq.atomic import atomic_write_bytes
 from ptq.float_run import collect_statistics, image_input
-from ptq.core.graph import Graph, Node, load_model
+from ptq.clip_ranges import folded_ranges
+from ptq.core.graph import Graph, load_model
 from ptq.images import ImageLog, InputSpec, Preprocess, iter_batches
 from ptq.parallel import QuietLog, choose_workers
 from ptq.samples import ArrayFormat, ImageFormat, SampleSource, iter_sample_batches, iter_samples
 from ptq.qdq_check import CHECK_SAMPLES, QDQCheck, QDQCheckError, check_qdq
 from ptq.qdq_export import DEFAULT_TARGET, export_qdq, get_target
 from ptq.core.qparams import compute_qparams
+from ptq.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
-from ops.registry import op_of
 from ptq.weight_scale_floor import floor_weight_scales
 from ptq.weight_tensors import weight_tensors
 
-DEFAULT_CALIBRATOR = "extrema"
-DEFAULT_WEIGHT_CALIBRATOR = "extrema"
-DEFAULT_SCHEME = "default"
-SCHEMES = (DEFAULT_SCHEME, int4_dsp.SCHEME)
 _FREE_DEFAULTS = dict(bits=8, weight_bits=8, symmetric=False, weight_symmetric=True, narrow=False,
                       weight_narrow=True, pow2=False)
 
@@ -153,27 +150,6 @@ def collect_image_statistics(
         where = images.location if isinstance(images, SampleSource) else images
         raise ValueError(f"no valid image in {where} ({len(log.skipped)} files skipped)")
     return stats, log
-
-
-def folded_ranges(graph: Graph) -> dict[str, tuple[float, float]]:
-    """Tensors whose every consumer clamps them to a constant interval (an op with a `clip_range`: Relu,
-    Clip with constant bounds) -> the union of those intervals."""
-    consumers = graph.consumers()
-    outputs = set(graph.outputs)
-    bounds = {}
-    for name in graph.activations:
-        users = consumers.get(name, [])
-        if not users or name in outputs:
-            continue
-        spans = [_clip_span(graph, node) if node.inputs[0] == name else None for node in users]
-        if all(s is not None for s in spans):
-            bounds[name] = (min(s[0] for s in spans), max(s[1] for s in spans))
-    return bounds
-
-
-def _clip_span(graph: Graph, node: Node) -> Optional[tuple[float, float]]:
-    op = op_of(node)
-    return op.clip_range(node, graph.constant_lookup(node)) if op is not None else None
 
 
 def activation_entries(

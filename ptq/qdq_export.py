@@ -31,7 +31,6 @@ the integer products ptq's integer run computes. See docs/qdq_targets.md.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Union
 
 import numpy as np
@@ -43,44 +42,10 @@ from ptq.core.qparams import QParams
 from ptq.quant_table import QuantTable
 from ops.registry import bias_role, weight_role
 from ptq.core.bias import bias_scale, quantize_bias
+from ptq.qdq_targets import DEFAULT_TARGET, QDQTarget, get_target
 
 MS_DOMAIN = "com.microsoft"
 UNSIGNED_SHIFT = 128  # int8 code q is stored as uint8 q + 128, its zero point zp as zp + 128
-
-
-@dataclass(frozen=True)
-class QDQTarget:
-    """A runtime the QDQ model is meant for and the storage that keeps its arithmetic exact there."""
-
-    name: str
-    description: str
-    unsigned_weights: bool  # 8-bit signed weights stored as uint8, codes and zero point + 128 (same values)
-    unsigned_activations: bool  # the same for 8-bit signed activations
-
-
-QDQ_TARGETS = {
-    t.name: t
-    for t in (
-        QDQTarget("ort-cpu", "onnxruntime's CPU provider on any CPU: 8-bit weights and activations stored as "
-                             "uint8 (zero point + 128, same values); its fused uint8 x uint8 kernels do not "
-                             "saturate", True, True),
-        QDQTarget("ort-cpu-vnni", "onnxruntime's CPU provider on an x86 CPU with VNNI (avx512_vnni, avx_vnni): "
-                                  "uint8 activations, int8 weights (faster uint8 x int8 kernels, which saturate "
-                                  "without VNNI)", False, True),
-        QDQTarget("none", "codes stored as the table has them (int8 weights), for any other runtime", False, False),
-    )
-}
-DEFAULT_TARGET = "ort-cpu"
-
-
-def get_target(target: Union[str, QDQTarget]) -> QDQTarget:
-    """A target by name (case-insensitive) or as given."""
-    if isinstance(target, QDQTarget):
-        return target
-    found = QDQ_TARGETS.get(str(target).lower())
-    if found is None:
-        raise ValueError(f"unknown QDQ target {target!r}; available: {', '.join(QDQ_TARGETS)}")
-    return found
 
 
 def _container_range(qp: QParams) -> tuple[int, int]:

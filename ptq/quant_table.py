@@ -122,11 +122,11 @@ def _fingerprint(values: list) -> str:
 
 
 def _range_fingerprint(lo, hi, bits: int) -> str:
-    return _fingerprint([[float(v) for v in lo], [float(v) for v in hi], int(bits)])
+    return _fingerprint([list(map(float, lo)), list(map(float, hi)), int(bits)])
 
 
 def _grid_fingerprint(scale, zero_point, signed: bool, narrow: bool) -> str:
-    return _fingerprint([[float(v) for v in scale], [float(z) for z in zero_point], bool(signed), bool(narrow)])
+    return _fingerprint([list(map(float, scale)), list(map(float, zero_point)), bool(signed), bool(narrow)])
 
 
 @dataclass(frozen=True, eq=False)
@@ -244,6 +244,9 @@ class _EntryReader:
         values = value if isinstance(value, list) else [value]
         if not values:
             raise self.fail(f"{key!r} is empty; {fix}")
+        types = set(map(type, values))  # the check of every value at numpy's speed (a table holds 10^5 numbers)
+        if types <= {int, float} and (float not in types or np.isfinite(np.asarray(values, float)).all()):
+            return values
         for v in values:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise self.fail(f"{key!r} must hold finite numbers, got {v!r}; {fix}")
@@ -290,8 +293,9 @@ class _EntryReader:
     def grid(self, channels: int, bits: int, signed: bool, narrow: bool) -> tuple[np.ndarray, np.ndarray]:
         """The written scale (as float64, unrounded) and zero point, validated against the bits."""
         scale = np.asarray(self.numbers("scale", f"give the step between codes, {RECOMPUTE_FIX}"), float)
-        zp = np.asarray([self.integer("zero_point", z, "codes are integers: round it")
-                         for z in self.numbers("zero_point", f"give one integer per channel, {RECOMPUTE_FIX}")])
+        zp = self.numbers("zero_point", f"give one integer per channel, {RECOMPUTE_FIX}")
+        zp = np.asarray(zp if set(map(type, zp)) == {int} else  # as written by ptq: no value to check
+                        [self.integer("zero_point", z, "codes are integers: round it") for z in zp])
         for key, n in (("scale", scale.size), ("zero_point", zp.size)):
             if n != channels:
                 raise self.fail(f"{key!r} has {n} values, 'min'/'max' have {channels} (one per channel); give one "

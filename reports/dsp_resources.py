@@ -26,11 +26,10 @@ from dsp.plan import plan_dot
 from ops.backend import NumpyBackend
 from ptq.core.graph import Graph
 from ptq.executor import prepare
+from ptq.option_defaults import DEFAULT_CLOCK_MHZ, DEFAULT_DSPS
 from ptq.quant_table import QuantTable
 
 SCHEMES = ("int8", "int4")
-DEFAULT_DSPS = 2520  # every DSP48E2 slice of the ZCU102's XCZU9EG (the WP521 evaluation board)
-DEFAULT_CLOCK_MHZ = 300.0  # WP521's 4-bit XDPU clock
 
 
 @dataclass(frozen=True)

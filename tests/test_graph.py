@@ -132,3 +132,40 @@ def test_parse_input_shapes():
     for bad in ("input", "input:1,x", "input:0,3", ":1"):
         with pytest.raises(ValueError, match="input-shape"):
             parse_input_shapes([bad])
+
+
+def _rounds_reference(nodes, available):
+    """The node order by rounds, computed the obvious quadratic way: each round, in file order, every pending
+    node whose inputs are ready at the start of the round."""
+    ordered, pending, ready = [], list(nodes), set(available)
+    while pending:
+        progress = [n for n in pending if all(i == "" or i in ready for i in n.input)]
+        if not progress:
+            return None
+        ordered += progress
+        for n in progress:
+            ready.update(n.output)
+        pending = [n for n in pending if all(n is not p for p in progress)]
+    return ordered
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_toposort_orders_nodes_in_rounds_of_file_order(seed):
+    """Random DAGs (repeated and empty inputs, several outputs, nodes in shuffled file order): the order equals
+    the round-by-round reference; a cycle or an undefined input is an error naming the tensor."""
+    from ptq.core.graph import _toposort
+
+    rng = np.random.default_rng(seed)
+    tensors, nodes = ["x", "w"], []
+    for k in range(int(rng.integers(1, 60))):
+        ins = [str(t) for t in rng.choice(tensors, size=int(rng.integers(1, 4)))] + [""] * int(rng.integers(0, 2))
+        outs = [f"t{k}_{j}" for j in range(int(rng.integers(1, 3)))]
+        nodes.append(helper.make_node("Op", ins, outs, name=f"n{k}"))
+        tensors += outs
+    shuffled = [nodes[k] for k in rng.permutation(len(nodes))]
+    assert [n.name for n in _toposort(shuffled, {"x", "w"})] == [n.name for n in _rounds_reference(shuffled, {"x", "w"})]
+    looped = shuffled + [helper.make_node("Op", ["x", "late"], ["early"]), helper.make_node("Op", ["early"], ["late"])]
+    with pytest.raises(ModelError, match=r"cycle or undefined tensors: \['early', 'late'\]"):
+        _toposort(looped, {"x", "w"})
+    with pytest.raises(ModelError, match=r"undefined tensors: \['nowhere'\]"):
+        _toposort(shuffled + [helper.make_node("Op", ["nowhere"], ["y"])], {"x", "w"})

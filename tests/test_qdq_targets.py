@@ -18,7 +18,8 @@ from onnx import helper, numpy_helper
 
 from ptq.core.graph import load_model
 from ptq.core.qparams import QParams
-from ptq.qdq_export import DEFAULT_TARGET, QDQ_TARGETS, export_qdq, get_target
+from ptq.qdq_export import export_qdq
+from ptq.qdq_targets import DEFAULT_TARGET, QDQ_TARGETS, get_target
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry
 from test_graph import vi
 from tiny_models import make_model

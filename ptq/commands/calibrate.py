@@ -9,15 +9,11 @@ HELP = "calibrate a model on images or --data samples; write <stem>.quant.json a
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from calibrators.registry import describe_calibrators
-    from ptq.pipeline import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
-    from ptq.qdq_export import DEFAULT_TARGET, QDQ_TARGETS
+    from ptq.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
+    from ptq.qdq_targets import DEFAULT_TARGET, QDQ_TARGETS
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = "calibrators (names are case-insensitive; a number in front sets the parameter):\n" + "\n".join(
-        f"  {line}" for line in describe_calibrators())
-    parser.epilog += "\n\nQDQ targets (--target):\n" + "\n".join(
-        f"  {t.name:13s} {t.description}" for t in QDQ_TARGETS.values())
+    parser.epilog = epilog  # a function: the calibrators are imported only when the help is printed
 
     parser.add_argument("model", help="the float ONNX model (never modified)")
     parser.add_argument("--out", default=".", help="output folder (created if needed; default: .)")
@@ -64,6 +60,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     qdq.add_argument("--no-check", action="store_true",
                      help="do not run the QDQ model in onnxruntime (optimizations off and on) after calibration")
     add_data_arguments(parser, labels=False)
+
+
+def epilog() -> str:
+    """The calibrators (their names and what range each gives) and the QDQ targets."""
+    from calibrators.registry import describe_calibrators
+    from ptq.qdq_targets import QDQ_TARGETS
+
+    return ("calibrators (names are case-insensitive; a number in front sets the parameter):\n"
+            + "\n".join(f"  {line}" for line in describe_calibrators())
+            + "\n\nQDQ targets (--target):\n"
+            + "\n".join(f"  {t.name:13s} {t.description}" for t in QDQ_TARGETS.values()))
 
 
 CALIBRATION_FLAGS = ("out", "calibrator", "weight_calibrator", "bits", "weight_bits", "symmetric", "weight_asymmetric",

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from ptq.data_options import DataOptions
-from ptq.images import LAYOUTS
+from ptq.option_defaults import LAYOUTS
 from ptq.parallel import add_parallel_arguments
 
 PARALLEL = ("workers", "ray")
@@ -49,4 +48,6 @@ def add_data_arguments(parser: argparse.ArgumentParser, *, labels: bool = True) 
 
 def data_kwargs(args: argparse.Namespace) -> dict:
     """The shared options the command was given, as keyword arguments for `ptq.api`."""
+    from ptq.data_options import DataOptions
+
     return {f.name: getattr(args, f.name) for f in fields(DataOptions) if hasattr(args, f.name)}

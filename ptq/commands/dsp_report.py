@@ -16,7 +16,7 @@ HELP = "per-layer packed-DSP48E2 cost (int8 and int4 side by side), layers ranke
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from reports.dsp_resources import DEFAULT_CLOCK_MHZ, DEFAULT_DSPS
+    from ptq.option_defaults import DEFAULT_CLOCK_MHZ, DEFAULT_DSPS
 
     parser.add_argument("model", help="the float ONNX model")
     parser.add_argument("--quant", required=True, help="the quantization table (.quant.json) from `ptq calibrate`")

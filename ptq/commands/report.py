@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from ptq.api import DEFAULT_ISOLATED_IMAGES
+from ptq.option_defaults import DEFAULT_ISOLATED_IMAGES
 from ptq.commands.data_options import add_data_arguments, data_kwargs
 
 HELP = "compare the integer graph with the float model layer by layer and rank the bottlenecks"

@@ -148,16 +148,33 @@ def _set_input_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple]) ->
 
 
 def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
-    ordered, pending, ready = [], list(nodes), set(available)
-    while pending:
-        progress = [n for n in pending if all(i == "" or i in ready for i in n.input)]
-        if not progress:
-            missing = sorted({i for n in pending for i in n.input if i and i not in ready})
-            raise ModelError(f"graph has a cycle or undefined tensors: {missing[:5]}")
-        for n in progress:
-            ordered.append(n)
-            ready.update(n.output)
-        pending = [n for n in pending if not any(n is p for p in progress)]
+    """The nodes in rounds: each round, in file order, the pending nodes whose inputs the rounds before it
+    (or `available`) produced. Linear in the graph: a node waits on a count of its distinct missing inputs."""
+    ready = set(available)
+    waiting = [{i for i in n.input if i and i not in ready} for n in nodes]
+    consumers: dict[str, list[int]] = {}
+    for k, missing in enumerate(waiting):
+        for name in missing:
+            consumers.setdefault(name, []).append(k)
+    counts = [len(missing) for missing in waiting]
+    ordered, current = [], [k for k, c in enumerate(counts) if c == 0]
+    while current:
+        nxt = []
+        for k in current:
+            ordered.append(nodes[k])
+            for out in nodes[k].output:
+                if out in ready:
+                    continue
+                ready.add(out)
+                for c in consumers.get(out, ()):
+                    counts[c] -= 1
+                    if counts[c] == 0:
+                        nxt.append(c)
+        current = sorted(nxt)
+    if len(ordered) < len(nodes):
+        pending = [n for k, n in enumerate(nodes) if counts[k]]
+        missing = sorted({i for n in pending for i in n.input if i and i not in ready})
+        raise ModelError(f"graph has a cycle or undefined tensors: {missing[:5]}")
     return ordered
 
 
@@ -236,8 +253,9 @@ def load_model(
     if input_shapes:
         _set_input_shapes(model, input_shapes)
     try:
-        onnx.checker.check_model(model)
-        model = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+        serialized = model.SerializeToString()  # once for both (each would serialize the model itself)
+        onnx.checker.check_model(serialized)
+        model = shape_inference.infer_shapes(serialized, strict_mode=True, data_prop=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise ModelError(f"invalid ONNX model: {_one_line(exc)}") from exc
 
