@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 from ptq.core.graph import Graph
 from ptq.executor import IntegerGraph, prepare
 from ptq.float_run import FloatRunner
-from ptq.pipeline import folded_ranges
+from ptq.clip_ranges import folded_ranges
 from ptq.quant_table import QuantTable
 from reports.evaluation import Evaluation
 from reports.float_reference import float_reference
