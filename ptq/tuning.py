@@ -2,27 +2,34 @@
 
 The tuning samples are split (`ptq.tune_data`): what is estimated from data (activation statistics, bias
 correction's mean input patches, the bottleneck ranking) comes from the fit part; every decision (keep a
-step, stop, prune) is taken on the validation part, against the user's float model. The target is reached
-when the validation mean minus `z` standard errors of it is at least `target + margin` (a table chosen on
-some images scores lower on others). Candidates, in order of expected gain per cost, each kept only if it
-raises the validation mean by at least `min_gain`:
+step, stop, prune) is taken on the validation part, against the user's float model, each validation photo
+with its label-free views (`ptq.views`). The target is reached when the validation mean minus `z` standard
+errors over the photos is at least `target + margin` (`ptq.tune_data`: what that bound estimates and why
+over photos). Candidates, in order of expected gain per cost, each kept only if it raises the validation
+mean by at least `min_gain`:
 
 1. per-channel weights (when the table is per-tensor): free at run time on most accelerators;
 2. a better activation range: every activation recalibrated with each of `range_calibrators` on the fit
    samples (one statistics pass), then each activation's own choice by the per-tensor search
    (`ptq.range_search`, with `range_search`), the best kept. No percentile for the whole graph: a tail
    fitted to a few images clips others;
-3. 16 bits, groups first (the outputs of all depthwise Convs, then the weights of all depthwise Convs, then
-   every other weight), then single activations in the order of the report's bottleneck ranking, within
-   `budget_int16` tensors (activations and weights count alike);
+3. 16 bits, within `budget_int16` tensors (activations and weights count alike), groups first: the outputs
+   of all depthwise Convs, then every activation, then the weights of all depthwise Convs, then every other
+   weight (activations first: measured on the bundled model, every activation in 16 bits halves the logits
+   error on photos and their views, 0.0032 -> 0.0014, every weight in 16 bits does not reach that); then, when
+   a group does not fit the budget, single activations in the order of the report's bottleneck ranking. A
+   16-bit activation takes its extrema range on the fit samples (`wide_activations`), not the range step's
+   clipped one;
 4. float, a layer at a time in the ranking's order, only with `allow_float` > 0 (the last resort); the tuned
    table marks the kept ones float (`"float": true`), so it runs them in float by itself;
-5. once the target is reached, each kept 16-bit step but the last is undone, latest first, if the target
-   stays reached without it; a group that cannot go (the last one included) is then tried tensor by tensor
-   (`prune`).
+5. once the target is reached, the fewest 16-bit tensors that keep it (`minimize`): the 16-bit tensors are
+   ordered by the bottleneck ranking of the 8-bit layers (isolated errors on the fit samples: the layers
+   that lose most first) and the shortest head of that order that still reaches the goal is found by
+   bisection on its length, the others going back to their 8-bit entries: log2(n) validation passes rather
+   than n, and exact when reaching the goal is monotone in the length (more 16-bit tensors, less error).
 
 A table calibrated with bias correction has biases corrected for its weight grids; a step that changes a
-weight's grid (per-channel, 16 bits, and the undoing in `prune`) re-corrects that layer's bias for the new
+weight's grid (per-channel, 16 bits, and the undoing in `minimize`) re-corrects that layer's bias for the new
 grid (`ptq.bias_correction.recorrected_biases`), so the tuned graph is returned with the tuned table.
 """
 from __future__ import annotations
@@ -40,7 +47,7 @@ from ptq.quant_table import QuantTable
 from ptq.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
 from ptq.range_search import candidate_entries, search_ranges
 from ptq.table_edit import with_float
-from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_Z
+from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
 from ptq.tune_data import Samples, Score, Validation, split_samples
 from ptq.weight_scale_floor import floor_weight_scales
 from reports.build import build_report
@@ -76,12 +83,13 @@ class TuneResult:
     target: float
     margin: float
     z: float
-    validation_samples: int
+    validation_samples: int  # photos (or samples), each with `views` views
     steps: list[TuneStep]
     int16_tensors: list[str]
     float_nodes: list[str]
     table_path: Optional[Path] = None  # where `ptq.tune` wrote the tuned table and the record of the steps
     record_path: Optional[Path] = None
+    views: list[str] = field(default_factory=list)  # of each validation photo (`ptq.views`); none: samples as read
 
     @property
     def cosine(self) -> float:
@@ -97,7 +105,8 @@ class TuneResult:
 
     def to_dict(self) -> dict:
         return {"target_cosine": self.target, "margin": self.margin, "z": self.z,
-                "validation_samples": self.validation_samples, "baseline_cosine": self.baseline.mean,
+                "validation_samples": self.validation_samples, "views": self.views,
+                "baseline_cosine": self.baseline.mean,
                 "cosine": self.cosine, "cosine_sem": self.score.sem, "reached": self.reached,
                 "int16_tensors": self.int16_tensors, "float_nodes": self.float_nodes,
                 "steps": [s.to_dict() for s in self.steps]}
@@ -106,7 +115,9 @@ class TuneResult:
         goal = f"mean - {self.z:g} sem {self.score.bound(self.z):.5f} vs target {self.target}"
         if self.margin:
             goal += f" + margin {self.margin}"
-        lines = [f"validation cosine ({self.validation_samples} held-out samples) {self.baseline.mean:.5f} -> "
+        held = (f"{self.validation_samples} held-out photos x {len(self.views)} views" if self.views
+                else f"{self.validation_samples} held-out samples")
+        lines = [f"validation cosine ({held}) {self.baseline.mean:.5f} -> "
                  f"{self.cosine:.5f} +- {self.score.sem:.5f} ({goal}: {'reached' if self.reached else 'NOT reached'})"]
         for s in self.steps:
             lines.append(f"  {'kept   ' if s.kept else 'dropped'} {s.change}: {s.cosine:.5f} ({s.gain:+.5f})")
@@ -193,6 +204,49 @@ def with_weight_bits(graph: Graph, table: QuantTable, weights: Sequence[str], bi
     return dataclasses.replace(table, tensors=tensors)
 
 
+def wide_activations(graph: Graph, table: QuantTable, stats: dict, names: Sequence[str], bits: int = 16) -> QuantTable:
+    """The table with the listed activations at `bits` on their extrema range over `stats`: a range fitted to
+    clip for 8 bits (mse, kld, the search) would keep its clipping error at 16 bits, where rounding costs
+    256 times less and clipping values no fit image reached is the only error left."""
+    from ptq.pipeline import activation_entries
+
+    options = dataclasses.replace(table.options, calibrator="extrema")
+    entries = activation_entries(graph, stats, options)
+    tensors = dict(table.tensors)
+    tensors.update({n: entries[n] for n in names})
+    return with_bits(dataclasses.replace(table, tensors=tensors), names, bits)
+
+
+def layer_outputs(graph: Graph) -> dict[str, str]:
+    """Weight -> the tensor its layer writes once fused (through a single-consumer Relu/Clip), the name the
+    bottleneck ranking gives the layer."""
+    consumers = graph.consumers()
+    out = {}
+    for node in graph.nodes:
+        for w in node.inputs[1:2]:
+            if w not in graph.initializers:
+                continue
+            name = node.outputs[0]
+            users = consumers.get(name, [])
+            if len(users) == 1 and users[0].op_type in ("Relu", "Clip") and name not in graph.outputs:
+                name = users[0].outputs[0]
+            out[w] = name
+    return out
+
+
+def by_ranking(names: Sequence[str], ranking: Sequence[str], graph: Graph) -> list[str]:
+    """`names` most useful in 16 bits first: by the ranking's position of the tensor (a weight: of its layer's
+    output), activations before weights at equal position, the unranked last in their given order."""
+    position = {n: k for k, n in enumerate(ranking)}
+    layer = layer_outputs(graph)
+
+    def key(item):
+        k, name = item
+        return (position.get(layer.get(name, name), len(position)), name in layer, k)
+
+    return [n for _, n in sorted(enumerate(names), key=key)]
+
+
 @dataclass
 class _State:
     table: QuantTable
@@ -211,6 +265,8 @@ class _Tuner:
         self.original = table
         self.steps: list[TuneStep] = []
         self._patches: Optional[dict] = None
+        self.stats: Optional[dict] = None  # activation statistics of the fit samples, once collected
+        self.saved: dict = {}  # the entry each 16-bit tensor had before it was widened
         self.state = _State(table, graph, self.measure(graph, table))
 
     def measure(self, graph: Graph, table: QuantTable, float_layers: Sequence[str] = ()) -> Score:
@@ -251,16 +307,29 @@ class _Tuner:
             self.state = _State(table, graph, score, state.int16 + list(int16), state.float_layers + list(float_layers))
         return kept
 
-    def narrowed(self, names: Sequence[str]) -> tuple[QuantTable, list[str]]:
-        """The current table with `names` back at the original bit widths, and the weights among them."""
+    def widened(self, names: Sequence[str]) -> tuple[QuantTable, list[str]]:
+        """The current table with `names` in 16 bits (activations on their extrema range, see
+        `wide_activations`), and the weights among them."""
         acts = [n for n in names if self.original.tensors[n].kind == "activation"]
         weights = [n for n in names if self.original.tensors[n].kind == "weight"]
         table = self.state.table
+        for n in names:
+            self.saved.setdefault(n, table.tensors[n])
         if acts:
-            table = with_bits(table, acts, self.original.options.bits)
+            if self.stats is None:
+                self.stats = fit_statistics(self.state.graph, self.fit, ["extrema"])
+            table = wide_activations(self.state.graph, table, self.stats, acts)
         if weights:
-            table = with_weight_bits(self.state.graph, table, weights, self.original.options.weight_bits)
+            table = with_weight_bits(self.state.graph, table, weights, 16)
         return table, weights
+
+    def narrowed(self, names: Sequence[str]) -> tuple[QuantTable, list[str]]:
+        """The current table with `names` back at the entries they had before they were widened, and the
+        weights among them."""
+        tensors = dict(self.state.table.tensors)
+        tensors.update({n: self.saved[n] for n in names})
+        weights = [n for n in names if self.original.tensors[n].kind == "weight"]
+        return dataclasses.replace(self.state.table, tensors=tensors), weights
 
     def undo(self, label: str, names: list[str]) -> bool:
         """Put `names` back to the original widths if the validation cosine stays at the goal."""
@@ -276,81 +345,89 @@ class _Tuner:
                                 self.state.float_layers)
         return kept
 
-    def prune(self) -> None:
-        """Module docstring, item 5."""
-        for k, step in enumerate([s for s in self.steps if s.kept and s.int16][::-1]):
-            names = [n for n in step.int16 if n in self.state.int16]
-            if k > 0 and names and self.undo(step.change, names):
-                continue
-            if len(names) > 1:
-                for name in names:
-                    self.undo(name, [name])
+    def minimize(self, ranking: Sequence[str]) -> None:
+        """Module docstring, item 5: the shortest head of the 16-bit tensors ordered `by_ranking` that keeps
+        the goal, by bisection on its length (`high` tensors reach it, `low` do not: try the middle)."""
+        order = by_ranking(self.state.int16, ranking, self.state.graph)
+        low, high = (-1 if self.state.float_layers else 0), len(order)  # without float layers, 0 did not reach
+        while high - low > 1:
+            mid = (low + high) // 2
+            if self.undo(f"all but the {mid} most useful of {len(order)} 16-bit tensors", order[mid:high]):
+                high = mid
+            else:
+                low = mid
 
 
 def tune(graph: Graph, table: QuantTable, images: Samples, target: float, *, budget_int16: int = 8,
          allow_float: int = 0, validation: Optional[Samples] = None, reference: Optional[Graph] = None,
          validation_fraction: float = DEFAULT_VALIDATION_FRACTION, margin: float = DEFAULT_MARGIN, z: float = DEFAULT_Z,
          range_calibrators: Sequence[str] = DEFAULT_RANGE_CALIBRATORS, range_search: bool = True,
-         min_gain: float = 1e-5, progress: bool = False) -> TuneResult:
+         min_gain: float = 1e-5, views: Sequence[str] = DEFAULT_VIEWS, progress: bool = False) -> TuneResult:
     """See the module docstring. `images`: the tuning samples, split into fit and validation parts unless
     `validation` is given (then all of `images` is fitted on). `reference`: the float model the cosine is
-    measured against (default `graph`; pass the user's model when `graph` holds adjusted weights).
-    `progress`: a progress bar per pass over the samples."""
+    measured against (default `graph`; pass the user's model when `graph` holds adjusted weights). `views`: the
+    views (`ptq.views`) each validation image enters with (`ptq.tune_data`: image files only). `progress`: a
+    progress bar per pass over the samples."""
     if validation is None:
         fit, validation = split_samples(images, validation_fraction)
     else:
         fit = images
-    check = Validation.create(reference or graph, validation, progress=progress)
+    check = Validation.create(reference or graph, validation, progress=progress, views=views)
     tuner = _Tuner(graph, table, fit, check, target + margin, z, min_gain)
     baseline = tuner.state.score
-    logger.info("validation cosine on %d samples: %.5f +- %.5f (goal: mean - %g sem >= %.5f)", len(check),
+    logger.info("validation cosine on %d samples (%d photos): %.5f +- %.5f (goal: mean - %g sem >= %.5f)", len(check),
+                check.photos,
                 baseline.mean, baseline.sem, z, tuner.goal)
     if not tuner.done() and not table.options.per_channel:
         weights = [n for n, e in table.tensors.items() if e.kind == "weight"]
         tuner.attempt("per-channel weights", per_channel_weights(graph, tuner.state.table), weights=weights)
     if not tuner.done() and (range_calibrators or range_search):
         searched = list(RANGE_SEARCH_CANDIDATES) if range_search else []
-        stats = fit_statistics(tuner.state.graph, fit, list(range_calibrators) + searched)
+        stats = fit_statistics(tuner.state.graph, fit, list(range_calibrators) + searched + ["extrema"])
+        tuner.stats = stats  # also the extrema ranges of 16-bit activations
         for name in range_calibrators:
             if tuner.done():
                 break
             tuner.attempt(f"activation ranges: {name}", recalibrated(tuner.state.graph, tuner.state.table, stats, name))
         if range_search and not tuner.done():
             tuner.attempt("activation ranges: per-tensor search", searched_table(tuner.state, stats, fit))
-    activations = {n for n, e in table.tensors.items() if e.kind == "activation"}
+    activations = [n for n, e in table.tensors.items() if e.kind == "activation"]
+    weights = [n for n, e in table.tensors.items() if e.kind == "weight"]
+    ranking = []
+    if not tuner.done() and (budget_int16 > 0 or allow_float > 0):  # of the 8-bit layers, on the fit samples
+        ev = evaluate(tuner.state.graph, tuner.state.table, fit, isolated=True, isolated_images=RANKING_IMAGES,
+                      desc="ranking", progress=progress)
+        ranking = [b.name for b in build_report(ev, "", "").bottlenecks]
 
     def room(names: Sequence[str]) -> bool:
         return bool(names) and len(tuner.state.int16) + len(names) <= budget_int16 and not tuner.done()
 
-    fresh = [t for t in depthwise_outputs(graph) if t in activations]
-    if room(fresh):
-        tuner.attempt(f"int16: all depthwise outputs ({len(fresh)})", with_bits(tuner.state.table, fresh, 16),
-                      int16=fresh)
-    for label, names in (("all depthwise Convs", depthwise_weights(graph)),
-                         ("every other weight", [n for n, e in table.tensors.items() if e.kind == "weight"])):
-        names = [w for w in names if w in table.tensors and w not in tuner.state.int16]
+    def widen(label: str, names: Sequence[str]) -> None:
+        table16, moved = tuner.widened(names)
+        tuner.attempt(label, table16, int16=names, weights=moved)
+
+    depthwise = set(depthwise_weights(graph))
+    for label, group in (("all depthwise outputs", [t for t in depthwise_outputs(graph) if t in activations]),
+                         ("every activation", activations),
+                         ("weights of all depthwise Convs", [w for w in weights if w in depthwise]),
+                         ("every other weight", weights)):
+        names = [n for n in group if n not in tuner.state.int16]
         if room(names):
-            tuner.attempt(f"int16 weights: {label} ({len(names)})",
-                          with_weight_bits(tuner.state.graph, tuner.state.table, names, 16), int16=names, weights=names)
-    ranking = []
-    if not tuner.done() and (budget_int16 > len(tuner.state.int16) or allow_float > 0):
-        ev = evaluate(tuner.state.graph, tuner.state.table, fit, isolated=True, isolated_images=RANKING_IMAGES,
-                      desc="ranking", progress=progress)
-        ranking = [b.name for b in build_report(ev, "", "").bottlenecks]
+            widen(f"int16: {label} ({len(names)})", names)
     for name in ranking:
         if tuner.done() or len(tuner.state.int16) >= budget_int16:
             break
         if name in activations and name not in tuner.state.int16:
-            tuner.attempt(f"int16: {name}", with_bits(tuner.state.table, [name], 16), int16=[name])
+            widen(f"int16: {name}", [name])
     for name in ranking:
         if tuner.done() or len(tuner.state.float_layers) >= allow_float:
             break
         if name not in tuner.state.float_layers and name not in graph.inputs:
             tuner.attempt(f"float: {name}", tuner.state.table, float_layers=[name])
-    if tuner.done():
-        tuner.prune()
+    if tuner.done() and tuner.state.int16:
+        tuner.minimize(ranking)
     state = tuner.state
     nodes = float_node_names(prepare(state.graph, state.table), state.float_layers) if state.float_layers else []
     tuned = with_float(state.table, state.float_layers)  # the table runs its float layers by itself
-    return TuneResult(tuned, state.graph, baseline, state.score, target, margin, z, len(check), tuner.steps,
-                      list(state.int16), nodes)
+    return TuneResult(tuned, state.graph, baseline, state.score, target, margin, z, check.photos, tuner.steps,
+                      list(state.int16), nodes, views=list(views) if check.groups is not None else [])
