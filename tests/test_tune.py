@@ -211,3 +211,17 @@ def test_minimize_finds_the_shortest_head_of_the_ranking_that_reaches_by_bisecti
     assert tuner.done()
     for n in acts:  # the others are back at their saved 8-bit entries
         assert tuner.state.table.tensors[n] == (wide if n in tuner.state.int16 else table).tensors[n]
+
+
+def test_the_cli_takes_views_by_name_or_none_and_rejects_unknown_ones(tmp_path, capsys):
+    model_path, table_path = setup(tmp_path, per_channel=True, bits=8)
+    base = ["tune", str(model_path), "--quant", str(table_path), "--images", str(tmp_path / "img"),
+            "--target-cosine", "0.5"]
+    assert main(base + ["--views", "photo,sepia"]) == 2
+    assert "unknown --views sepia" in capsys.readouterr().err
+    assert main(base + ["--views", "photo, mirror"]) == 0
+    record = json.loads((tmp_path / "out" / "chain.tune.json").read_text())
+    assert record["views"] == ["photo", "mirror"] and record["validation_samples"] == 2
+    assert "2 held-out photos x 2 views" in capsys.readouterr().out
+    assert main(base + ["--views", "none"]) == 0
+    assert json.loads((tmp_path / "out" / "chain.tune.json").read_text())["views"] == []
