@@ -247,6 +247,20 @@ def by_ranking(names: Sequence[str], ranking: Sequence[str], graph: Graph) -> li
     return [n for _, n in sorted(enumerate(names), key=key)]
 
 
+def layer_units(graph: Graph, table: QuantTable, ranking: Sequence[str]) -> list[list[str]]:
+    """The layers as 16-bit units, the ranking's order (the unranked last, in graph order): each the tensor
+    the layer writes (its name in the ranking) with the weight of the layer, those of them in `table`."""
+    weight_of = {out: w for w, out in layer_outputs(graph).items()
+                 if w in table.tensors and table.tensors[w].kind == "weight"}
+    names = list(dict.fromkeys(list(ranking) + [n for n, e in table.tensors.items() if e.kind == "activation"]))
+    units = []
+    for name in names:
+        unit = [n for n in (name, weight_of.get(name)) if n is not None and n in table.tensors]
+        if unit:
+            units.append(unit)
+    return units
+
+
 @dataclass
 class _State:
     table: QuantTable
@@ -345,17 +359,44 @@ class _Tuner:
                                 self.state.float_layers)
         return kept
 
-    def minimize(self, ranking: Sequence[str]) -> None:
-        """Module docstring, item 5: the shortest head of the 16-bit tensors ordered `by_ranking` that keeps
-        the goal, by bisection on its length (`high` tensors reach it, `low` do not: try the middle)."""
-        order = by_ranking(self.state.int16, ranking, self.state.graph)
-        low, high = (-1 if self.state.float_layers else 0), len(order)  # without float layers, 0 did not reach
+    def bisect(self, units: Sequence[Sequence[str]], label: str) -> None:
+        """The shortest head of `units` (groups of 16-bit tensors, most useful first) that keeps the goal, the
+        rest back at their entries before widening, by bisection on its length (`high` units reach it, `low`
+        do not: try the middle). The current state has every unit in 16 bits; without float layers, no unit
+        did not reach."""
+        low, high = (-1 if self.state.float_layers else 0), len(units)
         while high - low > 1:
             mid = (low + high) // 2
-            if self.undo(f"all but the {mid} most useful of {len(order)} 16-bit tensors", order[mid:high]):
+            names = [n for unit in units[mid:high] for n in unit]
+            if self.undo(f"all but the {mid} most useful of {len(units)} {label}", names):
                 high = mid
             else:
                 low = mid
+
+    def minimize(self, ranking: Sequence[str]) -> None:
+        """Module docstring, item 5: the tensors the steps moved, and the layers, each bisected in the
+        ranking's order; the fewer 16-bit tensors kept."""
+        graph = self.state.graph
+        self.bisect([[n] for n in by_ranking(self.state.int16, ranking, graph)], "16-bit tensors")
+        kept = self.state
+        units = layer_units(graph, self.original, ranking)
+        rest = [n for unit in units for n in unit if n not in kept.int16]
+        if len(units) < 2 or not rest:
+            return
+        table, weights = self.widened(rest)
+        graph16 = self.graph_for(table, weights)
+        score = self.measure(graph16, table, kept.float_layers)
+        self.steps.append(TuneStep(f"int16: every layer ({len(units)}), to remove layer by layer", score.mean,
+                                   score.mean - kept.score.mean, self.reaches(score), list(rest)))
+        logger.info("%s: %.5f", self.steps[-1].change, score.mean)
+        if not self.reaches(score):
+            return
+        self.state = _State(table, graph16, score, kept.int16 + rest, kept.float_layers)
+        self.bisect(units, "16-bit layers")
+        if len(self.state.int16) >= len(kept.int16):
+            self.state = kept
+            self.steps.append(TuneStep(f"back to the {len(kept.int16)} 16-bit tensors before the layers: fewer",
+                                       kept.score.mean, 0.0, True))
 
 
 def tune(graph: Graph, table: QuantTable, images: Samples, target: float, *, budget_int16: int = 8,
