@@ -22,11 +22,15 @@ mean by at least `min_gain`:
    clipped one;
 4. float, a layer at a time in the ranking's order, only with `allow_float` > 0 (the last resort); the tuned
    table marks the kept ones float (`"float": true`), so it runs them in float by itself;
-5. once the target is reached, the fewest 16-bit tensors that keep it (`minimize`): the 16-bit tensors are
-   ordered by the bottleneck ranking of the 8-bit layers (isolated errors on the fit samples: the layers
-   that lose most first) and the shortest head of that order that still reaches the goal is found by
-   bisection on its length, the others going back to their 8-bit entries: log2(n) validation passes rather
-   than n, and exact when reaching the goal is monotone in the length (more 16-bit tensors, less error).
+5. once the target is reached, the fewest 16-bit tensors that keep it (`minimize`), by two routes, the one
+   with fewer 16-bit tensors kept: (a) the tensors the steps moved, ordered by the bottleneck ranking of the
+   8-bit layers (isolated errors on the fit samples: the layers that lose most first), the shortest head of
+   that order that still reaches the goal, the others back at their 8-bit entries; (b) from every layer in
+   16 bits (its output and its weight), the shortest head of the layers in the ranking's order. A head is
+   found by bisection on its length: log2(n) validation passes rather than n, and the shortest one when
+   reaching the goal is monotone in the length (more 16-bit tensors, less error; otherwise a head that
+   reaches, not always the shortest). Route (b) helps when the error left is the weights' rounding (16-bit
+   weights on the layers that lose most may do with fewer tensors than every activation).
 
 A table calibrated with bias correction has biases corrected for its weight grids; a step that changes a
 weight's grid (per-channel, 16 bits, and the undoing in `minimize`) re-corrects that layer's bias for the new
