@@ -29,8 +29,11 @@ mean by at least `min_gain`:
    16 bits (its output and its weight), the shortest head of the layers in the ranking's order. A head is
    found by bisection on its length: log2(n) validation passes rather than n, and the shortest one when
    reaching the goal is monotone in the length (more 16-bit tensors, less error; otherwise a head that
-   reaches, not always the shortest). Route (b) helps when the error left is the weights' rounding (16-bit
-   weights on the layers that lose most may do with fewer tensors than every activation).
+   reaches, not always the shortest). The unit that ends a head is needed (the head without it did not
+   reach) whatever its rank, so the bisection is run again with it moved first (`shortest_head`, up to
+   `REFINE_ROUNDS` times): a ranking that misplaces one needed layer costs a few passes, not every layer
+   ranked before it. Route (b) helps when the error left is the weights' rounding (16-bit weights on the
+   layers that lose most may do with fewer tensors than every activation).
 
 A table calibrated with bias correction has biases corrected for its weight grids; a step that changes a
 weight's grid (per-channel, 16 bits, and the undoing in `minimize`) re-corrects that layer's bias for the new
@@ -63,6 +66,7 @@ logger = logging.getLogger("ptq.tune")
 
 DEFAULT_RANGE_CALIBRATORS = ("mse", "kld")
 RANKING_IMAGES = 8  # images of the isolated per-layer pass that ranks the bottlenecks
+REFINE_ROUNDS = 2  # bisections again with a needed unit moved first (`_Tuner.shortest_head`)
 
 
 @dataclass
@@ -363,11 +367,11 @@ class _Tuner:
                                 self.state.float_layers)
         return kept
 
-    def bisect(self, units: Sequence[Sequence[str]], label: str) -> None:
+    def bisect(self, units: Sequence[Sequence[str]], label: str) -> int:
         """The shortest head of `units` (groups of 16-bit tensors, most useful first) that keeps the goal, the
         rest back at their entries before widening, by bisection on its length (`high` units reach it, `low`
-        do not: try the middle). The current state has every unit in 16 bits; without float layers, no unit
-        did not reach."""
+        do not: try the middle); returns its length. The current state has every unit in 16 bits; without
+        float layers, no unit did not reach."""
         low, high = (-1 if self.state.float_layers else 0), len(units)
         while high - low > 1:
             mid = (low + high) // 2
@@ -376,12 +380,29 @@ class _Tuner:
                 high = mid
             else:
                 low = mid
+        return high
+
+    def shortest_head(self, units: Sequence[Sequence[str]], label: str) -> None:
+        """`bisect`, then up to `REFINE_ROUNDS` times again with the head's last unit moved to the front (after
+        those moved before): with the head one shorter the goal was not reached, so that unit is needed
+        more than its rank says, and a head led by it may be shorter. Each round keeps the state it ends in,
+        which reaches the goal; the rounds stop when the head does not shrink."""
+        units = list(units)
+        high = self.bisect(units, label)
+        for pinned in range(REFINE_ROUNDS):
+            if high - pinned < 2:
+                return
+            order = units[:pinned] + [units[high - 1]] + units[pinned:high - 1]
+            shorter = self.bisect(order, f"{label}, {pinned + 1} moved first")
+            if shorter >= high:
+                return
+            units, high = order, shorter
 
     def minimize(self, ranking: Sequence[str]) -> None:
         """Module docstring, item 5: the tensors the steps moved, and the layers, each bisected in the
         ranking's order; the fewer 16-bit tensors kept."""
         graph = self.state.graph
-        self.bisect([[n] for n in by_ranking(self.state.int16, ranking, graph)], "16-bit tensors")
+        self.shortest_head([[n] for n in by_ranking(self.state.int16, ranking, graph)], "16-bit tensors")
         kept = self.state
         units = layer_units(graph, self.original, ranking)
         rest = [n for unit in units for n in unit if n not in kept.int16]
@@ -396,7 +417,7 @@ class _Tuner:
         if not self.reaches(score):
             return
         self.state = _State(table, graph16, score, kept.int16 + rest, kept.float_layers)
-        self.bisect(units, "16-bit layers")
+        self.shortest_head(units, "16-bit layers")
         if len(self.state.int16) >= len(kept.int16):
             self.state = kept
             self.steps.append(TuneStep(f"back to the {len(kept.int16)} 16-bit tensors before the layers: fewer",

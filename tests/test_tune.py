@@ -255,3 +255,21 @@ def test_minimize_keeps_the_layers_when_they_need_fewer_16_bit_tensors(tmp_path)
     assert sorted(tuner.state.int16) == ["W2", "W3", "a2", "c3"] and tuner.done()
     assert tuner.state.table.tensors["W3"].qparams.bits == 16 and tuner.state.table.tensors["W1"].qparams.bits == 8
     assert tuner.state.table.tensors["a1"] == table.tensors["a1"]
+
+
+def test_a_needed_unit_ranked_last_is_moved_first_and_the_head_shrinks(tmp_path):
+    from ptq.tuning import _State, _Tuner
+    from reports.tables import with_bits
+
+    model_path, table_path = setup(tmp_path)
+    table, graph = load_quant_table(table_path), load_model(model_path)
+    order = ["c3", "a2", "out", "a1", "input", "c1", "c2"]
+    check = _Known(["c3", "c2"])  # c2 is needed but ranked last: one bisection keeps all 7
+    tuner = _Tuner(graph, table, None, check, 0.998, 2.0, 1e-5)
+    wide = with_bits(table, order, 16)
+    tuner.saved = {n: table.tensors[n] for n in order}
+    tuner.state = _State(wide, graph, check.cosine(graph, wide), int16=list(order))
+    calls = check.calls
+    tuner.shortest_head([[n] for n in order], "16-bit tensors")
+    assert sorted(tuner.state.int16) == ["c2", "c3"] and tuner.done()
+    assert check.calls - calls == 6  # two bisections of 7: 3 passes each
