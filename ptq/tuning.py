@@ -15,8 +15,9 @@ mean by at least `min_gain`:
    fitted to a few images clips others;
 3. 16 bits, within `budget_int16` tensors (activations and weights count alike), groups first: the outputs
    of all depthwise Convs, then every activation, then the weights of all depthwise Convs, then every other
-   weight (activations first: measured on the bundled model, every activation in 16 bits halves the logits
-   error on photos and their views, 0.0032 -> 0.0014, every weight in 16 bits does not reach that); then, when
+   weight (measured on the bundled model, 7 validation photos with their views: every activation in 16
+   bits 0.9958 -> 0.9984, every weight 0.9965 -> 0.9983, both 0.99996; `minimize` then keeps the fewest of
+   them, by tensors or by whole layers, so the order decides little but the first feasible set); then, when
    a group does not fit the budget, single activations in the order of the report's bottleneck ranking. A
    16-bit activation takes its extrema range on the fit samples (`wide_activations`), not the range step's
    clipped one;

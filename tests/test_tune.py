@@ -206,7 +206,7 @@ def test_minimize_finds_the_shortest_head_of_the_ranking_that_reaches_by_bisecti
     tuner.state = _State(wide, graph, check.cosine(graph, wide), int16=list(acts))
     calls = check.calls
     tuner.bisect([[n] for n in order], "16-bit tensors")
-    assert set(tuner.state.int16) == set(order[:max(needed, 1)])  # 0 tensors did not reach before: the head has 1 at least
+    assert set(tuner.state.int16) == set(order[:max(needed, 1)])  # 0 did not reach before: 1 at least
     assert check.calls - calls <= 3  # ceil(log2(7)) validation passes, not 7
     assert tuner.done()
     for n in acts:  # the others are back at their saved 8-bit entries

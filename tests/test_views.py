@@ -45,3 +45,9 @@ def test_all_views_in_order_and_unknown_names_rejected():
     assert [n for n, _ in views(photo(), (10, 10))] == list(VIEWS)
     with pytest.raises(ValueError, match="unknown view"):
         views(photo(), (10, 10), ["photo", "sepia"])
+
+
+def test_tune_uses_every_view_by_default():
+    from ptq.tune_defaults import DEFAULT_VIEWS
+
+    assert DEFAULT_VIEWS == tuple(VIEWS)
