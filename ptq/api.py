@@ -20,7 +20,7 @@ from ptq.data_options import DataOptions, quiet_logging
 from ptq.parallel import choose_workers, ship_model
 from ptq.qdq_targets import DEFAULT_TARGET
 from ptq.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_ISOLATED_IMAGES, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR
-from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_Z
+from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
 
 if TYPE_CHECKING:
     from ptq.core.graph import Graph
@@ -489,11 +489,13 @@ def tune(
     validation_fraction: float = DEFAULT_VALIDATION_FRACTION,
     margin: float = DEFAULT_MARGIN,
     z: float = DEFAULT_Z,
+    views: Sequence[str] = DEFAULT_VIEWS,
     out: Optional[PathLike] = None,
     **options,
 ) -> TuneResult:
     """`ptq tune`: change the table step by step until the logits cosine on validation samples reaches
-    `target_cosine` (a part of the samples held out, or the `validation` folder, in the samples' format);
+    `target_cosine` (a part of the samples held out, or the `validation` folder, in the samples' format; each
+    image with the `views` of `ptq.views`);
     write `<stem>.tuned.quant.json` and `<stem>.tune.json` to `out` (default: the table's folder). Judge the
     result on other held-out samples still. `workers`/`ray`: the passes over the samples (statistics, ranking,
     each step's validation cosines) on a pool, with the same result (`ptq.tune_shards`).
@@ -510,6 +512,7 @@ def tune(
     from ptq.core.graph import load_model
     from ptq.quant_table import save_quant_table
     from ptq.tuning import tune as run_tuning
+    from ptq.views import VIEWS
     from reports.image_source import ImageSet
 
     opts = _options("tune", options, labels=False)
@@ -517,6 +520,9 @@ def tune(
         raise ValueError(f"--target-cosine must be in (0, 1], got {target_cosine}")
     if budget_int16 < 0 or allow_float < 0:
         raise ValueError("--budget-int16 and --allow-float must be >= 0")
+    unknown = [v for v in views if v not in VIEWS]
+    if unknown:
+        raise ValueError(f"unknown --views {', '.join(unknown)}; known: {', '.join(VIEWS)}, or none")
     table_path = Path(quant)
     with quiet_logging(opts.quiet):
         loaded = load(model, quant, opts)
@@ -528,7 +534,7 @@ def tune(
         result = run_tuning(
             graph, table, samples, target_cosine, budget_int16=budget_int16, allow_float=allow_float,
             validation=held, reference=reference, validation_fraction=validation_fraction, margin=margin, z=z,
-            progress=opts.progress, workers=choose_workers(opts.workers, samples.expected), ray=opts.ray)
+            views=views, progress=opts.progress, workers=choose_workers(opts.workers, samples.expected), ray=opts.ray)
     out_dir = Path(out) if out is not None else table_path.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = table_path.name[: -len(".quant.json")] if table_path.name.endswith(".quant.json") else table_path.stem

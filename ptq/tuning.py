@@ -2,27 +2,42 @@
 
 The tuning samples are split (`ptq.tune_data`): what is estimated from data (activation statistics, bias
 correction's mean input patches, the bottleneck ranking) comes from the fit part; every decision (keep a
-step, stop, prune) is taken on the validation part, against the user's float model. The target is reached
-when the validation mean minus `z` standard errors of it is at least `target + margin` (a table chosen on
-some images scores lower on others). Candidates, in order of expected gain per cost, each kept only if it
-raises the validation mean by at least `min_gain`:
+step, stop, prune) is taken on the validation part, against the user's float model, each validation photo
+with its label-free views (`ptq.views`). The target is reached when the validation mean minus `z` standard
+errors over the photos is at least `target + margin` (`ptq.tune_data`: what that bound estimates and why
+over photos). Candidates, in order of expected gain per cost, each kept only if it raises the validation
+mean by at least `min_gain`:
 
 1. per-channel weights (when the table is per-tensor): free at run time on most accelerators;
 2. a better activation range: every activation recalibrated with each of `range_calibrators` on the fit
    samples (one statistics pass), then each activation's own choice by the per-tensor search
    (`ptq.range_search`, with `range_search`), the best kept. No percentile for the whole graph: a tail
    fitted to a few images clips others;
-3. 16 bits, groups first (the outputs of all depthwise Convs, then the weights of all depthwise Convs, then
-   every other weight), then single activations in the order of the report's bottleneck ranking, within
-   `budget_int16` tensors (activations and weights count alike);
+3. 16 bits, within `budget_int16` tensors (activations and weights count alike), groups first: the outputs
+   of all depthwise Convs, then every activation, then the weights of all depthwise Convs, then every other
+   weight (measured on the bundled model, 7 validation photos with their views: every activation in 16
+   bits 0.9958 -> 0.9984, every weight 0.9965 -> 0.9983, both 0.99996; `minimize` then keeps the fewest of
+   them, by tensors or by whole layers, so the order decides little but the first feasible set); then, when
+   a group does not fit the budget, single activations in the order of the report's bottleneck ranking. A
+   16-bit activation takes its extrema range on the fit samples (`wide_activations`), not the range step's
+   clipped one;
 4. float, a layer at a time in the ranking's order, only with `allow_float` > 0 (the last resort); the tuned
    table marks the kept ones float (`"float": true`), so it runs them in float by itself;
-5. once the target is reached, each kept 16-bit step but the last is undone, latest first, if the target
-   stays reached without it; a group that cannot go (the last one included) is then tried tensor by tensor
-   (`prune`).
+5. once the target is reached, the fewest 16-bit tensors that keep it (`minimize`), by two routes, the one
+   with fewer 16-bit tensors kept: (a) the tensors the steps moved, ordered by the bottleneck ranking of the
+   8-bit layers (isolated errors on the fit samples: the layers that lose most first), the shortest head of
+   that order that still reaches the goal, the others back at their 8-bit entries; (b) from every layer in
+   16 bits (its output and its weight), the shortest head of the layers in the ranking's order. A head is
+   found by bisection on its length: log2(n) validation passes rather than n, and the shortest one when
+   reaching the goal is monotone in the length (more 16-bit tensors, less error; otherwise a head that
+   reaches, not always the shortest). The unit that ends a head is needed (the head without it did not
+   reach) whatever its rank, so the bisection is run again with it moved first (`shortest_head`, up to
+   `REFINE_ROUNDS` times): a ranking that misplaces one needed layer costs a few passes, not every layer
+   ranked before it. Route (b) helps when the error left is the weights' rounding (16-bit weights on the
+   layers that lose most may do with fewer tensors than every activation).
 
 A table calibrated with bias correction has biases corrected for its weight grids; a step that changes a
-weight's grid (per-channel, 16 bits, and the undoing in `prune`) re-corrects that layer's bias for the new
+weight's grid (per-channel, 16 bits, and the undoing in `minimize`) re-corrects that layer's bias for the new
 grid (`ptq.bias_correction.recorrected_biases`), so the tuned graph is returned with the tuned table.
 
 The passes over samples (the statistics, the ranking, each candidate's validation cosines) run in this
@@ -44,7 +59,7 @@ from ptq.quant_table import QuantTable
 from ptq.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
 from ptq.range_search import candidate_entries, search_ranges
 from ptq.table_edit import with_float
-from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_Z
+from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
 from ptq.tune_data import Samples, Score, Validation, split_samples
 from ptq.weight_scale_floor import floor_weight_scales
 from reports.build import build_report
@@ -56,6 +71,7 @@ logger = logging.getLogger("ptq.tune")
 
 DEFAULT_RANGE_CALIBRATORS = ("mse", "kld")
 RANKING_IMAGES = 8  # images of the isolated per-layer pass that ranks the bottlenecks
+REFINE_ROUNDS = 2  # bisections again with a needed unit moved first (`_Tuner.shortest_head`)
 
 
 @dataclass
@@ -80,12 +96,13 @@ class TuneResult:
     target: float
     margin: float
     z: float
-    validation_samples: int
+    validation_samples: int  # photos (or samples), each with `views` views
     steps: list[TuneStep]
     int16_tensors: list[str]
     float_nodes: list[str]
     table_path: Optional[Path] = None  # where `ptq.tune` wrote the tuned table and the record of the steps
     record_path: Optional[Path] = None
+    views: list[str] = field(default_factory=list)  # of each validation photo (`ptq.views`); none: samples as read
 
     @property
     def cosine(self) -> float:
@@ -101,7 +118,8 @@ class TuneResult:
 
     def to_dict(self) -> dict:
         return {"target_cosine": self.target, "margin": self.margin, "z": self.z,
-                "validation_samples": self.validation_samples, "baseline_cosine": self.baseline.mean,
+                "validation_samples": self.validation_samples, "views": self.views,
+                "baseline_cosine": self.baseline.mean,
                 "cosine": self.cosine, "cosine_sem": self.score.sem, "reached": self.reached,
                 "int16_tensors": self.int16_tensors, "float_nodes": self.float_nodes,
                 "steps": [s.to_dict() for s in self.steps]}
@@ -110,7 +128,9 @@ class TuneResult:
         goal = f"mean - {self.z:g} sem {self.score.bound(self.z):.5f} vs target {self.target}"
         if self.margin:
             goal += f" + margin {self.margin}"
-        lines = [f"validation cosine ({self.validation_samples} held-out samples) {self.baseline.mean:.5f} -> "
+        held = (f"{self.validation_samples} held-out photos x {len(self.views)} views" if self.views
+                else f"{self.validation_samples} held-out samples")
+        lines = [f"validation cosine ({held}) {self.baseline.mean:.5f} -> "
                  f"{self.cosine:.5f} +- {self.score.sem:.5f} ({goal}: {'reached' if self.reached else 'NOT reached'})"]
         for s in self.steps:
             lines.append(f"  {'kept   ' if s.kept else 'dropped'} {s.change}: {s.cosine:.5f} ({s.gain:+.5f})")
@@ -222,6 +242,63 @@ def with_weight_bits(graph: Graph, table: QuantTable, weights: Sequence[str], bi
     return dataclasses.replace(table, tensors=tensors)
 
 
+def wide_activations(graph: Graph, table: QuantTable, stats: dict, names: Sequence[str], bits: int = 16) -> QuantTable:
+    """The table with the listed activations at `bits` on their extrema range over `stats`: a range fitted to
+    clip for 8 bits (mse, kld, the search) would keep its clipping error at 16 bits, where rounding costs
+    256 times less and clipping values no fit image reached is the only error left."""
+    from ptq.pipeline import activation_entries
+
+    options = dataclasses.replace(table.options, calibrator="extrema")
+    entries = activation_entries(graph, stats, options)
+    tensors = dict(table.tensors)
+    tensors.update({n: entries[n] for n in names})
+    return with_bits(dataclasses.replace(table, tensors=tensors), names, bits)
+
+
+def layer_outputs(graph: Graph) -> dict[str, str]:
+    """Weight -> the tensor its layer writes once fused (through a single-consumer Relu/Clip), the name the
+    bottleneck ranking gives the layer."""
+    consumers = graph.consumers()
+    out = {}
+    for node in graph.nodes:
+        for w in node.inputs[1:2]:
+            if w not in graph.initializers:
+                continue
+            name = node.outputs[0]
+            users = consumers.get(name, [])
+            if len(users) == 1 and users[0].op_type in ("Relu", "Clip") and name not in graph.outputs:
+                name = users[0].outputs[0]
+            out[w] = name
+    return out
+
+
+def by_ranking(names: Sequence[str], ranking: Sequence[str], graph: Graph) -> list[str]:
+    """`names` most useful in 16 bits first: by the ranking's position of the tensor (a weight: of its layer's
+    output), activations before weights at equal position, the unranked last in their given order."""
+    position = {n: k for k, n in enumerate(ranking)}
+    layer = layer_outputs(graph)
+
+    def key(item):
+        k, name = item
+        return (position.get(layer.get(name, name), len(position)), name in layer, k)
+
+    return [n for _, n in sorted(enumerate(names), key=key)]
+
+
+def layer_units(graph: Graph, table: QuantTable, ranking: Sequence[str]) -> list[list[str]]:
+    """The layers as 16-bit units, the ranking's order (the unranked last, in graph order): each the tensor
+    the layer writes (its name in the ranking) with the weight of the layer, those of them in `table`."""
+    weight_of = {out: w for w, out in layer_outputs(graph).items()
+                 if w in table.tensors and table.tensors[w].kind == "weight"}
+    names = list(dict.fromkeys(list(ranking) + [n for n, e in table.tensors.items() if e.kind == "activation"]))
+    units = []
+    for name in names:
+        unit = [n for n in (name, weight_of.get(name)) if n is not None and n in table.tensors]
+        if unit:
+            units.append(unit)
+    return units
+
+
 @dataclass
 class _State:
     table: QuantTable
@@ -240,6 +317,8 @@ class _Tuner:
         self.original = table
         self.steps: list[TuneStep] = []
         self._patches: Optional[dict] = None
+        self.stats: Optional[dict] = None  # activation statistics of the fit samples, once collected
+        self.saved: dict = {}  # the entry each 16-bit tensor had before it was widened
         self.state = _State(table, graph, self.measure(graph, table))
 
     def measure(self, graph: Graph, table: QuantTable, float_layers: Sequence[str] = ()) -> Score:
@@ -280,16 +359,29 @@ class _Tuner:
             self.state = _State(table, graph, score, state.int16 + list(int16), state.float_layers + list(float_layers))
         return kept
 
-    def narrowed(self, names: Sequence[str]) -> tuple[QuantTable, list[str]]:
-        """The current table with `names` back at the original bit widths, and the weights among them."""
+    def widened(self, names: Sequence[str]) -> tuple[QuantTable, list[str]]:
+        """The current table with `names` in 16 bits (activations on their extrema range, see
+        `wide_activations`), and the weights among them."""
         acts = [n for n in names if self.original.tensors[n].kind == "activation"]
         weights = [n for n in names if self.original.tensors[n].kind == "weight"]
         table = self.state.table
+        for n in names:
+            self.saved.setdefault(n, table.tensors[n])
         if acts:
-            table = with_bits(table, acts, self.original.options.bits)
+            if self.stats is None:
+                self.stats = fit_statistics(self.state.graph, self.fit, ["extrema"])
+            table = wide_activations(self.state.graph, table, self.stats, acts)
         if weights:
-            table = with_weight_bits(self.state.graph, table, weights, self.original.options.weight_bits)
+            table = with_weight_bits(self.state.graph, table, weights, 16)
         return table, weights
+
+    def narrowed(self, names: Sequence[str]) -> tuple[QuantTable, list[str]]:
+        """The current table with `names` back at the entries they had before they were widened, and the
+        weights among them."""
+        tensors = dict(self.state.table.tensors)
+        tensors.update({n: self.saved[n] for n in names})
+        weights = [n for n in names if self.original.tensors[n].kind == "weight"]
+        return dataclasses.replace(self.state.table, tensors=tensors), weights
 
     def undo(self, label: str, names: list[str]) -> bool:
         """Put `names` back to the original widths if the validation cosine stays at the goal."""
@@ -305,93 +397,146 @@ class _Tuner:
                                 self.state.float_layers)
         return kept
 
-    def prune(self) -> None:
-        """Module docstring, item 5."""
-        for k, step in enumerate([s for s in self.steps if s.kept and s.int16][::-1]):
-            names = [n for n in step.int16 if n in self.state.int16]
-            if k > 0 and names and self.undo(step.change, names):
-                continue
-            if len(names) > 1:
-                for name in names:
-                    self.undo(name, [name])
+    def bisect(self, units: Sequence[Sequence[str]], label: str) -> int:
+        """The shortest head of `units` (groups of 16-bit tensors, most useful first) that keeps the goal, the
+        rest back at their entries before widening, by bisection on its length (`high` units reach it, `low`
+        do not: try the middle); returns its length. The current state has every unit in 16 bits; without
+        float layers, no unit did not reach."""
+        low, high = (-1 if self.state.float_layers else 0), len(units)
+        while high - low > 1:
+            mid = (low + high) // 2
+            names = [n for unit in units[mid:high] for n in unit]
+            if self.undo(f"all but the {mid} most useful of {len(units)} {label}", names):
+                high = mid
+            else:
+                low = mid
+        return high
+
+    def shortest_head(self, units: Sequence[Sequence[str]], label: str) -> None:
+        """`bisect`, then up to `REFINE_ROUNDS` times again with the head's last unit moved to the front (after
+        those moved before): with the head one shorter the goal was not reached, so that unit is needed
+        more than its rank says, and a head led by it may be shorter. Each round keeps the state it ends in,
+        which reaches the goal; the rounds stop when the head does not shrink."""
+        units = list(units)
+        high = self.bisect(units, label)
+        for pinned in range(REFINE_ROUNDS):
+            if high - pinned < 2:
+                return
+            order = units[:pinned] + [units[high - 1]] + units[pinned:high - 1]
+            shorter = self.bisect(order, f"{label}, {pinned + 1} moved first")
+            if shorter >= high:
+                return
+            units, high = order, shorter
+
+    def minimize(self, ranking: Sequence[str]) -> None:
+        """Module docstring, item 5: the tensors the steps moved, and the layers, each bisected in the
+        ranking's order; the fewer 16-bit tensors kept."""
+        graph = self.state.graph
+        self.shortest_head([[n] for n in by_ranking(self.state.int16, ranking, graph)], "16-bit tensors")
+        kept = self.state
+        units = layer_units(graph, self.original, ranking)
+        rest = [n for unit in units for n in unit if n not in kept.int16]
+        if len(units) < 2 or not rest:
+            return
+        table, weights = self.widened(rest)
+        graph16 = self.graph_for(table, weights)
+        score = self.measure(graph16, table, kept.float_layers)
+        self.steps.append(TuneStep(f"int16: every layer ({len(units)}), to remove layer by layer", score.mean,
+                                   score.mean - kept.score.mean, self.reaches(score), list(rest)))
+        logger.info("%s: %.5f", self.steps[-1].change, score.mean)
+        if not self.reaches(score):
+            return
+        self.state = _State(table, graph16, score, kept.int16 + rest, kept.float_layers)
+        self.shortest_head(units, "16-bit layers")
+        if len(self.state.int16) >= len(kept.int16):
+            self.state = kept
+            self.steps.append(TuneStep(f"back to the {len(kept.int16)} 16-bit tensors before the layers: fewer",
+                                       kept.score.mean, 0.0, True))
 
 
 def tune(graph: Graph, table: QuantTable, images: Samples, target: float, *, budget_int16: int = 8,
          allow_float: int = 0, validation: Optional[Samples] = None, reference: Optional[Graph] = None,
          validation_fraction: float = DEFAULT_VALIDATION_FRACTION, margin: float = DEFAULT_MARGIN, z: float = DEFAULT_Z,
          range_calibrators: Sequence[str] = DEFAULT_RANGE_CALIBRATORS, range_search: bool = True,
-         min_gain: float = 1e-5, progress: bool = False, workers: int = 1, ray: Optional[str] = None) -> TuneResult:
+         min_gain: float = 1e-5, views: Sequence[str] = DEFAULT_VIEWS, progress: bool = False, workers: int = 1,
+         ray: Optional[str] = None) -> TuneResult:
     """See the module docstring. `images`: the tuning samples, split into fit and validation parts unless
     `validation` is given (then all of `images` is fitted on). `reference`: the float model the cosine is
-    measured against (default `graph`; pass the user's model when `graph` holds adjusted weights).
-    `progress`: a progress bar per pass over the samples. `workers`, `ray`: where the passes over samples
-    run (`sample_passes`)."""
+    measured against (default `graph`; pass the user's model when `graph` holds adjusted weights). `views`: the
+    views (`ptq.views`) each validation image enters with (`ptq.tune_data`: image files only). `progress`: a
+    progress bar per pass over the samples. `workers`, `ray`: where the passes over samples run
+    (`sample_passes`)."""
     if validation is None:
         fit, validation = split_samples(images, validation_fraction)
     else:
         fit = images
-    check = Validation.create(reference or graph, validation, progress=progress)
+    check = Validation.create(reference or graph, validation, progress=progress, views=views)
     with sample_passes(graph, table, fit, check, workers=workers, ray=ray) as passes:
         return _search(graph, table, fit, dataclasses.replace(check, scorer=passes.scorer), passes, target,
                        budget_int16=budget_int16, allow_float=allow_float, margin=margin, z=z,
                        range_calibrators=range_calibrators, range_search=range_search, min_gain=min_gain,
-                       progress=progress)
+                       views=views, progress=progress)
 
 
 def _search(graph: Graph, table: QuantTable, fit: Samples, check: Validation, passes, target: float, *,
             budget_int16: int, allow_float: int, margin: float, z: float, range_calibrators: Sequence[str],
-            range_search: bool, min_gain: float, progress: bool) -> TuneResult:
+            range_search: bool, min_gain: float, views: Sequence[str], progress: bool) -> TuneResult:
     """`tune` once the samples are split and the passes over them placed."""
     tuner = _Tuner(graph, table, fit, check, target + margin, z, min_gain)
     baseline = tuner.state.score
-    logger.info("validation cosine on %d samples: %.5f +- %.5f (goal: mean - %g sem >= %.5f)", len(check),
+    logger.info("validation cosine on %d samples (%d photos): %.5f +- %.5f (goal: mean - %g sem >= %.5f)", len(check),
+                check.photos,
                 baseline.mean, baseline.sem, z, tuner.goal)
     if not tuner.done() and not table.options.per_channel:
         weights = [n for n, e in table.tensors.items() if e.kind == "weight"]
         tuner.attempt("per-channel weights", per_channel_weights(graph, tuner.state.table), weights=weights)
     if not tuner.done() and (range_calibrators or range_search):
         searched = list(RANGE_SEARCH_CANDIDATES) if range_search else []
-        stats = passes.statistics(tuner.state.graph, fit, list(range_calibrators) + searched)
+        stats = passes.statistics(tuner.state.graph, fit, list(range_calibrators) + searched + ["extrema"])
+        tuner.stats = stats  # also the extrema ranges of 16-bit activations
         for name in range_calibrators:
             if tuner.done():
                 break
             tuner.attempt(f"activation ranges: {name}", recalibrated(tuner.state.graph, tuner.state.table, stats, name))
         if range_search and not tuner.done():
             tuner.attempt("activation ranges: per-tensor search", searched_table(tuner.state, stats, fit))
-    activations = {n for n, e in table.tensors.items() if e.kind == "activation"}
+    activations = [n for n, e in table.tensors.items() if e.kind == "activation"]
+    weights = [n for n, e in table.tensors.items() if e.kind == "weight"]
+    ranking = []
+    if not tuner.done() and (budget_int16 > 0 or allow_float > 0):  # of the 8-bit layers, on the fit samples
+        ev = passes.evaluate(tuner.state.graph, tuner.state.table, fit, isolated=True,
+                             isolated_images=RANKING_IMAGES, desc="ranking", progress=progress)
+        ranking = [b.name for b in build_report(ev, "", "").bottlenecks]
 
     def room(names: Sequence[str]) -> bool:
         return bool(names) and len(tuner.state.int16) + len(names) <= budget_int16 and not tuner.done()
 
-    fresh = [t for t in depthwise_outputs(graph) if t in activations]
-    if room(fresh):
-        tuner.attempt(f"int16: all depthwise outputs ({len(fresh)})", with_bits(tuner.state.table, fresh, 16),
-                      int16=fresh)
-    for label, names in (("all depthwise Convs", depthwise_weights(graph)),
-                         ("every other weight", [n for n, e in table.tensors.items() if e.kind == "weight"])):
-        names = [w for w in names if w in table.tensors and w not in tuner.state.int16]
+    def widen(label: str, names: Sequence[str]) -> None:
+        table16, moved = tuner.widened(names)
+        tuner.attempt(label, table16, int16=names, weights=moved)
+
+    depthwise = set(depthwise_weights(graph))
+    for label, group in (("all depthwise outputs", [t for t in depthwise_outputs(graph) if t in activations]),
+                         ("every activation", activations),
+                         ("weights of all depthwise Convs", [w for w in weights if w in depthwise]),
+                         ("every other weight", weights)):
+        names = [n for n in group if n not in tuner.state.int16]
         if room(names):
-            tuner.attempt(f"int16 weights: {label} ({len(names)})",
-                          with_weight_bits(tuner.state.graph, tuner.state.table, names, 16), int16=names, weights=names)
-    ranking = []
-    if not tuner.done() and (budget_int16 > len(tuner.state.int16) or allow_float > 0):
-        ev = passes.evaluate(tuner.state.graph, tuner.state.table, fit, isolated=True,
-                             isolated_images=RANKING_IMAGES, desc="ranking", progress=progress)
-        ranking = [b.name for b in build_report(ev, "", "").bottlenecks]
+            widen(f"int16: {label} ({len(names)})", names)
     for name in ranking:
         if tuner.done() or len(tuner.state.int16) >= budget_int16:
             break
         if name in activations and name not in tuner.state.int16:
-            tuner.attempt(f"int16: {name}", with_bits(tuner.state.table, [name], 16), int16=[name])
+            widen(f"int16: {name}", [name])
     for name in ranking:
         if tuner.done() or len(tuner.state.float_layers) >= allow_float:
             break
         if name not in tuner.state.float_layers and name not in graph.inputs:
             tuner.attempt(f"float: {name}", tuner.state.table, float_layers=[name])
-    if tuner.done():
-        tuner.prune()
+    if tuner.done() and tuner.state.int16:
+        tuner.minimize(ranking)
     state = tuner.state
     nodes = float_node_names(prepare(state.graph, state.table), state.float_layers) if state.float_layers else []
     tuned = with_float(state.table, state.float_layers)  # the table runs its float layers by itself
-    return TuneResult(tuned, state.graph, baseline, state.score, target, margin, z, len(check), tuner.steps,
-                      list(state.int16), nodes)
+    return TuneResult(tuned, state.graph, baseline, state.score, target, margin, z, check.photos, tuner.steps,
+                      list(state.int16), nodes, views=list(views) if check.groups is not None else [])

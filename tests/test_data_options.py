@@ -275,7 +275,8 @@ def test_progress_bars_on_a_terminal_and_quiet_silences_them(command, tiny, tmp_
         monkeypatch.setattr("sys.stderr", terminal)
         assert main(argv + (["--quiet"] if quiet else [])) == 0
         monkeypatch.undo()
-        # a bar over the 3 images ("0/3 [00:00<?, ?img/s]"); tune reaching its target at once: over its 1 validation image
-        bars = "/3 [" in terminal.text or (command == "tune" and "/1 [" in terminal.text)
+        # a bar over the 3 images ("0/3 [00:00<?, ?img/s]"); tune reaching its target at once: over the 7 views
+        # (ptq.views) of its 1 validation image
+        bars = "/3 [" in terminal.text or (command == "tune" and "/7 [" in terminal.text)
         assert bars != quiet, terminal.text
     capsys.readouterr()

@@ -70,7 +70,7 @@ def test_per_channel_then_16_bits_until_the_target_on_the_validation_images(tmp_
     fit, validation = split_samples(images, 0.3)
     assert [p.name for p in validation.files] == ["img002.png", "img005.bmp"]
     start = cosine_of(graph, table, validation)
-    result = tune(graph, table, images, target=0.9995, budget_int16=10, z=1.0)
+    result = tune(graph, table, images, target=0.9995, budget_int16=10, z=1.0, views=())  # photos alone
     assert result.validation_samples == 2
     assert result.steps[0].change == "per-channel weights" and result.steps[0].kept
     assert abs(result.baseline.mean - start) < 1e-6
@@ -90,7 +90,8 @@ def test_a_separate_validation_folder_is_used_as_given(tmp_path):
     table = load_quant_table(table_path)
     graph = load_model(model_path)
     validation = ImageSet.from_folder(tmp_path / "val", RAW)
-    result = tune(graph, table, ImageSet.from_folder(tmp_path / "img", RAW), target=0.5, validation=validation)
+    result = tune(graph, table, ImageSet.from_folder(tmp_path / "img", RAW), target=0.5, validation=validation,
+                  views=())
     assert result.validation_samples == 3 and result.reached and result.steps == []
     assert abs(cosine_of(graph, table, validation) - result.cosine) < 1e-6
 
@@ -114,7 +115,7 @@ def test_float_layers_are_marked_in_the_tuned_table_which_reproduces_the_cosine(
     images = ImageSet.from_folder(tmp_path / "img", RAW)
     # validated on the images themselves and no range step: the float layer is the one step to keep
     result = tune(graph, table, images, target=0.999999, budget_int16=0, allow_float=1, validation=images,
-                  range_calibrators=(), range_search=False)
+                  range_calibrators=(), range_search=False, views=())
     kept = [s for s in result.steps if s.kept and s.float_layers]
     assert len(kept) == 1 and result.float_nodes
     assert result.table.float_tensors() == kept[0].float_layers
@@ -215,3 +216,139 @@ def test_a_worker_rebuilds_each_version_once_and_keeps_the_two_latest():
     context.use(versions[2], None)  # the least recently used (versions[1]) goes
     assert set(context.graphs) == {"", versions[0].digest, versions[2].digest}
     assert context.use(versions[0], None) is first and context.use(GraphVersion(), None) is graph
+
+
+def test_16_bit_activations_take_their_extrema_range_not_the_clipped_one(tmp_path):
+    from calibrators import required_stats
+    from ptq.pipeline import collect_image_statistics
+    from ptq.tuning import wide_activations
+    from reports.tables import scale_range
+
+    model_path, table_path = setup(tmp_path)
+    table, graph = load_quant_table(table_path), load_model(model_path)
+    stats, _ = collect_image_statistics(graph, tmp_path / "img", required_stats(["extrema"]), preprocess=RAW)
+    clipped = scale_range(table, "c3", 0.5)  # a range that clips, as an 8-bit mse or kld range may
+    lo, hi = {}, {}  # the extrema over the images, from the float model in onnxruntime
+    import onnxruntime as ort
+    from onnx import helper
+
+    model = onnx.load(model_path)
+    model.graph.output.extend([helper.make_value_info("c3", onnx.TypeProto())])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for _, x, _ in ImageSet.from_folder(tmp_path / "img", RAW).samples(graph):
+        y = sess.run(["c3"], x)[0]
+        lo["c3"], hi["c3"] = min(lo.get("c3", np.inf), y.min()), max(hi.get("c3", -np.inf), y.max())
+    assert float(np.max(clipped.tensors["c3"].max)) < hi["c3"] - 1e-3
+    wide = wide_activations(graph, clipped, stats, ["c3"])
+    entry = wide.tensors["c3"]
+    assert entry.qparams.bits == 16 and entry.calibrator == "extrema"
+    assert np.allclose(entry.min, min(lo["c3"], 0), atol=1e-6) and np.allclose(entry.max, hi["c3"], atol=1e-6)
+    assert wide.tensors["a1"] == clipped.tensors["a1"]  # the others untouched
+
+
+def test_by_ranking_puts_ranked_layers_first_a_weight_at_its_layers_place():
+    from ptq.tuning import by_ranking
+
+    graph = load_model(chain())
+    # the ranking names layers by the tensor they write once fused: conv1 -> a1 (through its Clip), project -> c3
+    order = by_ranking(["out", "W1", "c3", "W3", "a2"], ["c3", "a1"], graph)
+    assert order == ["c3", "W3", "W1", "out", "a2"]
+
+
+class _Known:
+    """A validation whose verdict is known: the goal is reached exactly when `needed` are all in 16 bits."""
+
+    def __init__(self, needed):
+        self.needed, self.calls = set(needed), 0
+
+    def cosine(self, graph, table, float_nodes=()):
+        self.calls += 1
+        wide = {n for n, e in table.tensors.items() if e.qparams.bits == 16}
+        return Score(0.999 if self.needed <= wide else 0.99, 0.0)
+
+
+@pytest.mark.parametrize("needed", [0, 1, 3, 7])
+def test_minimize_finds_the_shortest_head_of_the_ranking_that_reaches_by_bisection(tmp_path, needed):
+    from ptq.tuning import _State, _Tuner, by_ranking
+    from reports.tables import with_bits
+
+    model_path, table_path = setup(tmp_path)
+    table, graph = load_quant_table(table_path), load_model(model_path)
+    acts = [n for n, e in table.tensors.items() if e.kind == "activation"]
+    ranking = ["c3", "a2", "out", "a1", "input"]
+    order = by_ranking(acts, ranking, graph)
+    assert len(order) == 7 and order[:5] == ranking  # c1 and c2 unranked, last
+    check = _Known(order[:needed])
+    tuner = _Tuner(graph, table, None, check, 0.998, 2.0, 1e-5)
+    wide = with_bits(table, acts, 16)
+    tuner.saved = {n: table.tensors[n] for n in acts}
+    tuner.state = _State(wide, graph, check.cosine(graph, wide), int16=list(acts))
+    calls = check.calls
+    tuner.bisect([[n] for n in order], "16-bit tensors")
+    assert set(tuner.state.int16) == set(order[:max(needed, 1)])  # 0 did not reach before: 1 at least
+    assert check.calls - calls <= 3  # ceil(log2(7)) validation passes, not 7
+    assert tuner.done()
+    for n in acts:  # the others are back at their saved 8-bit entries
+        assert tuner.state.table.tensors[n] == (wide if n in tuner.state.int16 else table).tensors[n]
+
+
+def test_the_cli_takes_views_by_name_or_none_and_rejects_unknown_ones(tmp_path, capsys):
+    model_path, table_path = setup(tmp_path, per_channel=True, bits=8)
+    base = ["tune", str(model_path), "--quant", str(table_path), "--images", str(tmp_path / "img"),
+            "--target-cosine", "0.5"]
+    assert main(base + ["--views", "photo,sepia"]) == 2
+    assert "unknown --views sepia" in capsys.readouterr().err
+    assert main(base + ["--views", "photo, mirror"]) == 0
+    record = json.loads((tmp_path / "out" / "chain.tune.json").read_text())
+    assert record["views"] == ["photo", "mirror"] and record["validation_samples"] == 2
+    assert "2 held-out photos x 2 views" in capsys.readouterr().out
+    assert main(base + ["--views", "none"]) == 0
+    assert json.loads((tmp_path / "out" / "chain.tune.json").read_text())["views"] == []
+
+
+class _Counting:
+    """A validation whose cosine grows with the 16-bit tensors: 0.0012 per activation, 0.005 per weight."""
+
+    def cosine(self, graph, table, float_nodes=()):
+        wide = [e.kind for e in table.tensors.values() if e.qparams.bits == 16]
+        return Score(0.99 + 0.0012 * wide.count("activation") + 0.005 * wide.count("weight"), 0.0)
+
+
+def test_minimize_keeps_the_layers_when_they_need_fewer_16_bit_tensors(tmp_path):
+    from ptq.tuning import _State, _Tuner, layer_units
+    from reports.tables import with_bits
+
+    model_path, table_path = setup(tmp_path)
+    table, graph = load_quant_table(table_path), load_model(model_path)
+    acts = [n for n, e in table.tensors.items() if e.kind == "activation"]
+    ranking = ["c3", "a2", "out", "a1", "input"]
+    units = layer_units(graph, table, ranking)
+    assert units == [["c3", "W3"], ["a2", "W2"], ["out", "W4"], ["a1", "W1"], ["input"], ["c1"], ["c2"]]
+    check = _Counting()
+    tuner = _Tuner(graph, table, None, check, 0.998, 2.0, 1e-5)
+    wide = with_bits(table, acts, 16)  # 7 activations: 0.9984, and 6 of them 0.9972 do not reach
+    tuner.saved = {n: table.tensors[n] for n in acts}
+    tuner.state = _State(wide, graph, check.cosine(graph, wide), int16=list(acts))
+    tuner.minimize(ranking)
+    # the tensors alone cannot go below 7; two layers, activation and weight, reach with 4: 0.99 + 0.0024 + 0.01
+    assert sorted(tuner.state.int16) == ["W2", "W3", "a2", "c3"] and tuner.done()
+    assert tuner.state.table.tensors["W3"].qparams.bits == 16 and tuner.state.table.tensors["W1"].qparams.bits == 8
+    assert tuner.state.table.tensors["a1"] == table.tensors["a1"]
+
+
+def test_a_needed_unit_ranked_last_is_moved_first_and_the_head_shrinks(tmp_path):
+    from ptq.tuning import _State, _Tuner
+    from reports.tables import with_bits
+
+    model_path, table_path = setup(tmp_path)
+    table, graph = load_quant_table(table_path), load_model(model_path)
+    order = ["c3", "a2", "out", "a1", "input", "c1", "c2"]
+    check = _Known(["c3", "c2"])  # c2 is needed but ranked last: one bisection keeps all 7
+    tuner = _Tuner(graph, table, None, check, 0.998, 2.0, 1e-5)
+    wide = with_bits(table, order, 16)
+    tuner.saved = {n: table.tensors[n] for n in order}
+    tuner.state = _State(wide, graph, check.cosine(graph, wide), int16=list(order))
+    calls = check.calls
+    tuner.shortest_head([[n] for n in order], "16-bit tensors")
+    assert sorted(tuner.state.int16) == ["c2", "c3"] and tuner.done()
+    assert check.calls - calls == 6  # two bisections of 7: 3 passes each

@@ -2,7 +2,8 @@
 change the table step by step (`ptq.tuning`) until the logits cosine on the samples reaches the target; write
 `<stem>.tuned.quant.json` (and the adjusted weights the table uses, beside it) and `<stem>.tune.json` with
 what each step changed and bought. Decisions are taken on a validation part of the images (or on
---validation DIR) against MODEL itself; judge the result on other held-out images still."""
+--validation DIR), each image with its label-free views (--views), against MODEL itself; judge the result on
+other held-out images still."""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +15,7 @@ HELP = "reach a target logits cosine: per-channel weights, better ranges, 16-bit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_Z
+    from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
 
     parser.add_argument("model", help="the float ONNX model")
     parser.add_argument("--quant", required=True, help="the quantization table (.quant.json) to start from")
@@ -30,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--z", type=float, default=DEFAULT_Z,
                         help=f"the validation mean minus this many standard errors must reach the target "
                              f"(default {DEFAULT_Z:g})")
+    parser.add_argument("--views", default=",".join(DEFAULT_VIEWS),
+                        help="the views each validation image enters with, comma-separated, or none (default: "
+                             "all: %(default)s)")
     parser.add_argument("--out", help="output folder (default: the table's folder)")
     add_data_arguments(parser, labels=False)
 
@@ -42,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     result = tune(args.model, quant=args.quant, target_cosine=args.target_cosine, budget_int16=args.budget_int16,
                   allow_float=args.allow_float, validation=args.validation,
                   validation_fraction=args.validation_fraction, margin=args.margin, z=args.z, out=args.out,
+                  views=[] if args.views.strip().lower() == "none" else [v.strip() for v in args.views.split(",")],
                   **data_kwargs(args))
     print(result.summary())
     if result.float_nodes:
