@@ -483,7 +483,7 @@ def tune(
     *,
     quant: PathLike,
     target_cosine: float,
-    budget_int16: int = 8,
+    budget_int16: Optional[int] = None,
     allow_float: int = 0,
     validation: Optional[PathLike] = None,
     validation_fraction: float = DEFAULT_VALIDATION_FRACTION,
@@ -518,7 +518,7 @@ def tune(
     opts = _options("tune", options, labels=False)
     if not 0 < target_cosine <= 1:
         raise ValueError(f"--target-cosine must be in (0, 1], got {target_cosine}")
-    if budget_int16 < 0 or allow_float < 0:
+    if (budget_int16 is not None and budget_int16 < 0) or allow_float < 0:
         raise ValueError("--budget-int16 and --allow-float must be >= 0")
     unknown = [v for v in views if v not in VIEWS]
     if unknown:

@@ -13,7 +13,8 @@ mean by at least `min_gain`:
    samples (one statistics pass), then each activation's own choice by the per-tensor search
    (`ptq.range_search`, with `range_search`), the best kept. No percentile for the whole graph: a tail
    fitted to a few images clips others;
-3. 16 bits, within `budget_int16` tensors (activations and weights count alike), groups first: the outputs
+3. 16 bits, within `budget_int16` tensors (activations and weights count alike; None: no limit, as the
+   fewest that keep the target are searched once it is reached, item 5), groups first: the outputs
    of all depthwise Convs, then every activation, then the weights of all depthwise Convs, then every other
    weight (measured on the bundled model, 7 validation photos with their views: every activation in 16
    bits 0.9958 -> 0.9984, every weight 0.9965 -> 0.9983, both 0.99996; `minimize` then keeps the fewest of
@@ -454,7 +455,7 @@ class _Tuner:
                                        kept.score.mean, 0.0, True))
 
 
-def tune(graph: Graph, table: QuantTable, images: Samples, target: float, *, budget_int16: int = 8,
+def tune(graph: Graph, table: QuantTable, images: Samples, target: float, *, budget_int16: Optional[int] = None,
          allow_float: int = 0, validation: Optional[Samples] = None, reference: Optional[Graph] = None,
          validation_fraction: float = DEFAULT_VALIDATION_FRACTION, margin: float = DEFAULT_MARGIN, z: float = DEFAULT_Z,
          range_calibrators: Sequence[str] = DEFAULT_RANGE_CALIBRATORS, range_search: bool = True,
@@ -473,7 +474,8 @@ def tune(graph: Graph, table: QuantTable, images: Samples, target: float, *, bud
     check = Validation.create(reference or graph, validation, progress=progress, views=views)
     with sample_passes(graph, table, fit, check, workers=workers, ray=ray) as passes:
         return _search(graph, table, fit, dataclasses.replace(check, scorer=passes.scorer), passes, target,
-                       budget_int16=budget_int16, allow_float=allow_float, margin=margin, z=z,
+                       budget_int16=len(table.tensors) if budget_int16 is None else budget_int16,
+                       allow_float=allow_float, margin=margin, z=z,
                        range_calibrators=range_calibrators, range_search=range_search, min_gain=min_gain,
                        views=views, progress=progress)
 

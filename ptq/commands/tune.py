@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="the float ONNX model")
     parser.add_argument("--quant", required=True, help="the quantization table (.quant.json) to start from")
     parser.add_argument("--target-cosine", type=float, required=True, help="stop when the logits cosine reaches this")
-    parser.add_argument("--budget-int16", type=int, default=8, help="at most this many 16-bit tensors (default 8)")
+    parser.add_argument("--budget-int16", type=int, help="at most this many 16-bit tensors (default: no limit; once "
+                        "the target is reached the fewest 16-bit tensors that keep it are searched)")
     parser.add_argument("--allow-float", type=int, default=0, help="at most this many float layers (default 0)")
     parser.add_argument("--validation", help="folder of validation images (or --data samples) to decide on "
                                              "(default: every k-th sample is held out, k = 1 / --validation-fraction)")
