@@ -22,9 +22,9 @@ computes it: the driver loads the model and hands it to `sharded_evaluate` (fork
 
 The CPU columns are steadier than the wall times: `cpu ratio` is the CPU time of the configuration over that
 of one process (the CPU the workers add: start-up, merge), and `cores` the CPU time over the wall time (how
-many cores the run kept busy). One `ptq report` process already keeps about 1.5 cores busy when it has two
+many cores the run kept busy). One `ptq report` process already keeps about 1.7 cores busy when it has two
 to itself (its float and metric threads overlap the integer graph), so on C idle cores N workers can at best
-take cpu_ratio x cores_1 / min(N, C) of its time: 0.75 x cpu_ratio for 2 workers on 2 cores.
+take cpu_ratio x cores_1 / min(N, C) of its time: 0.86 x cpu_ratio for 2 workers on 2 cores.
 """
 from __future__ import annotations
 
