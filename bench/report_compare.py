@@ -12,51 +12,25 @@ tensor as the report's worker thread does. Prints each, and the comparison as a 
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from report_layers import layer_bench  # bench/ is the script's folder, first on sys.path
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(REPO / "examples" / "efficientnet_lite0.onnx"))
-    parser.add_argument("--quant", help="quant table (default: calibrate on examples/calib)")
-    parser.add_argument("--images", default=str(REPO.parent / "shared" / "assets" / "images" / "eval"))
-    parser.add_argument("--num-images", type=int, default=8)
-    args = parser.parse_args(argv)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as `ptq report` runs
-
-    from ptq.core.graph import load_model
-    from ptq.executor import prepare
-    from ptq.images import Preprocess
-    from ptq.pipeline import calibrate
-    from ptq.quant_table import load_quant_table
-    from reports.float_reference import float_reference
+    bench = layer_bench(__doc__.splitlines()[0], argv)
     from reports.grid import grid_bounds
-    from reports.image_source import ImageSet
-    from reports.layer_specs import layer_specs
     from reports.pair_sums import compare
     from reports.value_histogram import ValueHistogram
 
-    with tempfile.TemporaryDirectory() as tmp:
-        quant = args.quant or calibrate(args.model, REPO / "examples" / "calib", tmp, write_qdq=False,
-                                        preprocess=Preprocess(mean=127, std=128)).table_path
-        table = load_quant_table(quant)
-    graph = load_model(args.model, table.options.input_shapes)
-    prepared = prepare(graph, table)
-    specs = layer_specs(prepared, graph.activations)
+    graph, prepared, specs, runner, images = bench.graph, bench.prepared, bench.specs, bench.runner, bench.images
     names = {s.name for s in specs}
-    runner = float_reference(graph, [s.name for s in specs])
     ranks = {s.name: len(graph.tensors[s.name].shape or ()) for s in specs}
     histograms = {s.name: ValueHistogram.for_grid(prepared.qparams[s.name], ranks[s.name]) for s in specs}
     bounds = {s.name: grid_bounds(prepared.qparams[s.name], ranks[s.name]) for s in specs}
-    images = ImageSet.from_folder(args.images, Preprocess(**(table.options.preprocess or {})), None, args.num_images)
     float_s = int_s = compare_s = 0.0
     values = count = 0
     for _path, sample, _label in images.samples(graph):
