@@ -267,9 +267,21 @@ class _Known:
         return Score(0.999 if self.needed <= wide else 0.99, 0.0)
 
 
+def _tuner_with_16_bits(graph, table, check, names):
+    """A tuner on `check` whose current table has `names` in 16 bits, as the 16-bit steps leave it."""
+    from ptq.tuning import _State, _Tuner
+    from reports.tables import with_bits
+
+    tuner = _Tuner(graph, table, None, check, 0.998, 2.0, 1e-5)
+    wide = with_bits(table, names, 16)
+    tuner.saved = {n: table.tensors[n] for n in names}
+    tuner.state = _State(wide, graph, check.cosine(graph, wide), int16=list(names))
+    return tuner
+
+
 @pytest.mark.parametrize("needed", [0, 1, 3, 7])
 def test_minimize_finds_the_shortest_head_of_the_ranking_that_reaches_by_bisection(tmp_path, needed):
-    from ptq.tuning import _State, _Tuner, by_ranking
+    from ptq.tuning import by_ranking
     from reports.tables import with_bits
 
     model_path, table_path = setup(tmp_path)
@@ -279,10 +291,8 @@ def test_minimize_finds_the_shortest_head_of_the_ranking_that_reaches_by_bisecti
     order = by_ranking(acts, ranking, graph)
     assert len(order) == 7 and order[:5] == ranking  # c1 and c2 unranked, last
     check = _Known(order[:needed])
-    tuner = _Tuner(graph, table, None, check, 0.998, 2.0, 1e-5)
+    tuner = _tuner_with_16_bits(graph, table, check, acts)
     wide = with_bits(table, acts, 16)
-    tuner.saved = {n: table.tensors[n] for n in acts}
-    tuner.state = _State(wide, graph, check.cosine(graph, wide), int16=list(acts))
     calls = check.calls
     tuner.bisect([[n] for n in order], "16-bit tensors")
     assert set(tuner.state.int16) == set(order[:max(needed, 1)])  # 0 did not reach before: 1 at least
@@ -337,17 +347,11 @@ def test_minimize_keeps_the_layers_when_they_need_fewer_16_bit_tensors(tmp_path)
 
 
 def test_a_needed_unit_ranked_last_is_moved_first_and_the_head_shrinks(tmp_path):
-    from ptq.tuning import _State, _Tuner
-    from reports.tables import with_bits
-
     model_path, table_path = setup(tmp_path)
     table, graph = load_quant_table(table_path), load_model(model_path)
     order = ["c3", "a2", "out", "a1", "input", "c1", "c2"]
     check = _Known(["c3", "c2"])  # c2 is needed but ranked last: one bisection keeps all 7
-    tuner = _Tuner(graph, table, None, check, 0.998, 2.0, 1e-5)
-    wide = with_bits(table, order, 16)
-    tuner.saved = {n: table.tensors[n] for n in order}
-    tuner.state = _State(wide, graph, check.cosine(graph, wide), int16=list(order))
+    tuner = _tuner_with_16_bits(graph, table, check, order)
     calls = check.calls
     tuner.shortest_head([[n] for n in order], "16-bit tensors")
     assert sorted(tuner.state.int16) == ["c2", "c3"] and tuner.done()
