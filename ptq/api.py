@@ -337,6 +337,8 @@ def report(
     with quiet_logging(opts.quiet):
         loaded = load(model, quant, opts, strict)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
+        # with adjusted weights the graph outputs are compared with the user's model (reports.float_reference)
+        adjusted = table.options.adjusted_model is not None
         if opts.sharded(samples.expected):
             from reports.evaluate_shards import sharded_evaluate
 
@@ -344,10 +346,13 @@ def report(
             ev = sharded_evaluate(graph.model, table, samples, workers=choose_workers(opts.workers, samples.expected),
                                   ray=opts.ray,
                                   float_nodes=float_nodes, isolated_images=isolated_images, progress=opts.progress,
-                                  backend=backend, graph=graph)
+                                  backend=backend, graph=graph, goal=model if adjusted else None)
         else:
+            from ptq.core.graph import load_model
+
+            goal = load_model(model, table.options.input_shapes) if adjusted else None
             ev = evaluate(graph, table, samples, float_nodes=float_nodes, isolated_images=isolated_images,
-                          progress=opts.progress, backend=backend)
+                          progress=opts.progress, backend=backend, goal=goal)
     built = build_report(ev, str(model), str(quant))
     built.inputs = loaded.inputs
     result = ReportResult(built, write_report(built, Path(out)) if out is not None else [])

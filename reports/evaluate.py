@@ -23,7 +23,7 @@ from ptq.float_run import FloatRunner
 from ptq.clip_ranges import folded_ranges
 from ptq.quant_table import QuantTable
 from reports.evaluation import Evaluation
-from reports.float_reference import float_reference
+from reports.float_reference import GoalReference, float_reference
 from reports.grid import grid_bounds
 from reports.image_run import ImageRun
 from reports.image_source import ArraySamples, ImageSet
@@ -59,6 +59,7 @@ def evaluate(
     accumulator: type = SimilarityAccumulator,
     reference: Callable[[Graph, Sequence[str]], FloatRunner] = float_reference,
     threads: bool = True,
+    goal: Optional[Graph] = None,
 ) -> Evaluation:
     """Run the float model and the integer graph on every image and accumulate the similarities.
 
@@ -68,6 +69,8 @@ def evaluate(
     `backend` (a `DotBackend` or a `ptq.backends` name) computes the integer graph's dot products.
     `accumulator`: the `SimilarityAccumulator` class (a sharded run records each sample's sums).
     `reference(graph, tensors)`: the float runner (a worker reuses one session for all its shards).
+    `goal`: the user's model when `graph` holds adjusted weights: the graph outputs are compared with its
+    outputs, the layers with `graph`'s tensors (`reports.float_reference.GoalReference`).
     `threads=False`: no helper threads, every step in the calling thread (a sharded report's worker when the
     workers already take every core: `reports.evaluate_shards`).
     """
@@ -90,6 +93,8 @@ def evaluate(
     read = [i for k in steps for i in prepared.steps[k].node.inputs if i in prepared.qparams and i in in_float_model]
     wanted = list(dict.fromkeys([s.name for s in specs] + outputs + read))
     runner = reference(graph, wanted)
+    if goal is not None:
+        runner = GoalReference(runner, reference(goal, outputs))
     ev = Evaluation(
         layers=specs,
         qparams=dict(prepared.qparams),

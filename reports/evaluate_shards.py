@@ -87,9 +87,10 @@ class ReportContext:
     """A worker's model, and what it prepared for the call it is serving (the latest one only)."""
 
     graph: Graph
+    goal: Optional[Graph] = None  # the user's model when `graph` holds adjusted weights (`evaluate`'s `goal`)
     call_key: Optional[str] = None
     prepared: Optional[IntegerGraph] = None
-    runner: Optional[FloatRunner] = None  # the float reference session, reused by the next shards
+    runners: dict = field(default_factory=dict)  # (graph, tensors) -> float session, reused by the next shards
 
     def prepare(self, call: EvaluateCall) -> IntegerGraph:
         if call.key != self.call_key:
@@ -98,10 +99,13 @@ class ReportContext:
         return self.prepared
 
     def reference(self, graph: Graph, tensors: Sequence[str]) -> FloatRunner:
-        """`reports.evaluate`'s float runner, one session for every shard that wants the same tensors."""
-        if self.runner is None or self.runner.tensors != list(dict.fromkeys(tensors)):
-            self.runner = float_reference(graph, tensors)
-        return self.runner
+        """`reports.evaluate`'s float runner, one session per model for every shard that wants the same
+        tensors."""
+        key = (id(graph), tuple(dict.fromkeys(tensors)))
+        if key not in self.runners:
+            self.runners = {k: r for k, r in self.runners.items() if k[0] != key[0]}
+            self.runners[key] = float_reference(graph, tensors)
+        return self.runners[key]
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,7 @@ class ReportJob:
     format: SampleFormat
     labels: LabelResolver
     threads: bool = True
+    goal: Optional[ShippedModel] = None  # the user's model when `model` holds adjusted weights
     graph: Optional[Graph] = field(default=None, compare=False, repr=False)
 
     def __getstate__(self) -> dict:
@@ -125,7 +130,8 @@ class ReportJob:
         self.__dict__.update(state)
 
     def setup(self) -> ReportContext:
-        return ReportContext(self.graph or load_shipped_model(self.model, self.input_shapes))
+        goal = None if self.goal is None else load_shipped_model(self.goal, self.input_shapes)
+        return ReportContext(self.graph or load_shipped_model(self.model, self.input_shapes), goal)
 
     def run(self, context: ReportContext, item: tuple[EvaluateCall, Shard]) -> ShardResult:
         call, shard = item
@@ -133,7 +139,8 @@ class ReportJob:
         try:
             ev = evaluate(context.graph, call.table, source, layers=call.layers, isolated=call.isolated,
                           isolated_images=shard.isolated, prepared=context.prepare(call),
-                          accumulator=RecordingAccumulator, reference=context.reference, threads=self.threads)
+                          accumulator=RecordingAccumulator, reference=context.reference, threads=self.threads,
+                          goal=context.goal)
         except ValueError:
             if source.log.skipped and not source.log.used:  # "no image could be decoded"
                 return ShardResult(skipped=source.log.skipped)
@@ -180,10 +187,12 @@ class ShardedEvaluator:
     image set the evaluator was made for (the workers hold that model and those samples' format)."""
 
     def __init__(self, model: Union[str, Path, onnx.ModelProto], input_shapes: Optional[dict], images: ImageSet, *,
-                 workers: int, ray: Optional[str] = None, graph: Optional[Graph] = None):
+                 workers: int, ray: Optional[str] = None, graph: Optional[Graph] = None,
+                 goal: Union[str, Path, onnx.ModelProto, None] = None):
         self.graph, self.images = graph, images
         job = ReportJob(ship_model(model), input_shapes, images.format, images.labels,
-                        threads=worker_threads(workers, ray), graph=graph)
+                        threads=worker_threads(workers, ray), goal=None if goal is None else ship_model(goal),
+                        graph=graph)
         self.runner = make_runner(job, workers, ray)
         self.workers = workers
 
@@ -267,10 +276,12 @@ def sharded_evaluate(
     progress: bool = False,
     desc: str = "report",
     graph: Optional[Graph] = None,
+    goal: Union[str, Path, onnx.ModelProto, None] = None,
 ) -> Evaluation:
     """What `evaluate(graph, table, images, ...)` returns, computed by `workers` processes (or on Ray).
-    `graph`: `model` as already loaded here (forked workers inherit it instead of loading the model)."""
+    `graph`: `model` as already loaded here (forked workers inherit it instead of loading the model).
+    `goal`: the user's model when `model` holds adjusted weights (`evaluate`'s `goal`)."""
     with ShardedEvaluator(model, table.options.input_shapes, images, workers=workers, ray=ray,
-                          graph=graph) as evaluator:
+                          graph=graph, goal=goal) as evaluator:
         return evaluator(graph, table, images, float_nodes=float_nodes, layers=layers, isolated=isolated,
                          isolated_images=isolated_images, progress=progress, desc=desc, backend=backend)
