@@ -59,11 +59,10 @@ def test_patches_are_the_zero_padded_windows_of_the_output_positions():
 def test_layer_weights_land_on_the_table_grid_and_an_underdetermined_gemm_is_skipped():
     from ptq.adaround import adaround
     from ptq.core.graph import load_model
-    from tests.test_bias_correction import coarse_table, grouped_conv_gemm
+    from tests.test_bias_correction import coarse_table, random_grouped_conv_gemm
 
     rng = np.random.default_rng(4)
-    graph = load_model(grouped_conv_gemm(rng.normal(0, 0.4, (6, 2, 3, 3)), rng.normal(0, 0.1, 6),
-                                         rng.normal(0, 0.5, (3, 6)), rng.normal(0, 0.1, 3)))
+    graph = load_model(random_grouped_conv_gemm(rng))
     table = coarse_table(graph.initializers["W"], graph.initializers["WG"])
     x = rng.normal(0.5, 1.0, (3, 4, 9, 9)).astype(np.float32)
     learned, log = adaround(graph, table, iter([x]), positions=64)

@@ -30,6 +30,13 @@ def grouped_conv_gemm(w, b, wg, bg) -> onnx.ModelProto:
     return make_model(nodes, [inp], [out], inits)
 
 
+def random_grouped_conv_gemm(rng: np.random.Generator) -> onnx.ModelProto:
+    """`grouped_conv_gemm` with weights and biases drawn from `rng` (conv weights N(0, 0.4), biases N(0, 0.1),
+    Gemm weights N(0, 0.5))."""
+    return grouped_conv_gemm(rng.normal(0, 0.4, (6, 2, 3, 3)), rng.normal(0, 0.1, 6), rng.normal(0, 0.5, (3, 6)),
+                             rng.normal(0, 0.1, 3))
+
+
 def run(model, x, names):
     m = onnx.ModelProto()
     m.CopyFrom(model)
@@ -61,9 +68,7 @@ def with_weights(model, values: dict) -> onnx.ModelProto:
 
 def test_corrected_bias_removes_the_planted_mean_shift():
     rng = np.random.default_rng(0)
-    w, b = rng.normal(0, 0.4, (6, 2, 3, 3)), rng.normal(0, 0.1, 6)
-    wg, bg = rng.normal(0, 0.5, (3, 6)), rng.normal(0, 0.1, 3)
-    float_model = grouped_conv_gemm(w, b, wg, bg)
+    float_model = random_grouped_conv_gemm(rng)
     x = (rng.normal(0.8, 1.0, (10, 4, 9, 9)) + np.arange(4)[None, :, None, None]).astype(np.float32)
     graph = load_model(float_model)
     table = coarse_table(graph.initializers["W"], graph.initializers["WG"])
@@ -92,9 +97,7 @@ def test_corrected_bias_removes_the_planted_mean_shift():
 
 def test_weights_are_untouched_and_layers_without_a_table_entry_are_not_corrected():
     rng = np.random.default_rng(1)
-    w, b = rng.normal(0, 0.4, (6, 2, 3, 3)), rng.normal(0, 0.1, 6)
-    wg, bg = rng.normal(0, 0.5, (3, 6)), rng.normal(0, 0.1, 3)
-    graph = load_model(grouped_conv_gemm(w, b, wg, bg))
+    graph = load_model(random_grouped_conv_gemm(rng))
     table = coarse_table(graph.initializers["W"], graph.initializers["WG"])
     del table.tensors["WG"]
     x = rng.normal(0, 1, (3, 4, 9, 9)).astype(np.float32)
@@ -110,9 +113,7 @@ def test_recorrected_bias_moves_the_correction_to_the_new_grid():
     """A graph corrected for 4-bit weights, its conv weight moved to 6 bits: the re-corrected bias removes the
     mean shift of the 6-bit weights (and is no longer right for the 4-bit ones)."""
     rng = np.random.default_rng(2)
-    w, b = rng.normal(0, 0.4, (6, 2, 3, 3)), rng.normal(0, 0.1, 6)
-    wg, bg = rng.normal(0, 0.5, (3, 6)), rng.normal(0, 0.1, 3)
-    float_model = grouped_conv_gemm(w, b, wg, bg)
+    float_model = random_grouped_conv_gemm(rng)
     x = (rng.normal(0.8, 1.0, (10, 4, 9, 9)) + np.arange(4)[None, :, None, None]).astype(np.float32)
     graph = load_model(float_model)
     old = coarse_table(graph.initializers["W"], graph.initializers["WG"])
