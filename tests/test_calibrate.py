@@ -15,7 +15,7 @@ from ptq.cli import main
 from ptq.images import InputSpec, Preprocess, load_image
 from ptq.qdq_export import export_qdq
 from ptq.quant_table import load_quant_table
-from tiny_models import conv_relu_gemm, write_images
+from tiny_models import conv_relu_gemm, write_tiny_case
 
 RAW = Preprocess(mean=0, std=255, crop_ratio=1.0)  # 8x8 images into an 8x8 input: no resize, x = pixel / 255
 RAW_FLAGS = ["--mean", "0", "--std", "255", "--crop-ratio", "1", "-q"]
@@ -37,11 +37,7 @@ def ort_run(model_path, x, optimized=False):
 @pytest.fixture()
 def tiny(tmp_path):
     """A dynamic-batch Conv/Clip/Gemm model file and a folder of 8x8 lossless images."""
-    model_path = tmp_path / "tiny.onnx"
-    onnx.save(conv_relu_gemm(batch=None), model_path)
-    images = tmp_path / "images"
-    paths = write_images(images, 7, size=(8, 8))
-    return model_path, images, paths
+    return write_tiny_case(tmp_path, 7)
 
 
 def test_extrema_ranges_match_the_reference_evaluator(tiny, tmp_path):

@@ -7,7 +7,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import onnx
 import pytest
 
 from ptq.calibration_shards import CalibrationJob
@@ -15,7 +14,7 @@ from ptq.cli import main
 from ptq.images import ImageLog, Preprocess
 from ptq.parallel import LocalPool, optimistic_used, plan_shards, run_sharded
 from ptq.samples import ImageFormat
-from tiny_models import conv_relu_gemm, write_images
+from tiny_models import write_tiny_case
 
 RAW_FLAGS = ["--mean", "0", "--std", "255", "--crop-ratio", "1", "-q"]
 
@@ -69,10 +68,7 @@ def test_bundled_photos_two_workers_write_the_one_process_table(model_path, cali
 @pytest.fixture()
 def tiny_with_bad_files(tmp_path):
     """A dynamic-batch model and 14 lossless 8x8 images with two undecodable ones among them."""
-    model = tmp_path / "tiny.onnx"
-    onnx.save(conv_relu_gemm(batch=None), model)
-    images = tmp_path / "images"
-    write_images(images, 14, size=(8, 8))
+    model, images, _ = write_tiny_case(tmp_path, 14)
     names = sorted(p.name for p in images.iterdir())
     (images / (names[2][:-4] + "a.png")).write_bytes(b"\x89PNG garbage")  # sorts right after the third image
     (images / "zz_broken.png").write_bytes(b"\x89PNG more garbage")
@@ -199,10 +195,7 @@ def test_a_worker_that_dies_mid_run_has_its_shard_rerun_with_the_same_result(tmp
     from ptq.core.graph import load_model
     from ptq.pipeline import collect_image_statistics
 
-    model = tmp_path / "tiny.onnx"
-    onnx.save(conv_relu_gemm(batch=None), model)
-    images = tmp_path / "images"
-    files = write_images(images, 12, size=(8, 8))
+    model, images, files = write_tiny_case(tmp_path, 12)
     pre, needs = Preprocess(mean=0, std=255, crop_ratio=1.0), required_stats(list(NEEDS))
     expected, _ = collect_image_statistics(load_model(str(model)), images, needs, preprocess=pre, batch_size=2)
 

@@ -13,17 +13,14 @@ from ptq.cli import main
 from ptq.pipeline import calibrate
 from ptq.qdq_check import CHECK_SAMPLES, TOLERANCE, QDQCheck, QDQCheckError, check_qdq
 from ptq.qdq_export import export_qdq
-from tiny_models import conv_relu_gemm, write_images
+from tiny_models import conv_relu_gemm, write_tiny_case
 
 RAW_FLAGS = ["--mean", "0", "--std", "255", "--crop-ratio", "1"]
 
 
 @pytest.fixture()
 def tiny(tmp_path):
-    model_path = tmp_path / "tiny.onnx"
-    onnx.save(conv_relu_gemm(batch=None), model_path)
-    images = tmp_path / "images"
-    write_images(images, 10, size=(8, 8))
+    model_path, images, _ = write_tiny_case(tmp_path, 10)
     return model_path, images
 
 

@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 
 from ptq.cli import main
@@ -15,7 +14,7 @@ from ptq.notes import Note
 from ptq.pipeline import calibrate
 from ptq.quant_table import load_quant_table, save_quant_table
 from reports.layer_nodes import float_node_names
-from tiny_models import conv_relu_gemm, write_images
+from tiny_models import write_tiny_case
 
 RAW = Preprocess(mean=0, std=255, crop_ratio=1.0)
 
@@ -23,10 +22,7 @@ RAW = Preprocess(mean=0, std=255, crop_ratio=1.0)
 @pytest.fixture()
 def tiny(tmp_path):
     """The tiny Conv/Clip/Gemm model, 5 images, and its calibrated table."""
-    model = tmp_path / "tiny.onnx"
-    onnx.save(conv_relu_gemm(batch=None), model)
-    images = tmp_path / "images"
-    write_images(images, 5, size=(8, 8))
+    model, images, _ = write_tiny_case(tmp_path, 5)
     result = calibrate(model, images, tmp_path / "out", preprocess=RAW, write_qdq=False)
     return model, images, result.table_path
 

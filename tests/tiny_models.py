@@ -50,3 +50,12 @@ def write_images(folder: Path, count: int, size=(12, 10), seed=0, prefix="img") 
         Image.fromarray(arr).save(path)
         paths.append(path)
     return paths
+
+
+def write_tiny_case(folder: Path, count: int) -> tuple[Path, Path, list[Path]]:
+    """The dynamic-batch `conv_relu_gemm` model saved as `folder/tiny.onnx` and `count` 8x8 lossless images in
+    `folder/images`: (model path, image folder, image paths)."""
+    model = folder / "tiny.onnx"
+    onnx.save(conv_relu_gemm(batch=None), model)
+    images = folder / "images"
+    return model, images, write_images(images, count, size=(8, 8))
