@@ -313,8 +313,9 @@ class _Tuner:
     """The search of the module docstring over one graph, table and split of the samples."""
 
     def __init__(self, graph: Graph, table: QuantTable, fit: Samples, validation: Validation, goal: float, z: float,
-                 min_gain: float):
+                 min_gain: float, passes=None):
         self.fit, self.validation, self.goal, self.z, self.min_gain = fit, validation, goal, z, min_gain
+        self.passes = passes or InProcess()  # where the passes over the fit samples run (`sample_passes`)
         self.original = table
         self.steps: list[TuneStep] = []
         self._patches: Optional[dict] = None
@@ -370,7 +371,7 @@ class _Tuner:
             self.saved.setdefault(n, table.tensors[n])
         if acts:
             if self.stats is None:
-                self.stats = fit_statistics(self.state.graph, self.fit, ["extrema"])
+                self.stats = self.passes.statistics(self.state.graph, self.fit, ["extrema"])
             table = wide_activations(self.state.graph, table, self.stats, acts)
         if weights:
             table = with_weight_bits(self.state.graph, table, weights, 16)
@@ -484,7 +485,7 @@ def _search(graph: Graph, table: QuantTable, fit: Samples, check: Validation, pa
             budget_int16: int, allow_float: int, margin: float, z: float, range_calibrators: Sequence[str],
             range_search: bool, min_gain: float, views: Sequence[str], progress: bool) -> TuneResult:
     """`tune` once the samples are split and the passes over them placed."""
-    tuner = _Tuner(graph, table, fit, check, target + margin, z, min_gain)
+    tuner = _Tuner(graph, table, fit, check, target + margin, z, min_gain, passes)
     baseline = tuner.state.score
     logger.info("validation cosine on %d samples (%d photos): %.5f +- %.5f (goal: mean - %g sem >= %.5f)", len(check),
                 check.photos,
