@@ -496,14 +496,19 @@ def tune(
     z: float = DEFAULT_Z,
     views: Sequence[str] = DEFAULT_VIEWS,
     out: Optional[PathLike] = None,
+    qdq_target: str = DEFAULT_TARGET,
+    no_check: bool = False,
     **options,
 ) -> TuneResult:
     """`ptq tune`: change the table step by step until the logits cosine on validation samples reaches
     `target_cosine` (a part of the samples held out, or the `validation` folder, in the samples' format; each
     image with the `views` of `ptq.views`);
-    write `<stem>.tuned.quant.json` and `<stem>.tune.json` to `out` (default: the table's folder). Judge the
-    result on other held-out samples still. `workers`/`ray`: the passes over the samples (statistics, ranking,
-    each step's validation cosines) on a pool, with the same result (`ptq.tune_shards`).
+    write `<stem>.tuned.quant.json`, `<stem>.tuned.qdq.onnx` (the QDQ model of the tuned table, from the
+    tuned weights when the table records adjusted ones, stored for `qdq_target` and checked in onnxruntime on
+    a few of the samples unless `quiet` or `no_check`, as `ptq.calibrate` does) and `<stem>.tune.json` to `out`
+    (default: the table's folder). Judge the result on other held-out samples still. `workers`/`ray`: the
+    passes over the samples (statistics, ranking, each step's validation cosines) on a pool, with the same
+    result (`ptq.tune_shards`).
 
     >>> import tempfile, ptq
     >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
@@ -512,9 +517,13 @@ def tune(
     ...                   num_images=3, target_cosine=0.9, quiet=True)
     >>> result.reached, result.steps, result.validation_samples, result.table_path.name
     (True, [], 1, 'efficientnet_lite0.tuned.quant.json')
+    >>> result.qdq_path.name, result.qdq_target
+    ('efficientnet_lite0.tuned.qdq.onnx', 'ort-cpu')
     """
     from ptq.adjusted_model import save_adjusted
+    from ptq.atomic import refuse_to_overwrite
     from ptq.core.graph import load_model
+    from ptq.qdq_output import export_checked, sample_feeds, write_model
     from ptq.quant_table import save_quant_table
     from ptq.tuning import tune as run_tuning
     from ptq.views import VIEWS
@@ -536,21 +545,27 @@ def tune(
         if validation is not None:  # the same format (and preprocessing) as the tuning samples
             held = ImageSet.from_source(dataclasses.replace(loaded.source, location=Path(validation)))
         reference = load_model(model, table.options.input_shapes)  # the user's model: the goal
+        out_dir = Path(out) if out is not None else table_path.parent
+        stem = table_path.name[: -len(".quant.json")] if table_path.name.endswith(".quant.json") else table_path.stem
+        tuned_path, qdq_path = out_dir / f"{stem}.tuned.quant.json", out_dir / f"{stem}.tuned.qdq.onnx"
+        refuse_to_overwrite({"model": model, "quant table": quant}, [tuned_path, qdq_path])
         result = run_tuning(
             graph, table, samples, target_cosine, budget_int16=budget_int16, allow_float=allow_float,
             validation=held, reference=reference, validation_fraction=validation_fraction, margin=margin, z=z,
             views=views, progress=opts.progress, workers=choose_workers(opts.workers, samples.expected), ray=opts.ray)
-    out_dir = Path(out) if out is not None else table_path.parent
+        # exported (and checked against the user's model) before anything is written: a failure leaves no file
+        qdq = export_checked(result.graph, result.table, qdq_target, reference=reference.model,
+                             feeds=() if opts.quiet or no_check else sample_feeds(samples, result.graph))
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = table_path.name[: -len(".quant.json")] if table_path.name.endswith(".quant.json") else table_path.stem
-    tuned_path = out_dir / f"{stem}.tuned.quant.json"
     tuned = result.table
     if tuned.options.adjusted_model is not None:  # the weights move with the table (biases re-corrected)
         _, relative, digest = save_adjusted(result.graph.model, tuned_path)
         tuned.options = dataclasses.replace(tuned.options, adjusted_model=relative, adjusted_sha256=digest)
     result.table_path = save_quant_table(tuned, tuned_path)
+    result.qdq_path, result.qdq_target, result.qdq_check = write_model(qdq.model, qdq_path), qdq.target, qdq.check
     result.record_path = out_dir / f"{stem}.tune.json"
     result.record_path.write_text(json.dumps({"model": str(model), "quant": str(table_path), "tuned": str(tuned_path),
+                                              "qdq": str(result.qdq_path), "qdq_target": result.qdq_target,
                                               "inputs": loaded.inputs, **result.to_dict()}, indent=1) + "\n",
                                   encoding="utf-8")
     return result
