@@ -1,6 +1,7 @@
-"""The Python API: one function per command, `ptq.calibrate`, `ptq.run`, `ptq.report`, `ptq.debug` and
-`ptq.tune`, with the command's options as keyword arguments named as the flags (`--crop-ratio` is
-`crop_ratio`, `--fake-quant` is `fake_quant`) and results as objects. The `ptq` commands parse their flags
+"""The Python API: one function per command, `ptq.calibrate`, `ptq.run`, `ptq.report`, `ptq.debug`,
+`ptq.tune` and `ptq.export_table` (`ptq table export`), with the command's options as keyword arguments named
+as the flags (`--crop-ratio` is `crop_ratio`, `--fake-quant` is `fake_quant`; `--qdq-target` is `qdq_target`,
+`ptq.calibrate` keeps `target`) and results as objects. The `ptq` commands parse their flags
 and call these functions; they only print.
 
 Every function takes the shared options (`ptq.data_options.DataOptions`): `images` or `data`, the
@@ -24,6 +25,7 @@ from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAU
 
 if TYPE_CHECKING:
     from ptq.core.graph import Graph
+    from ptq.qdq_check import QDQCheck
     from ptq.executor import FloatNode
     from ptq.pipeline import CalibrationResult
     from ptq.quant_table import QuantTable
@@ -555,7 +557,8 @@ def tune(
             views=views, progress=opts.progress, workers=choose_workers(opts.workers, samples.expected), ray=opts.ray)
         # exported (and checked against the user's model) before anything is written: a failure leaves no file
         qdq = export_checked(result.graph, result.table, qdq_target, reference=reference.model,
-                             feeds=() if opts.quiet or no_check else sample_feeds(samples, result.graph))
+                             feeds=() if opts.quiet or no_check else sample_feeds(samples, result.graph),
+                             source="tuning")
     out_dir.mkdir(parents=True, exist_ok=True)
     tuned = result.table
     if tuned.options.adjusted_model is not None:  # the weights move with the table (biases re-corrected)
@@ -569,3 +572,84 @@ def tune(
                                               "inputs": loaded.inputs, **result.to_dict()}, indent=1) + "\n",
                                   encoding="utf-8")
     return result
+
+
+# -------------------------------------------------------------------------------------------- table export
+
+@dataclass
+class ExportResult:
+    """`ptq.export_table`: the QDQ model written, the target it is stored for, its onnxruntime check (None: not
+    run), and what of the table it carries besides 8-bit integers: the nodes kept in float (node -> the tensor
+    the table marks float) and the tensors wider than 8 bits."""
+
+    path: Path
+    target: str
+    check: Optional[QDQCheck]
+    float_nodes: dict[str, str]
+    wide_tensors: list[str]
+
+    def summary(self) -> str:
+        from ptq.qdq_output import summary_lines
+
+        lines = summary_lines(self.path, self.target, self.check)
+        if self.float_nodes:
+            lines.append(f"{len(self.float_nodes)} node(s) in float (weights and biases kept float): " + ", ".join(
+                f"{node} ({tensor!r})" for node, tensor in self.float_nodes.items()))
+        if self.wide_tensors:
+            lines.append(f"{len(self.wide_tensors)} tensor(s) wider than 8 bits: {', '.join(self.wide_tensors)}")
+        return "\n".join(lines)
+
+
+def export_table(
+    model: PathLike,
+    *,
+    quant: PathLike,
+    out: Optional[PathLike] = None,
+    qdq_target: str = DEFAULT_TARGET,
+    no_check: bool = False,
+    **options,
+) -> ExportResult:
+    """`ptq table export`: the QDQ model of `model` with any quant table `quant` (calibrated, tuned, edited by
+    hand or with `ptq table set`), from the adjusted weights when the table records them, stored for
+    `qdq_target`, written atomically to `out` (default: beside the table, `<stem>.qdq.onnx`; never over the
+    model, the table or its adjusted weights). With samples (`images` or `data`, preprocessed as the table
+    records), checked in onnxruntime against the float model as `ptq.calibrate` does, unless `quiet` or
+    `no_check`. A table that does not match the model is a one-line error.
+
+    >>> import tempfile, ptq
+    >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
+    ...                     num_images=2, quiet=True)
+    >>> result = ptq.export_table("examples/efficientnet_lite0.onnx", quant=cal.table_path,
+    ...                           out=cal.table_path.with_name("again.qdq.onnx"), images="examples/calib", num_images=2)
+    >>> result.path.name, result.target, result.check.samples, result.float_nodes
+    ('again.qdq.onnx', 'ort-cpu', 2, {})
+    """
+    from ptq.adjusted_model import load_model_for_table, resolve_adjusted
+    from ptq.atomic import refuse_to_overwrite
+    from ptq.core.graph import load_model
+    from ptq.executor import table_float_nodes
+    from ptq.qdq_export import check_table_matches
+    from ptq.qdq_output import export_checked, sample_feeds, write_model
+    from ptq.quant_table import load_quant_table
+    from reports.image_source import ImageSet
+
+    quiet = bool(options.get("quiet", False))
+    opts = _options("export_table", options, labels=False) if set(options) - {"quiet"} else None
+    table_path = Path(quant)
+    stem = table_path.name[: -len(".quant.json")] if table_path.name.endswith(".quant.json") else table_path.stem
+    path = Path(out) if out is not None else table_path.with_name(f"{stem}.qdq.onnx")
+    with quiet_logging(quiet):
+        table = load_quant_table(quant)
+        refuse_to_overwrite({"model": model, "quant table": quant, "adjusted model": resolve_adjusted(table, quant)},
+                            [path])
+        graph = load_model_for_table(model, table, quant, note=not quiet)
+        check_table_matches(graph, table)
+        feeds: list = []
+        if opts is not None and not (quiet or no_check):
+            samples = ImageSet.from_source(opts.source(table.options.preprocess), None, opts.num_images, opts.seed)
+            feeds = sample_feeds(samples, graph)
+        reference = load_model(model, table.options.input_shapes).model if feeds else None
+        qdq = export_checked(graph, table, qdq_target, reference=reference, feeds=feeds, source="")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    wide = [name for name, entry in table.tensors.items() if entry.qparams.bits > 8]
+    return ExportResult(write_model(qdq.model, path), qdq.target, qdq.check, table_float_nodes(graph, table), wide)

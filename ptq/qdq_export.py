@@ -232,6 +232,30 @@ def _quantize_bias(node, weight_qp: QParams, table: QuantTable, b: _Builder, ini
     return [b.dequantize(quantized, scale_name, zp_name, bias_name, np.dtype(np.int32), axis)]
 
 
+def _named(names: list[str], limit: int = 3) -> str:
+    return ", ".join(map(repr, names[:limit])) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def check_table_matches(graph: Graph, table: QuantTable) -> None:
+    """A one-line ModelError unless `table` describes `graph`: every tensor it names is one of the model's,
+    of the same kind (activation or weight), and every activation of the model has an entry."""
+    activations = set(graph.activations)
+    unknown = [n for n in table.tensors if n not in graph.tensors]
+    wrong = [n for n, e in table.tensors.items() if n in graph.tensors
+             and (n not in activations if e.kind == "activation" else n not in graph.constants)]
+    missing = [n for n in graph.activations if n not in table.tensors]
+    hint = "was it calibrated on this model?"
+    if unknown:
+        raise ModelError(f"the quant table does not match the model: {len(unknown)} of its tensors are not in the "
+                         f"model ({_named(unknown)}); {hint}")
+    if wrong:
+        raise ModelError(f"the quant table does not match the model: the kind (activation or weight) it gives "
+                         f"{_named(wrong)} is not the model's; {hint}")
+    if missing:
+        raise ModelError(f"the quant table does not match the model: {len(missing)} activations of the model have "
+                         f"no entry ({_named(missing)}); {hint}")
+
+
 def _without_unread_dequantize(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
     """The nodes but a DequantizeLinear nothing reads (a tensor only float layers read, through their own DQ)."""
     read = {name for node in nodes for name in node.input} | outputs

@@ -34,16 +34,17 @@ class ExportedQDQ:
 
 
 def export_checked(graph: Graph, table: QuantTable, target: Union[str, QDQTarget], *,
-                   reference: Optional[onnx.ModelProto] = None, feeds: Sequence[dict] = ()) -> ExportedQDQ:
+                   reference: Optional[onnx.ModelProto] = None, feeds: Sequence[dict] = (),
+                   source: str = "calibration") -> ExportedQDQ:
     """The QDQ model of `graph` with `table` for `target`; with `reference` (the user's float model) and
-    `feeds`, checked in onnxruntime (`ptq.qdq_check`): a warning when the optimized and unoptimized runs
-    disagree, or when onnxruntime cannot run the check."""
+    `feeds` (from `source`: "calibration", "tuning", ""), checked in onnxruntime (`ptq.qdq_check`): a warning
+    when the optimized and unoptimized runs disagree, or when onnxruntime cannot run the check."""
     target = get_target(target)
     exported = ExportedQDQ(export_qdq(graph, table, target), target.name)
     if reference is None or not feeds:
         return exported
     try:
-        exported.check = check_qdq(reference, exported.model, feeds, target.name)
+        exported.check = check_qdq(reference, exported.model, feeds, target.name, source)
     except QDQCheckError as exc:
         logger.warning("could not check the QDQ model in onnxruntime: %s", exc)
         return exported

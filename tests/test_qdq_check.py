@@ -66,7 +66,7 @@ def test_warning_only_beyond_the_tolerance_with_advice_per_target():
     assert QDQCheck("ort-cpu", 8, 0.9934, 0.9934 - TOLERANCE / 2).warning() is None
     lost = QDQCheck("none", 8, 0.9934, 0.9357)
     assert not lost.holds and lost.gap == pytest.approx(0.0577)
-    assert "0.9357 against 0.9934" in lost.warning() and "--target ort-cpu" in lost.warning()
+    assert "0.9357 against 0.9934" in lost.warning() and "--qdq-target ort-cpu" in lost.warning()
     assert "ORT_ENABLE_BASIC" in QDQCheck("ort-cpu", 8, 0.99, 0.95).warning()
     assert QDQCheck("ort-cpu", 1, 0.5, 0.25).summary() == (
         "QDQ model in onnxruntime (target ort-cpu), output cosine to float on 1 calibration sample: 0.5000 with "
@@ -111,7 +111,7 @@ def test_cli_no_check_and_quiet_skip_the_check(tiny, tmp_path, capsys, monkeypat
 
 def test_cli_target_none_writes_int8_weights_and_a_gap_is_a_warning(tiny, tmp_path, caplog, monkeypatch):
     model_path, images = tiny
-    monkeypatch.setattr(ptq.qdq_output, "check_qdq", lambda float_model, qdq, feeds, target:
+    monkeypatch.setattr(ptq.qdq_output, "check_qdq", lambda float_model, qdq, feeds, target, source:
                         QDQCheck(target, len(feeds), 0.99, 0.9))
     with caplog.at_level(logging.WARNING, logger="ptq"):
         assert main(["calibrate", str(model_path), "--images", str(images), "--out", str(tmp_path / "o"),
