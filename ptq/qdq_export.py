@@ -97,6 +97,7 @@ class _Builder:
         self.initializers: list[onnx.TensorProto] = []
         self.uses_ms_domain = False
         self.chains: dict[str, tuple[str, QParams]] = {}  # output of a Q/DQ chain -> (its codes, their storage)
+        self.reread: set[str] = set()  # chain outputs float layers read through their own DQ instead
 
     def name(self, base: str) -> str:
         candidate, k = base, 1
@@ -156,6 +157,7 @@ class _Builder:
         if axis is None:
             return tensor, []
         size = shape[axis]
+        self.reread.add(tensor)
         scale = self.constant(f"{tensor}_float_scale", np.full(size, stored.scale[0], np.float32))
         zp = self.constant(f"{tensor}_float_zero_point", np.full(size, stored.zero_point[0], stored.dtype))
         out = self.name(f"{tensor}_float_dq")
@@ -256,10 +258,11 @@ def check_table_matches(graph: Graph, table: QuantTable) -> None:
                          f"no entry ({_named(missing)}); {hint}")
 
 
-def _without_unread_dequantize(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
-    """The nodes but a DequantizeLinear nothing reads (a tensor only float layers read, through their own DQ)."""
+def _without_unread_dequantize(nodes: list[onnx.NodeProto], reread: set[str], outputs: set[str]) -> list:
+    """The nodes but the DequantizeLinear of a tensor in `reread` that nothing reads any more (only float
+    layers read it, through their own DQ)."""
     read = {name for node in nodes for name in node.input} | outputs
-    return [n for n in nodes if n.op_type != "DequantizeLinear" or n.output[0] in read]
+    return [n for n in nodes if not (n.op_type == "DequantizeLinear" and n.output[0] in reread - read)]
 
 
 def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = DEFAULT_TARGET) -> onnx.ModelProto:
@@ -268,7 +271,8 @@ def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = 
     target = get_target(target)
     float_nodes = table_float_nodes(graph, table)
     nodes_by_name = {node.name: node for node in graph.nodes}
-    float_weighted = {name for name in float_nodes if weight_role(nodes_by_name[name]) is not None}
+    float_weighted = {name for name in float_nodes  # (a node a rewrite created has no weights of the model)
+                      if name in nodes_by_name and weight_role(nodes_by_name[name]) is not None}
     model = _prepare_model(graph, table, per_axis=bool(float_weighted))
     b = _Builder(model, _opset(model))
     initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -323,7 +327,7 @@ def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = 
     del model.graph.input[:]
     model.graph.input.extend(graph_inputs)
     del model.graph.node[:]
-    model.graph.node.extend(_without_unread_dequantize(head + body, {o.name for o in model.graph.output}))
+    model.graph.node.extend(_without_unread_dequantize(head + body, b.reread, {o.name for o in model.graph.output}))
     if b.uses_ms_domain and not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     try:
