@@ -48,6 +48,12 @@ def _options(function: str, options: dict, *, labels: bool = True) -> DataOption
     return opts
 
 
+def _table_stem(table_path: Path) -> str:
+    """The name the files written beside a table start with: `x.quant.json` -> `x`."""
+    name = table_path.name
+    return name[: -len(".quant.json")] if name.endswith(".quant.json") else table_path.stem
+
+
 def _input_shapes(input_shape) -> Optional[dict]:
     """`--input-shape NAME:D0,D1,...` (repeatable) or a dict {name: dims}."""
     from ptq.core.graph import parse_input_shapes
@@ -548,7 +554,7 @@ def tune(
             held = ImageSet.from_source(dataclasses.replace(loaded.source, location=Path(validation)))
         reference = load_model(model, table.options.input_shapes)  # the user's model: the goal
         out_dir = Path(out) if out is not None else table_path.parent
-        stem = table_path.name[: -len(".quant.json")] if table_path.name.endswith(".quant.json") else table_path.stem
+        stem = _table_stem(table_path)
         tuned_path, qdq_path = out_dir / f"{stem}.tuned.quant.json", out_dir / f"{stem}.tuned.qdq.onnx"
         refuse_to_overwrite({"model": model, "quant table": quant}, [tuned_path, qdq_path])
         result = run_tuning(
@@ -635,9 +641,7 @@ def export_table(
 
     quiet = bool(options.get("quiet", False))
     opts = _options("export_table", options, labels=False) if set(options) - {"quiet"} else None
-    table_path = Path(quant)
-    stem = table_path.name[: -len(".quant.json")] if table_path.name.endswith(".quant.json") else table_path.stem
-    path = Path(out) if out is not None else table_path.with_name(f"{stem}.qdq.onnx")
+    path = Path(out) if out is not None else Path(quant).with_name(f"{_table_stem(Path(quant))}.qdq.onnx")
     with quiet_logging(quiet):
         table = load_quant_table(quant)
         refuse_to_overwrite({"model": model, "quant table": quant, "adjusted model": resolve_adjusted(table, quant)},
