@@ -170,6 +170,23 @@ def test_16_bit_activation_and_weight_of_an_edited_table_run_in_onnxruntime(tiny
     assert_runs_as_ptq(qdq, graph, wide, x, "input", float(wide.qparams("logits").scale[0]))
 
 
+@pytest.mark.parametrize("opset", [11, 17, 21])
+def test_a_float_conv_reading_a_16_bit_input_at_any_opset(opset):
+    """The float Conv's own DQ has an axis: an opset 11 model is converted to 13; its 16-bit codes use the
+    com.microsoft DQ before opset 21. Per-tensor weights, so that only the float layer asks for an axis."""
+    rng = np.random.default_rng(3)
+    model = conv_relu_gemm(batch=None, opset=opset)
+    result = calibrate(model, rng.uniform(0, 1, (16, 3, 8, 8)).astype(np.float32), per_channel=False,
+                       write_qdq=False)
+    table = edit_entry(with_float(result.table, ["act"]), "input", bits=16)
+    qdq = export_qdq(result.graph, table)
+    assert max(o.version for o in qdq.opset_import if o.domain == "") == max(opset, 13)
+    own = next(n for n in qdq.graph.node if n.output[0] == "input_dq_float_dq")
+    assert own.domain == ("" if opset >= 21 else MS_DOMAIN)
+    x = rng.uniform(0, 1, (3, 3, 8, 8)).astype(np.float32)
+    assert_runs_as_ptq(qdq, result.graph, table, x, "input", float(table.qparams("logits").scale[0]))
+
+
 def test_a_table_that_does_not_match_the_model_is_a_one_line_error(tiny):
     graph, table, _ = tiny
     check_table_matches(graph, table)
