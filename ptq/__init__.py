@@ -1,8 +1,8 @@
 """ptq: post-training quantization for ONNX models.
 
 The public API is imported lazily so that `import ptq` stays cheap (no onnxruntime at import time). One
-function per command (`ptq.calibrate`, `ptq.run`, `ptq.report`, `ptq.debug`, `ptq.tune`, in `ptq.api`) takes
-the command's flags as keyword arguments and returns its result as an object.
+function per command (`ptq.calibrate`, `ptq.run`, `ptq.report`, `ptq.debug`, `ptq.tune`, `ptq.export_table`,
+in `ptq.api`) takes the command's flags as keyword arguments and returns its result as an object.
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ _EXPORTS = {
     "report": "ptq.api",
     "debug": "ptq.api",
     "tune": "ptq.api",
+    "export_table": "ptq.api",
+    "ExportResult": "ptq.api",
     "CalibrationResult": "ptq.pipeline",
     "RunResult": "ptq.api",
     "SampleResult": "ptq.api",

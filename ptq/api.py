@@ -1,6 +1,7 @@
-"""The Python API: one function per command, `ptq.calibrate`, `ptq.run`, `ptq.report`, `ptq.debug` and
-`ptq.tune`, with the command's options as keyword arguments named as the flags (`--crop-ratio` is
-`crop_ratio`, `--fake-quant` is `fake_quant`) and results as objects. The `ptq` commands parse their flags
+"""The Python API: one function per command, `ptq.calibrate`, `ptq.run`, `ptq.report`, `ptq.debug`,
+`ptq.tune` and `ptq.export_table` (`ptq table export`), with the command's options as keyword arguments named
+as the flags (`--crop-ratio` is `crop_ratio`, `--fake-quant` is `fake_quant`; `--qdq-target` is `qdq_target`,
+`ptq.calibrate` keeps `target`) and results as objects. The `ptq` commands parse their flags
 and call these functions; they only print.
 
 Every function takes the shared options (`ptq.data_options.DataOptions`): `images` or `data`, the
@@ -24,6 +25,7 @@ from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAU
 
 if TYPE_CHECKING:
     from ptq.core.graph import Graph
+    from ptq.qdq_check import QDQCheck
     from ptq.executor import FloatNode
     from ptq.pipeline import CalibrationResult
     from ptq.quant_table import QuantTable
@@ -44,6 +46,12 @@ def _options(function: str, options: dict, *, labels: bool = True) -> DataOption
     if not labels and opts.labels is not None:
         raise ValueError(f"--labels: `ptq {function}` uses no labels")
     return opts
+
+
+def _table_stem(table_path: Path) -> str:
+    """The name the files written beside a table start with: `x.quant.json` -> `x`."""
+    name = table_path.name
+    return name[: -len(".quant.json")] if name.endswith(".quant.json") else table_path.stem
 
 
 def _input_shapes(input_shape) -> Optional[dict]:
@@ -496,14 +504,19 @@ def tune(
     z: float = DEFAULT_Z,
     views: Sequence[str] = DEFAULT_VIEWS,
     out: Optional[PathLike] = None,
+    qdq_target: str = DEFAULT_TARGET,
+    no_check: bool = False,
     **options,
 ) -> TuneResult:
     """`ptq tune`: change the table step by step until the logits cosine on validation samples reaches
     `target_cosine` (a part of the samples held out, or the `validation` folder, in the samples' format; each
     image with the `views` of `ptq.views`);
-    write `<stem>.tuned.quant.json` and `<stem>.tune.json` to `out` (default: the table's folder). Judge the
-    result on other held-out samples still. `workers`/`ray`: the passes over the samples (statistics, ranking,
-    each step's validation cosines) on a pool, with the same result (`ptq.tune_shards`).
+    write `<stem>.tuned.quant.json`, `<stem>.tuned.qdq.onnx` (the QDQ model of the tuned table, from the
+    tuned weights when the table records adjusted ones, stored for `qdq_target` and checked in onnxruntime on
+    a few of the samples unless `quiet` or `no_check`, as `ptq.calibrate` does) and `<stem>.tune.json` to `out`
+    (default: the table's folder). Judge the result on other held-out samples still. `workers`/`ray`: the
+    passes over the samples (statistics, ranking, each step's validation cosines) on a pool, with the same
+    result (`ptq.tune_shards`).
 
     >>> import tempfile, ptq
     >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
@@ -512,9 +525,13 @@ def tune(
     ...                   num_images=3, target_cosine=0.9, quiet=True)
     >>> result.reached, result.steps, result.validation_samples, result.table_path.name
     (True, [], 1, 'efficientnet_lite0.tuned.quant.json')
+    >>> result.qdq_path.name, result.qdq_target
+    ('efficientnet_lite0.tuned.qdq.onnx', 'ort-cpu')
     """
     from ptq.adjusted_model import save_adjusted
+    from ptq.atomic import refuse_to_overwrite
     from ptq.core.graph import load_model
+    from ptq.qdq_output import export_checked, sample_feeds, write_model
     from ptq.quant_table import save_quant_table
     from ptq.tuning import tune as run_tuning
     from ptq.views import VIEWS
@@ -536,21 +553,107 @@ def tune(
         if validation is not None:  # the same format (and preprocessing) as the tuning samples
             held = ImageSet.from_source(dataclasses.replace(loaded.source, location=Path(validation)))
         reference = load_model(model, table.options.input_shapes)  # the user's model: the goal
+        out_dir = Path(out) if out is not None else table_path.parent
+        stem = _table_stem(table_path)
+        tuned_path, qdq_path = out_dir / f"{stem}.tuned.quant.json", out_dir / f"{stem}.tuned.qdq.onnx"
+        refuse_to_overwrite({"model": model, "quant table": quant}, [tuned_path, qdq_path])
         result = run_tuning(
             graph, table, samples, target_cosine, budget_int16=budget_int16, allow_float=allow_float,
             validation=held, reference=reference, validation_fraction=validation_fraction, margin=margin, z=z,
             views=views, progress=opts.progress, workers=choose_workers(opts.workers, samples.expected), ray=opts.ray)
-    out_dir = Path(out) if out is not None else table_path.parent
+        # exported (and checked against the user's model) before anything is written: a failure leaves no file
+        qdq = export_checked(result.graph, result.table, qdq_target, reference=reference.model,
+                             feeds=() if opts.quiet or no_check else sample_feeds(samples, result.graph),
+                             source="tuning")
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = table_path.name[: -len(".quant.json")] if table_path.name.endswith(".quant.json") else table_path.stem
-    tuned_path = out_dir / f"{stem}.tuned.quant.json"
     tuned = result.table
     if tuned.options.adjusted_model is not None:  # the weights move with the table (biases re-corrected)
         _, relative, digest = save_adjusted(result.graph.model, tuned_path)
         tuned.options = dataclasses.replace(tuned.options, adjusted_model=relative, adjusted_sha256=digest)
     result.table_path = save_quant_table(tuned, tuned_path)
+    result.qdq_path, result.qdq_target, result.qdq_check = write_model(qdq.model, qdq_path), qdq.target, qdq.check
     result.record_path = out_dir / f"{stem}.tune.json"
     result.record_path.write_text(json.dumps({"model": str(model), "quant": str(table_path), "tuned": str(tuned_path),
+                                              "qdq": str(result.qdq_path), "qdq_target": result.qdq_target,
                                               "inputs": loaded.inputs, **result.to_dict()}, indent=1) + "\n",
                                   encoding="utf-8")
     return result
+
+
+# -------------------------------------------------------------------------------------------- table export
+
+@dataclass
+class ExportResult:
+    """`ptq.export_table`: the QDQ model written, the target it is stored for, its onnxruntime check (None: not
+    run), and what of the table it carries besides 8-bit integers: the nodes kept in float (node -> the tensor
+    the table marks float) and the tensors wider than 8 bits."""
+
+    path: Path
+    target: str
+    check: Optional[QDQCheck]
+    float_nodes: dict[str, str]
+    wide_tensors: list[str]
+
+    def summary(self) -> str:
+        from ptq.qdq_output import summary_lines
+
+        lines = summary_lines(self.path, self.target, self.check)
+        if self.float_nodes:
+            lines.append(f"{len(self.float_nodes)} node(s) in float (weights and biases kept float): " + ", ".join(
+                f"{node} ({tensor!r})" for node, tensor in self.float_nodes.items()))
+        if self.wide_tensors:
+            lines.append(f"{len(self.wide_tensors)} tensor(s) wider than 8 bits: {', '.join(self.wide_tensors)}")
+        return "\n".join(lines)
+
+
+def export_table(
+    model: PathLike,
+    *,
+    quant: PathLike,
+    out: Optional[PathLike] = None,
+    qdq_target: str = DEFAULT_TARGET,
+    no_check: bool = False,
+    **options,
+) -> ExportResult:
+    """`ptq table export`: the QDQ model of `model` with any quant table `quant` (calibrated, tuned, edited by
+    hand or with `ptq table set`), from the adjusted weights when the table records them, stored for
+    `qdq_target`, written atomically to `out` (default: beside the table, `<stem>.qdq.onnx`; never over the
+    model, the table or its adjusted weights). With samples (`images` or `data`, preprocessed as the table
+    records), checked in onnxruntime against the float model as `ptq.calibrate` does, unless `quiet` or
+    `no_check`. A table that does not match the model is a one-line error.
+
+    >>> import tempfile, ptq
+    >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
+    ...                     num_images=2, quiet=True)
+    >>> result = ptq.export_table("examples/efficientnet_lite0.onnx", quant=cal.table_path,
+    ...                           out=cal.table_path.with_name("again.qdq.onnx"), images="examples/calib", num_images=2)
+    >>> result.path.name, result.target, result.check.samples, result.float_nodes
+    ('again.qdq.onnx', 'ort-cpu', 2, {})
+    """
+    from ptq.adjusted_model import load_model_for_table, resolve_adjusted
+    from ptq.atomic import refuse_to_overwrite
+    from ptq.core.graph import load_model
+    from ptq.executor import table_float_nodes
+    from ptq.qdq_export import check_table_matches
+    from ptq.qdq_output import export_checked, sample_feeds, write_model
+    from ptq.quant_table import load_quant_table
+    from reports.image_source import ImageSet
+
+    quiet = bool(options.get("quiet", False))
+    opts = _options("export_table", options, labels=False) if set(options) - {"quiet"} else None
+    path = Path(out) if out is not None else Path(quant).with_name(f"{_table_stem(Path(quant))}.qdq.onnx")
+    with quiet_logging(quiet):
+        table = load_quant_table(quant)
+        refuse_to_overwrite({"model": model, "quant table": quant, "adjusted model": resolve_adjusted(table, quant)},
+                            [path])
+        graph = load_model_for_table(model, table, quant, note=not quiet)
+        check_table_matches(graph, table)
+        feeds: list = []
+        if opts is not None and not (quiet or no_check):
+            samples = ImageSet.from_source(opts.source(table.options.preprocess), None, opts.num_images, opts.seed)
+            feeds = sample_feeds(samples, graph)
+        reference = load_model(model, table.options.input_shapes).model if feeds else None
+        qdq = export_checked(graph, table, qdq_target, reference=reference, feeds=feeds, source="")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    wide = [name for name, entry in table.tensors.items() if entry.qparams.bits > 8]
+    return ExportResult(write_model(qdq.model, path), qdq.target, qdq.check, table_float_nodes(graph, table), wide)

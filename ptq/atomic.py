@@ -37,3 +37,15 @@ def atomic_write_bytes(path: Union[str, Path], data: bytes) -> Path:
 
 def atomic_write_text(path: Union[str, Path], text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+
+def refuse_to_overwrite(inputs: dict, outputs) -> None:
+    """A one-line ValueError when an output path is one of the input files. `inputs`: what each is (e.g.
+    "model") -> its path; anything not a path (a model given in memory, None) is skipped."""
+    for what, source in inputs.items():
+        if not isinstance(source, (str, Path)) or not Path(source).exists():
+            continue
+        for path in map(Path, outputs):
+            if path.exists() and os.path.samefile(path, source):
+                raise ValueError(f"refusing to overwrite the input {what} {source} with {path}")

@@ -389,6 +389,43 @@ class _Quantizer:
                 self.qparams[name] = self._require(name, "graph input")
 
 
+def _rewriter(graph: Graph, node_float: NodeFloatEvaluator, options: ExecutorOptions):
+    """`apply_rewrites` on `graph` with `options`, leaving the nodes it is given (`protected`) apart."""
+
+    def rewrite(protected: Iterable[str]) -> tuple[Graph, RewriteLog]:
+        return apply_rewrites(graph, node_float, fold_bn=options.fold_batchnorm, fuse=options.fuse_activations,
+                              can_host=lambda node: get_op(node.op_type, node.domain) is not None,
+                              protected=frozenset(protected))
+
+    return rewrite
+
+
+def _table_float_layers(table: QuantTable, rewrite, protected: Iterable[str]) -> dict[str, str]:
+    """Node name -> the tensor marked float in `table` whose layer it belongs to. Which nodes make up each
+    marked layer shows once the rewrites ran without them protected (`protected`: nodes floated otherwise)."""
+    table_float = table.float_tensors()
+    if not table_float:
+        return {}
+    probe, probe_log = rewrite(protected)
+    layers: dict[str, str] = {}
+    for tensor in table_float:
+        try:
+            nodes = layer_nodes(probe, probe_log, tensor)
+        except ValueError as exc:
+            raise ExecutorError(f"quant table: tensor {tensor!r} is marked float, but {exc}; remove its "
+                                "'float' flag") from exc
+        for name in nodes:
+            layers.setdefault(name, tensor)
+    return layers
+
+
+def table_float_nodes(graph: Graph, table: QuantTable, options: Optional[ExecutorOptions] = None) -> dict[str, str]:
+    """The nodes of `graph` that `prepare(graph, table)` runs in float because the table marks a tensor float
+    (the layer computing it), each with that tensor: node name -> tensor name."""
+    options = options or ExecutorOptions()
+    return _table_float_layers(table, _rewriter(graph, NodeFloatEvaluator(graph.opset), options), ())
+
+
 def prepare(
     graph: Graph,
     quant_table: QuantTable,
@@ -409,23 +446,9 @@ def prepare(
     backend = get_backend(backend)  # None: the default; a name; or a backend object as it is
     marked = dict.fromkeys(_resolve_float_nodes(graph, float_nodes), "marked float")
     node_float = NodeFloatEvaluator(graph.opset)
-
-    def rewrite(protected: Mapping[str, str]) -> tuple[Graph, RewriteLog]:
-        return apply_rewrites(graph, node_float, fold_bn=options.fold_batchnorm, fuse=options.fuse_activations,
-                              can_host=lambda node: get_op(node.op_type, node.domain) is not None,
-                              protected=frozenset(protected))
-
-    table_float = quant_table.float_tensors()
-    if table_float:  # which nodes make up each marked layer shows once the rewrites ran without them protected
-        probe, probe_log = rewrite(marked)
-        for tensor in table_float:
-            try:
-                nodes = layer_nodes(probe, probe_log, tensor)
-            except ValueError as exc:
-                raise ExecutorError(f"quant table: tensor {tensor!r} is marked float, but {exc}; remove its "
-                                    "'float' flag") from exc
-            for name in nodes:
-                marked.setdefault(name, f"float in the quant table ({tensor!r})")
+    rewrite = _rewriter(graph, node_float, options)
+    for name, tensor in _table_float_layers(quant_table, rewrite, marked).items():
+        marked.setdefault(name, f"float in the quant table ({tensor!r})")
     rewritten, log = rewrite(marked)
     quantizer = _Quantizer(rewritten, quant_table, log, marked, options)
     quantizer.graph_inputs()

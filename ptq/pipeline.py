@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,15 +22,16 @@ import onnx
 from calibrators import TensorStatistics, calibrate_array, get_calibrator, required_stats
 from ptq import adjust, int4_dsp
 from ptq.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
-from ptq.atomic import atomic_write_bytes
+from ptq.atomic import refuse_to_overwrite
 from ptq.float_run import collect_statistics, image_input
 from ptq.clip_ranges import folded_ranges
 from ptq.core.graph import Graph, load_model
 from ptq.images import ImageLog, InputSpec, Preprocess, iter_batches
 from ptq.parallel import QuietLog, choose_workers
 from ptq.samples import ArrayFormat, ImageFormat, SampleSource, iter_sample_batches, iter_samples
-from ptq.qdq_check import CHECK_SAMPLES, QDQCheck, QDQCheckError, check_qdq
-from ptq.qdq_export import DEFAULT_TARGET, export_qdq, get_target
+from ptq.qdq_check import CHECK_SAMPLES, QDQCheck
+from ptq.qdq_export import DEFAULT_TARGET, get_target
+from ptq.qdq_output import export_checked, summary_lines, write_model
 from ptq.core.qparams import compute_qparams
 from ptq.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
@@ -91,10 +91,7 @@ class CalibrationResult:
         ]
         if self.table_path is not None:
             lines.append(f"quantization table: {self.table_path}")
-        if self.qdq_path is not None:
-            lines.append(f"QDQ model: {self.qdq_path} (target {self.qdq_target})")
-        if self.qdq_check is not None:
-            lines.append(self.qdq_check.summary())
+        lines += summary_lines(self.qdq_path, self.qdq_target, self.qdq_check)
         return "\n".join(lines)
 
 
@@ -218,40 +215,20 @@ def align_with_integer_graph(graph: Graph, table: QuantTable) -> list[str]:
     return changed
 
 
-def _check_qdq_model(float_model: onnx.ModelProto, qdq: onnx.ModelProto, target: str, graph: Graph,
-                     source: Union[SampleSource, np.ndarray], used: list[Path]) -> Optional[QDQCheck]:
-    """`ptq.qdq_check` on the first CHECK_SAMPLES calibration samples (of an array, or the files that
-    calibration `used`: read again, none skipped twice); a warning when the optimized and unoptimized runs
-    disagree, or when onnxruntime cannot run the check."""
-    logger = logging.getLogger("ptq.pipeline")
+def _check_feeds(graph: Graph, source: Union[SampleSource, np.ndarray], used: list[Path]) -> list[dict]:
+    """The first CHECK_SAMPLES calibration samples (of an array, or the files that calibration `used`: read
+    again, none skipped twice) as onnxruntime feeds, for the QDQ model's check (`ptq.qdq_output`)."""
     if isinstance(source, np.ndarray):
         name = image_input(graph)
-        feeds = [{name: sample[None]} for sample in source[:min(CHECK_SAMPLES, len(used))]]
-    else:
-        reader = source.format.reader(graph)
-        feeds = [{k: v[None] for k, v in reader.read(path).items()} for path in used[:CHECK_SAMPLES]]
-    try:
-        check = check_qdq(float_model, qdq, feeds, target)
-    except QDQCheckError as exc:
-        logger.warning("could not check the QDQ model in onnxruntime: %s", exc)
-        return None
-    if check.warning() is not None:
-        logger.warning("%s", check.warning())
-    return check
+        return [{name: sample[None]} for sample in source[:min(CHECK_SAMPLES, len(used))]]
+    reader = source.format.reader(graph)
+    return [{k: v[None] for k, v in reader.read(path).items()} for path in used[:CHECK_SAMPLES]]
 
 
 def output_paths(model: ModelSource, out_dir: Union[str, Path]) -> tuple[Path, Path]:
     stem = Path(model).stem if isinstance(model, (str, Path)) else (model.graph.name or "model")
     out_dir = Path(out_dir)
     return out_dir / f"{stem}.quant.json", out_dir / f"{stem}.qdq.onnx"
-
-
-def _check_not_input(model: ModelSource, paths: Iterable[Path]) -> None:
-    if not isinstance(model, (str, Path)):
-        return
-    for path in paths:
-        if path.exists() and os.path.samefile(path, model):
-            raise ValueError(f"refusing to overwrite the input model {model} with {path}")
 
 
 def _scheme_options(scheme: str, **given) -> dict:
@@ -355,7 +332,7 @@ def calibrate(
     )
     paths = output_paths(model, out_dir) if out_dir is not None else None
     if paths is not None:
-        _check_not_input(model, paths)
+        refuse_to_overwrite({"model": model}, paths)
     graph = load_model(model, input_shapes)
     float_model = graph.model
     if bias_correction and analytic_bias_correction:
@@ -398,11 +375,10 @@ def calibrate(
             bias_correction=bias_correction, adaround=adaround, input_shapes=input_shapes)
     if align:
         align_with_integer_graph(graph, table)
-    qdq = export_qdq(graph, table, target) if write_qdq else None
+    qdq = export_checked(graph, table, target, reference=float_model,
+                         feeds=_check_feeds(graph, source, log.used) if check_qdq else ()) if write_qdq else None
     result = CalibrationResult(table=table, graph=graph, images_used=len(log.used), skipped=list(log.skipped),
-                               qdq_target=target.name)
-    if qdq is not None and check_qdq:
-        result.qdq_check = _check_qdq_model(float_model, qdq, target.name, graph, source, log.used)
+                               qdq_target=target.name, qdq_check=qdq.check if qdq is not None else None)
     if paths is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         if adjusted or rewritten:
@@ -410,7 +386,7 @@ def calibrate(
             table.options = dataclasses.replace(table.options, adjusted_model=relative, adjusted_sha256=digest)
         result.table_path = save_quant_table(table, paths[0])
         if qdq is not None:
-            result.qdq_path = atomic_write_bytes(paths[1], qdq.SerializeToString())
+            result.qdq_path = write_model(qdq.model, paths[1])
     result.seconds = time.perf_counter() - start
     return result
 

@@ -29,6 +29,7 @@ class QDQCheck:
     samples: int
     cosine_unoptimized: float
     cosine_optimized: float
+    source: str = "calibration"  # which samples ran, as the summary names them ("": just "samples")
 
     @property
     def gap(self) -> float:
@@ -39,8 +40,9 @@ class QDQCheck:
         return self.gap <= TOLERANCE
 
     def summary(self) -> str:
+        source = f"{self.source} " if self.source else ""
         return (f"QDQ model in onnxruntime (target {self.target}), output cosine to float on {self.samples} "
-                f"calibration sample{'s' if self.samples != 1 else ''}: {self.cosine_unoptimized:.4f} with graph "
+                f"{source}sample{'s' if self.samples != 1 else ''}: {self.cosine_unoptimized:.4f} with graph "
                 f"optimizations off, {self.cosine_optimized:.4f} with the default (on)")
 
     def warning(self) -> Optional[str]:
@@ -49,7 +51,7 @@ class QDQCheck:
             return None
         advice = ("run it with SessionOptions.graph_optimization_level = ORT_ENABLE_BASIC (no fused integer "
                   "kernels)" if self.target == "ort-cpu" else
-                  "--target ort-cpu stores the weights as uint8, whose fused kernels do not saturate")
+                  "--qdq-target ort-cpu stores the weights as uint8, whose fused kernels do not saturate")
         return (f"onnxruntime's optimized run of the QDQ model loses accuracy: output cosine to float "
                 f"{self.cosine_optimized:.4f} against {self.cosine_unoptimized:.4f} unoptimized (gap "
                 f"{self.gap:.4f} > {TOLERANCE}); its fused kernels do not compute the QDQ arithmetic exactly on "
@@ -83,8 +85,10 @@ def has_cpu_provider() -> bool:
     return "CPUExecutionProvider" in ort.get_available_providers()
 
 
-def check_qdq(float_model: onnx.ModelProto, qdq: onnx.ModelProto, feeds: Sequence[dict], target: str) -> QDQCheck:
-    """Both figures of the module docstring over `feeds` (dicts of input name -> array, one run each)."""
+def check_qdq(float_model: onnx.ModelProto, qdq: onnx.ModelProto, feeds: Sequence[dict], target: str,
+              source: str = "calibration") -> QDQCheck:
+    """Both figures of the module docstring over `feeds` (dicts of input name -> array, one run each), taken
+    from `source` (what the summary calls them: "calibration", "tuning", "" for samples given to check)."""
     if not feeds:
         raise QDQCheckError("no samples to run")
     if not has_cpu_provider():
@@ -97,4 +101,4 @@ def check_qdq(float_model: onnx.ModelProto, qdq: onnx.ModelProto, feeds: Sequenc
     reference, unoptimized, optimized = runs
     figures = [float(np.mean([_cosine(f, q) for ref, got in zip(reference, run) for f, q in zip(ref, got)]))
                for run in (unoptimized, optimized)]
-    return QDQCheck(target, len(feeds), *figures)
+    return QDQCheck(target, len(feeds), *figures, source)

@@ -9,6 +9,20 @@
 - Conv/ConvTranspose/Gemm biases are stored as int32 with `scale = s_in * s_w[c]` (float32 product, as
   onnxruntime computes it), zero point 0: `b_q = clamp(round_half_even(b / scale), int32)`.
 
+Float layers: a tensor the table marks float (`"float": true`) has the layer computing it run in float by the
+integer executor: the nodes `ptq.executor.table_float_nodes` names (its producer plus the BatchNormalization
+and Relu/Clip the rewrites would fuse into it), each dequantizing its inputs, computing in float with the
+float weights and bias, and quantizing each output with the table's qparams. The QDQ model does the same:
+those nodes keep their float weights and biases (no DequantizeLinear; a weight they share with an integer
+node is read from a float copy, `<w>_float`), their inputs are the dequantized codes of their producers' Q/DQ
+pairs, and each output the table has an entry for gets its Q/DQ pair like any activation. One detail keeps
+that so under onnxruntime's default optimizations: its WeightBiasQuantization pass (onnxruntime >= 1.20)
+quantizes the float weight (int8, per tensor) and bias of a Conv/ConvTranspose/Gemm that reads a per-tensor
+DequantizeLinear and feeds a QuantizeLinear, which would put the float layer back on an integer grid the table
+does not have. So such a float node reads each quantized input through a DequantizeLinear of its own whose
+scale and zero point are the tensor's, repeated along a channel axis (`<t>_float_dq`): the same values, and
+onnxruntime leaves the node in float (a tensor with no static axis above 1 after the batch keeps its DQ).
+
 Containers: bits <= 8 use int8/uint8, up to 16 int16/uint16. 16-bit Q/DQ needs opset 21 in the default
 domain; before that the `com.microsoft` Q/DQ (onnxruntime contrib ops) is used. Per-channel
 `DequantizeLinear` needs opset 13, so older models are converted to opset 13 first.
@@ -31,13 +45,14 @@ the integer products ptq's integer run computes. See docs/qdq_targets.md.
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Container, Optional, Union
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper, version_converter
 
 from ptq.core.graph import Graph, ModelError
+from ptq.executor import table_float_nodes
 from ptq.core.qparams import QParams
 from ptq.quant_table import QuantTable
 from ops.registry import bias_role, weight_role
@@ -81,6 +96,8 @@ class _Builder:
             self.used.update(node.output)
         self.initializers: list[onnx.TensorProto] = []
         self.uses_ms_domain = False
+        self.chains: dict[str, tuple[str, QParams]] = {}  # output of a Q/DQ chain -> (its codes, their storage)
+        self.reread: set[str] = set()  # chain outputs float layers read through their own DQ instead
 
     def name(self, base: str) -> str:
         candidate, k = base, 1
@@ -127,14 +144,33 @@ class _Builder:
         nodes.append(helper.make_node("QuantizeLinear", [x, scale, zp], [quantized],
                                       name=self.name(f"{out}_QuantizeLinear"), domain=self.domain(stored.dtype)))
         nodes.append(self.dequantize(quantized, scale, zp, out, stored.dtype, None))
+        self.chains[out] = (quantized, stored)
         return nodes
 
+    def own_dequantize(self, tensor: str, shape: Optional[tuple]) -> tuple[str, list[onnx.NodeProto]]:
+        """`tensor` (the output of a Q/DQ chain) read again from its codes by a DequantizeLinear of its own
+        whose scale and zero point repeat along a channel axis (the first axis after the batch with a static
+        size above 1): the same values, but not a per-tensor DQ (see the module docstring). With no such
+        axis, `tensor` as it is."""
+        quantized, stored = self.chains[tensor]
+        axis = next((a for a, d in enumerate(shape or ()) if a > 0 and d is not None and d > 1), None)
+        if axis is None:
+            return tensor, []
+        size = shape[axis]
+        self.reread.add(tensor)
+        scale = self.constant(f"{tensor}_float_scale", np.full(size, stored.scale[0], np.float32))
+        zp = self.constant(f"{tensor}_float_zero_point", np.full(size, stored.zero_point[0], stored.dtype))
+        out = self.name(f"{tensor}_float_dq")
+        return out, [self.dequantize(quantized, scale, zp, out, stored.dtype, axis)]
 
-def _prepare_model(graph: Graph, table: QuantTable) -> onnx.ModelProto:
+
+def _prepare_model(graph: Graph, table: QuantTable, per_axis: bool) -> onnx.ModelProto:
+    """A copy of the model, converted to opset 13 when a DequantizeLinear will have an axis (per-channel
+    weights, or `per_axis`: the own DQs of float layers)."""
     model = onnx.ModelProto()
     model.CopyFrom(graph.model)
     per_channel = any(e.qparams.axis is not None for e in table.tensors.values())
-    if per_channel and graph.opset < 13:
+    if (per_channel or per_axis) and graph.opset < 13:
         try:
             model = version_converter.convert_version(model, 13)
         except Exception as exc:  # the converter raises bare RuntimeErrors from C++
@@ -148,11 +184,14 @@ def _opset(model: onnx.ModelProto) -> int:
 
 
 def _quantize_weights(graph: Graph, table: QuantTable, b: _Builder, initializers: dict,
-                      target: QDQTarget) -> tuple[list, set]:
-    """DequantizeLinear nodes for weights and biases; returns (nodes, names of replaced float initializers)."""
+                      target: QDQTarget, float_nodes: Container[str]) -> tuple[list, set]:
+    """DequantizeLinear nodes for the weights and biases of every node but `float_nodes`; returns (nodes,
+    names of replaced float initializers)."""
     nodes, replaced = [], set()
     consumers = graph.consumers()
     for node in graph.nodes:
+        if node.name in float_nodes:
+            continue
         role = weight_role(node)
         if role is None or len(node.inputs) <= role.input_index:
             continue
@@ -195,14 +234,50 @@ def _quantize_bias(node, weight_qp: QParams, table: QuantTable, b: _Builder, ini
     return [b.dequantize(quantized, scale_name, zp_name, bias_name, np.dtype(np.int32), axis)]
 
 
+def _named(names: list[str], limit: int = 3) -> str:
+    return ", ".join(map(repr, names[:limit])) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def check_table_matches(graph: Graph, table: QuantTable) -> None:
+    """A one-line ModelError unless `table` describes `graph`: every tensor it names is one of the model's,
+    of the same kind (activation or weight), and every activation of the model has an entry."""
+    activations = set(graph.activations)
+    unknown = [n for n in table.tensors if n not in graph.tensors]
+    wrong = [n for n, e in table.tensors.items() if n in graph.tensors
+             and (n not in activations if e.kind == "activation" else n not in graph.constants)]
+    missing = [n for n in graph.activations if n not in table.tensors]
+    hint = "was it calibrated on this model?"
+    if unknown:
+        raise ModelError(f"the quant table does not match the model: {len(unknown)} of its tensors are not in the "
+                         f"model ({_named(unknown)}); {hint}")
+    if wrong:
+        raise ModelError(f"the quant table does not match the model: the kind (activation or weight) it gives "
+                         f"{_named(wrong)} is not the model's; {hint}")
+    if missing:
+        raise ModelError(f"the quant table does not match the model: {len(missing)} activations of the model have "
+                         f"no entry ({_named(missing)}); {hint}")
+
+
+def _without_unread_dequantize(nodes: list[onnx.NodeProto], reread: set[str], outputs: set[str]) -> list:
+    """The nodes but the DequantizeLinear of a tensor in `reread` that nothing reads any more (only float
+    layers read it, through their own DQ)."""
+    read = {name for node in nodes for name in node.input} | outputs
+    return [n for n in nodes if not (n.op_type == "DequantizeLinear" and n.output[0] in reread - read)]
+
+
 def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = DEFAULT_TARGET) -> onnx.ModelProto:
     """The QDQ model of `graph` with the QParams of `table`, its codes stored for `target` (a name of
     `QDQ_TARGETS`; see the module docstring)."""
     target = get_target(target)
-    model = _prepare_model(graph, table)
+    float_nodes = table_float_nodes(graph, table)
+    nodes_by_name = {node.name: node for node in graph.nodes}
+    float_weighted = {name for name in float_nodes  # (a node a rewrite created has no weights of the model)
+                      if name in nodes_by_name and weight_role(nodes_by_name[name]) is not None}
+    model = _prepare_model(graph, table, per_axis=bool(float_weighted))
     b = _Builder(model, _opset(model))
     initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    weight_nodes, replaced = _quantize_weights(graph, table, b, initializers, target)
+    weight_nodes, replaced = _quantize_weights(graph, table, b, initializers, target, float_nodes)
+    float_copies: dict[str, str] = {}
 
     activations = {
         name: table.tensors[name].qparams
@@ -227,6 +302,13 @@ def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = 
         for k, inp in enumerate(node.input):
             if inp in input_rename:
                 node.input[k] = input_rename[inp]
+            elif inp in replaced and node.name in float_nodes:  # shared with an integer node: a float copy
+                if inp not in float_copies:
+                    float_copies[inp] = b.constant(f"{inp}_float", initializers[inp])
+                node.input[k] = float_copies[inp]
+            if node.name in float_weighted and node.input[k] in b.chains:
+                node.input[k], own = b.own_dequantize(node.input[k], graph.tensors[inp].shape)
+                body.extend(own)
         chains = []
         for k, out in enumerate(node.output):
             if out in activations:
@@ -245,7 +327,7 @@ def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = 
     del model.graph.input[:]
     model.graph.input.extend(graph_inputs)
     del model.graph.node[:]
-    model.graph.node.extend(head + body)
+    model.graph.node.extend(_without_unread_dequantize(head + body, b.reread, {o.name for o in model.graph.output}))
     if b.uses_ms_domain and not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     try:

@@ -56,6 +56,8 @@ from typing import Optional, Sequence
 from ptq.adjust import with_initializers
 from ptq.core.graph import Graph, load_model
 from ptq.executor import prepare
+from ptq.qdq_check import QDQCheck
+from ptq.qdq_output import summary_lines
 from ptq.quant_table import QuantTable
 from ptq.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
 from ptq.range_search import candidate_entries, search_ranges
@@ -103,6 +105,9 @@ class TuneResult:
     float_nodes: list[str]
     table_path: Optional[Path] = None  # where `ptq.tune` wrote the tuned table and the record of the steps
     record_path: Optional[Path] = None
+    qdq_path: Optional[Path] = None  # the QDQ model `ptq.tune` exported from the tuned table and graph
+    qdq_target: Optional[str] = None
+    qdq_check: Optional[QDQCheck] = None  # its onnxruntime check (None: not run)
     views: list[str] = field(default_factory=list)  # of each validation photo (`ptq.views`); none: samples as read
 
     @property
@@ -138,7 +143,7 @@ class TuneResult:
         acts = len(self.int16_activations)
         lines.append(f"{len(self.int16_tensors)} tensor(s) in 16 bits ({acts} activations, "
                      f"{len(self.int16_tensors) - acts} weights), {len(self.float_nodes)} node(s) in float")
-        return "\n".join(lines)
+        return "\n".join(lines + summary_lines(self.qdq_path, self.qdq_target, self.qdq_check))
 
 
 def per_channel_weights(graph: Graph, table: QuantTable) -> QuantTable:

@@ -1,4 +1,4 @@
-"""The Python API's docstring examples (`ptq.api`: calibrate, run, report, debug, tune) run on the bundled model
+"""The Python API's docstring examples (`ptq.api`: calibrate, run, report, debug, tune, export_table) run on the bundled model
 with 2 images, as a user would type them in the repository's folder."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import ptq
 import ptq.api
 from conftest import REPO
 
-FUNCTIONS = ("calibrate", "run", "report", "debug", "tune")
+FUNCTIONS = ("calibrate", "run", "report", "debug", "tune", "export_table")
 
 
 @pytest.mark.parametrize("name", FUNCTIONS)

@@ -8,7 +8,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-import ptq.pipeline
+import ptq.qdq_output
 from ptq.cli import main
 from ptq.pipeline import calibrate
 from ptq.qdq_check import CHECK_SAMPLES, TOLERANCE, QDQCheck, QDQCheckError, check_qdq
@@ -66,7 +66,7 @@ def test_warning_only_beyond_the_tolerance_with_advice_per_target():
     assert QDQCheck("ort-cpu", 8, 0.9934, 0.9934 - TOLERANCE / 2).warning() is None
     lost = QDQCheck("none", 8, 0.9934, 0.9357)
     assert not lost.holds and lost.gap == pytest.approx(0.0577)
-    assert "0.9357 against 0.9934" in lost.warning() and "--target ort-cpu" in lost.warning()
+    assert "0.9357 against 0.9934" in lost.warning() and "--qdq-target ort-cpu" in lost.warning()
     assert "ORT_ENABLE_BASIC" in QDQCheck("ort-cpu", 8, 0.99, 0.95).warning()
     assert QDQCheck("ort-cpu", 1, 0.5, 0.25).summary() == (
         "QDQ model in onnxruntime (target ort-cpu), output cosine to float on 1 calibration sample: 0.5000 with "
@@ -103,7 +103,7 @@ def test_cli_no_check_and_quiet_skip_the_check(tiny, tmp_path, capsys, monkeypat
     def refuse(*args, **kwargs):
         raise AssertionError("the check ran")
 
-    monkeypatch.setattr(ptq.pipeline, "check_qdq", refuse)
+    monkeypatch.setattr(ptq.qdq_output, "check_qdq", refuse)
     assert main(["calibrate", str(model_path), "--images", str(images), "--out", str(tmp_path / "o"),
                  *RAW_FLAGS, flag]) == 0
     assert "QDQ model in onnxruntime" not in capsys.readouterr().out
@@ -111,7 +111,7 @@ def test_cli_no_check_and_quiet_skip_the_check(tiny, tmp_path, capsys, monkeypat
 
 def test_cli_target_none_writes_int8_weights_and_a_gap_is_a_warning(tiny, tmp_path, caplog, monkeypatch):
     model_path, images = tiny
-    monkeypatch.setattr(ptq.pipeline, "check_qdq", lambda float_model, qdq, feeds, target:
+    monkeypatch.setattr(ptq.qdq_output, "check_qdq", lambda float_model, qdq, feeds, target, source:
                         QDQCheck(target, len(feeds), 0.99, 0.9))
     with caplog.at_level(logging.WARNING, logger="ptq"):
         assert main(["calibrate", str(model_path), "--images", str(images), "--out", str(tmp_path / "o"),
@@ -136,7 +136,7 @@ def test_a_failing_check_is_a_warning_not_an_error(tiny, tmp_path, caplog, monke
     def fail(*args, **kwargs):
         raise QDQCheckError("onnxruntime has no CPUExecutionProvider")
 
-    monkeypatch.setattr(ptq.pipeline, "check_qdq", fail)
+    monkeypatch.setattr(ptq.qdq_output, "check_qdq", fail)
     with caplog.at_level(logging.WARNING, logger="ptq"):
         result = calibrate(model_path, images, tmp_path / "o", check_qdq=True)
     assert result.qdq_check is None and result.qdq_path.exists()

@@ -150,6 +150,58 @@ def test_a_tensor_marked_float_runs_its_fused_layer_in_float(tiny, capsys):
     assert load_quant_table(table_path).tensors == plain.tensors
 
 
+def test_export_writes_the_qdq_model_of_an_edited_table_beside_it_and_onnxruntime_runs_it(tiny, capsys):
+    """`ptq table export` after `table set --float` and `--bits 16`: the model is written beside the table,
+    checked on the samples given (preprocessed as the table records), and onnxruntime at its default
+    optimizations computes what `ptq run` computes on the edited table."""
+    import onnxruntime as ort
+
+    from ptq.images import InputSpec, load_image
+
+    model, images, table_path = tiny
+    assert cli(capsys, "table", "set", table_path, "act", "--float")[0] == 0
+    assert cli(capsys, "table", "set", table_path, "logits", "--bits", "16")[0] == 0
+    qdq_path = table_path.parent / "tiny.qdq.onnx"
+    status, out, err = cli(capsys, "table", "export", model, "--quant", table_path, "--images", images)
+    assert status == 0 and err == "", err
+    lines = out.splitlines()
+    assert lines[0] == f"QDQ model: {qdq_path} (target ort-cpu)"
+    assert lines[1].startswith("QDQ model in onnxruntime (target ort-cpu), output cosine to float on 5 samples: ")
+    assert lines[2:] == ["2 node(s) in float (weights and biases kept float): conv ('act'), clip ('act')",
+                         "1 tensor(s) wider than 8 bits: logits"]
+    table = load_quant_table(table_path)
+    x = np.stack([load_image(p, RAW, InputSpec("NCHW", 3, 8, 8)) for p in sorted(images.iterdir())])
+    session = ort.InferenceSession(str(qdq_path), providers=["CPUExecutionProvider"])
+    got = np.concatenate([session.run(None, {"input": x[k:k + 1]})[0] for k in range(len(x))])
+    want = prepare(load_model(model), table).run({"input": x}).outputs["logits"]
+    cosines = [float(g @ w / np.linalg.norm(g) / np.linalg.norm(w)) for g, w in zip(got, want)]
+    assert np.mean(cosines) >= 0.998 and min(cosines) >= 0.995, cosines  # the bound of the QDQ tests
+
+    status, out, _ = cli(capsys, "table", "export", model, "--quant", table_path, "--out", qdq_path.with_name("b.onnx"))
+    assert status == 0 and out.splitlines()[0] == f"QDQ model: {qdq_path.with_name('b.onnx')} (target ort-cpu)"
+    assert out.splitlines()[-1] == ("not checked in onnxruntime: give --images or --data to run it against MODEL on a "
+                                    "few samples")
+    assert qdq_path.with_name("b.onnx").read_bytes() == qdq_path.read_bytes()  # same table, same model
+    assert cli(capsys, "table", "export", model, "--quant", table_path, "-q", "--qdq-target", "none")[1] == ""
+
+
+def test_export_refuses_its_inputs_as_output_and_a_table_of_another_model(tiny, tmp_path, capsys):
+    model, _, table_path = tiny
+    before = {p: p.read_bytes() for p in (model, table_path)}
+    for out, what in [(model, "model"), (table_path, "quant table")]:
+        status, _, err = cli(capsys, "table", "export", model, "--quant", table_path, "--out", out)
+        assert status == 2 and err == f"ptq table: error: refusing to overwrite the input {what} {out} with {out}\n"
+    renamed = json.loads(table_path.read_text())
+    renamed["tensors"]["activation"] = renamed["tensors"].pop("act")
+    other = tmp_path / "other.quant.json"
+    other.write_text(json.dumps(renamed))
+    status, _, err = cli(capsys, "table", "export", model, "--quant", other)
+    assert status == 2 and err == ("ptq table: error: the quant table does not match the model: 1 of its tensors "
+                                   "are not in the model ('activation'); was it calibrated on this model?\n")
+    assert {p: p.read_bytes() for p in (model, table_path)} == before
+    assert not list(tmp_path.rglob("*.qdq.onnx"))
+
+
 def test_a_per_channel_scale_list_that_does_not_fit_the_weight_is_refused_by_the_executor(tiny, capsys):
     model, _, table_path = tiny
     data = json.loads(table_path.read_text())

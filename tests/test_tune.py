@@ -19,7 +19,7 @@ from ptq.tuning import tune
 from ptq.tune_data import Score, split_samples
 from reports.image_source import ArraySamples, ImageSet
 from tests.test_equalize import chain
-from tests.tiny_models import write_images
+from tests.tiny_models import write_images, write_tiny_case
 
 RAW = Preprocess(mean=0, std=1)
 
@@ -106,6 +106,52 @@ def test_no_budget_no_16_bits_and_the_cli_says_not_reached(tmp_path, capsys):
     tuned = load_quant_table(tmp_path / "out" / "chain.tuned.quant.json")
     assert all(e.qparams.bits in (4, 8) for e in tuned.tensors.values())
     assert "NOT reached" in capsys.readouterr().out
+
+
+def test_the_cli_writes_the_tuned_qdq_model_from_the_tuned_weights_and_onnxruntime_runs_it(tmp_path, capsys):
+    """The tiny Conv/Clip/Gemm case at 4-bit activations with bias correction: beside the tuned table `ptq tune`
+    writes `tiny.tuned.qdq.onnx`, exported from the tuned (bias-corrected) weights with the tuned 16-bit
+    tensors, checked on the tuning samples; onnxruntime at its default optimizations computes what `ptq run`
+    computes with the tuned table."""
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    from ptq.adjusted_model import load_model_for_table
+    from ptq.images import InputSpec, load_image
+
+    raw = Preprocess(mean=0, std=255, crop_ratio=1.0)
+    model, images, paths = write_tiny_case(tmp_path, 9)
+    calibrate(model, images, tmp_path / "out", preprocess=raw, write_qdq=False, bits=4, per_channel=False,
+              bias_correction=True)
+    out = tmp_path / "out"
+    code = main(["tune", str(model), "--quant", str(out / "tiny.quant.json"), "--images", str(images),
+                 "--target-cosine", "0.9999", "--views", "none", "--workers", "1"])
+    printed = capsys.readouterr().out
+    tuned_path, qdq_path = out / "tiny.tuned.quant.json", out / "tiny.tuned.qdq.onnx"
+    assert code == 0 and f"QDQ model: {qdq_path} (target ort-cpu)" in printed
+    assert "QDQ model in onnxruntime (target ort-cpu), output cosine to float on 8 tuning samples: " in printed
+    assert printed.splitlines()[-1] == f"wrote {tuned_path}, {qdq_path}, {out / 'tiny.tune.json'}"
+    record = json.loads((out / "tiny.tune.json").read_text())
+    assert record["qdq"] == str(qdq_path) and record["qdq_target"] == "ort-cpu"
+
+    tuned = load_quant_table(tuned_path)
+    graph = load_model_for_table(model, tuned, tuned_path, note=False)
+    qdq = onnx.load(str(qdq_path))
+    stored = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
+    wide = [n for n, e in tuned.tensors.items() if e.qparams.bits == 16]
+    assert wide and all(stored[f"{n}_zero_point"].dtype in (np.int16, np.uint16) for n in wide)
+    # the biases are the tuned model's (bias-corrected), not the user's
+    corrected, original = graph.initializers["B"], load_model(model).initializers["B"]
+    step = stored["B_scale"].astype(np.float64)
+    np.testing.assert_allclose(stored["B_quantized"] * step, corrected, atol=step.max() / 2 + 1e-9)
+    assert np.abs(corrected - original).max() > 2 * step.max()
+
+    x = np.stack([load_image(p, raw, InputSpec("NCHW", 3, 8, 8)) for p in paths])
+    session = ort.InferenceSession(str(qdq_path), providers=["CPUExecutionProvider"])
+    got = np.concatenate([session.run(None, {"input": x[k:k + 1]})[0] for k in range(len(x))])
+    want = prepare(graph, tuned).run({"input": x}).outputs["logits"]
+    cosines = [float(g @ w / np.linalg.norm(g) / np.linalg.norm(w)) for g, w in zip(got, want)]
+    assert np.mean(cosines) >= 0.998 and min(cosines) >= 0.995, cosines  # the bound of the QDQ tests
 
 
 def test_float_layers_are_marked_in_the_tuned_table_which_reproduces_the_cosine(tmp_path):

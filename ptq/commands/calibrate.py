@@ -4,14 +4,13 @@ from __future__ import annotations
 import argparse
 
 from ptq.commands.data_options import add_data_arguments, data_kwargs
+from ptq.commands.qdq_options import add_qdq_arguments, qdq_targets_epilog
 
 HELP = "calibrate a model on images or --data samples; write <stem>.quant.json and <stem>.qdq.onnx"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ptq.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
-    from ptq.qdq_targets import DEFAULT_TARGET, QDQ_TARGETS
-
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = epilog  # a function: the calibrators are imported only when the help is printed
 
@@ -53,24 +52,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="learn each weight's rounding (up or down) layer by layer on the images")
     cal.add_argument("--input-shape", action="append", metavar="NAME:D0,D1,...",
                      help="fix dynamic input dimensions, e.g. input:1,3,224,224 (repeatable)")
-    qdq = parser.add_argument_group("QDQ model")
-    qdq.add_argument("--target", default=DEFAULT_TARGET, type=str.lower, choices=list(QDQ_TARGETS),
-                     help=f"the runtime the QDQ model is stored for, listed below (default: {DEFAULT_TARGET}); "
-                          f"the quantization table does not depend on it")
-    qdq.add_argument("--no-check", action="store_true",
-                     help="do not run the QDQ model in onnxruntime (optimizations off and on) after calibration")
+    add_qdq_arguments(parser, "--target")
     add_data_arguments(parser, labels=False)
 
 
 def epilog() -> str:
     """The calibrators (their names and what range each gives) and the QDQ targets."""
     from calibrators.registry import describe_calibrators
-    from ptq.qdq_targets import QDQ_TARGETS
 
     return ("calibrators (names are case-insensitive; a number in front sets the parameter):\n"
             + "\n".join(f"  {line}" for line in describe_calibrators())
-            + "\n\nQDQ targets (--target):\n"
-            + "\n".join(f"  {t.name:13s} {t.description}" for t in QDQ_TARGETS.values()))
+            + "\n\n" + qdq_targets_epilog("--target"))
 
 
 CALIBRATION_FLAGS = ("out", "calibrator", "weight_calibrator", "bits", "weight_bits", "symmetric", "weight_asymmetric",

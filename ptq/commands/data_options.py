@@ -11,10 +11,13 @@ from ptq.parallel import add_parallel_arguments
 PARALLEL = ("workers", "ray")
 
 
-def add_data_arguments(parser: argparse.ArgumentParser, *, labels: bool = True) -> None:
-    """--images/--data, preprocessing, [--labels], --num-images, --seed, --batch-size, --quiet, --workers, --ray."""
-    src = parser.add_argument_group("samples (one of --images, --data)")
-    where = src.add_mutually_exclusive_group(required=True)
+def add_data_arguments(parser: argparse.ArgumentParser, *, labels: bool = True, required: bool = True,
+                       parallel: bool = True) -> None:
+    """--images/--data (`required`: one of them must be given), preprocessing, [--labels], --num-images, --seed,
+    --batch-size, --quiet, [--workers, --ray]."""
+    src = parser.add_argument_group("samples (one of --images, --data)" if required else
+                                    "samples (optional: --images or --data)")
+    where = src.add_mutually_exclusive_group(required=required)
     where.add_argument("--images", metavar="DIR|FILE", help="an image file or a folder of images (searched recursively)")
     where.add_argument("--data", metavar="DIR|FILE",
                        help="a folder (or file) of .npy/.npz samples, already model inputs: .npy for a one-input "
@@ -43,7 +46,8 @@ def add_data_arguments(parser: argparse.ArgumentParser, *, labels: bool = True) 
                      "image (default: 0.875)")
     pre.add_argument("--bgr", action="store_const", const=True, help="feed channels in BGR order (default: RGB)")
     pre.add_argument("--layout", choices=LAYOUTS, help="input layout (default: from the model's input shape)")
-    add_parallel_arguments(parser)
+    if parallel:
+        add_parallel_arguments(parser)
 
 
 def data_kwargs(args: argparse.Namespace) -> dict:

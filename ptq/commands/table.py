@@ -6,12 +6,18 @@
 the JSON does (`ptq.table_edit`): a new range or bit width recomputes scale and zero point with the table's
 options, a scale / zero point is taken as given, `--float` runs the layer computing the tensor in float; then
 it writes the table atomically (to the same path, or `--out`) and prints what changed.
+
+`ptq table export MODEL --quant TABLE [--out FILE] [--qdq-target T] [--images DIR | --data DIR]`: the QDQ
+model of MODEL with any table (`ptq.api.export_table`), checked in onnxruntime when samples are given.
 """
 from __future__ import annotations
 
 import argparse
 
-HELP = "print a quant table's entries, or change one tensor's bits, range, scale or float flag"
+from ptq.commands.data_options import add_data_arguments, data_kwargs
+from ptq.commands.qdq_options import add_qdq_arguments, qdq_targets_epilog
+
+HELP = "print a quant table's entries, change one tensor's bits, range, scale or float flag, or export its QDQ model"
 
 
 def _range(text: str) -> tuple[float, float]:
@@ -46,6 +52,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="run it in integers again")
     change.add_argument("--out", help="write the changed table here (default: overwrite TABLE)")
     change.set_defaults(table_run=run_set)
+    export = actions.add_parser("export", help="write the QDQ model of MODEL with any quant table (tuned, edited)",
+                                description="write the QDQ model of MODEL with the quant table (float layers kept "
+                                "float, 16-bit tensors\nas int16/uint16), atomically; with --images or --data, check "
+                                "it in onnxruntime\nagainst MODEL as `ptq calibrate` does",
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=qdq_targets_epilog)
+    export.add_argument("model", help="the float ONNX model (never modified; the adjusted weights the table "
+                                      "records are used)")
+    export.add_argument("--quant", required=True, help="the quantization table (.quant.json)")
+    export.add_argument("--out", metavar="FILE", help="the QDQ model to write (default: beside the table, "
+                                                      "<stem>.qdq.onnx; never MODEL or the table)")
+    add_qdq_arguments(export)
+    add_data_arguments(export, labels=False, required=False, parallel=False)
+    export.set_defaults(table_run=run_export)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,4 +157,17 @@ def run_set(args: argparse.Namespace) -> int:
         changes.append(f"(scale {args.scale!r} is not a float32 value: the nearest one is used)")
     print(f"{args.tensor}: " + "; ".join(changes))
     print(f"wrote {path}")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from ptq.api import export_table
+
+    samples = args.images is not None or args.data is not None
+    result = export_table(args.model, quant=args.quant, out=args.out, qdq_target=args.target, no_check=args.no_check,
+                          **{k: v for k, v in data_kwargs(args).items() if samples or k == "quiet"})
+    if not args.quiet:
+        print(result.summary())
+        if not samples and not args.no_check:
+            print("not checked in onnxruntime: give --images or --data to run it against MODEL on a few samples")
     return 0

@@ -1,7 +1,8 @@
 """`ptq tune MODEL --images DIR --quant TABLE --target-cosine 0.995 [--budget-int16 N] [--allow-float N]`:
 change the table step by step (`ptq.tuning`) until the logits cosine on the samples reaches the target; write
-`<stem>.tuned.quant.json` (and the adjusted weights the table uses, beside it) and `<stem>.tune.json` with
-what each step changed and bought. Decisions are taken on a validation part of the images (or on
+`<stem>.tuned.quant.json` (and the adjusted weights the table uses, beside it), its QDQ model
+`<stem>.tuned.qdq.onnx` (`--qdq-target`, checked in onnxruntime unless --no-check or -q, as `ptq calibrate`
+does) and `<stem>.tune.json` with what each step changed and bought. Decisions are taken on a validation part of the images (or on
 --validation DIR), each image with its label-free views (--views), against MODEL itself; judge the result on
 other held-out images still."""
 from __future__ import annotations
@@ -10,13 +11,17 @@ import argparse
 import logging
 
 from ptq.commands.data_options import add_data_arguments, data_kwargs
+from ptq.commands.qdq_options import add_qdq_arguments, qdq_targets_epilog
 
-HELP = "reach a target logits cosine: per-channel weights, better ranges, 16-bit tensors, float as a last resort"
+HELP = ("reach a target logits cosine: per-channel weights, better ranges, 16-bit tensors, float as a last resort; "
+        "write <stem>.tuned.quant.json, <stem>.tuned.qdq.onnx and <stem>.tune.json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
 
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = qdq_targets_epilog
     parser.add_argument("model", help="the float ONNX model")
     parser.add_argument("--quant", required=True, help="the quantization table (.quant.json) to start from")
     parser.add_argument("--target-cosine", type=float, required=True, help="stop when the logits cosine reaches this")
@@ -36,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the views each validation image enters with, comma-separated, or none (default: "
                              "all: %(default)s)")
     parser.add_argument("--out", help="output folder (default: the table's folder)")
+    add_qdq_arguments(parser)
     add_data_arguments(parser, labels=False)
 
 
@@ -48,10 +54,10 @@ def run(args: argparse.Namespace) -> int:
                   allow_float=args.allow_float, validation=args.validation,
                   validation_fraction=args.validation_fraction, margin=args.margin, z=args.z, out=args.out,
                   views=[] if args.views.strip().lower() == "none" else [v.strip() for v in args.views.split(",")],
-                  **data_kwargs(args))
+                  qdq_target=args.target, no_check=args.no_check, **data_kwargs(args))
     print(result.summary())
     if result.float_nodes:
         print(f"the tuned table marks float: {', '.join(result.table.float_tensors())} "
               f"(nodes {' '.join(result.float_nodes)})")
-    print(f"wrote {result.table_path}, {result.record_path}")
+    print(f"wrote {result.table_path}, {result.qdq_path}, {result.record_path}")
     return 0 if result.reached else 1

@@ -1,0 +1,27 @@
+"""The QDQ model's flags, the same for every command that writes one (`calibrate`, `tune`, `table export`):
+`--qdq-target` (`calibrate` also spells it `--target`, its original name) and `--no-check`."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_qdq_arguments(parser: argparse.ArgumentParser, *spellings: str) -> None:
+    """A "QDQ model" group: the target (`--qdq-target` plus `spellings`; dest `target`) and `--no-check`."""
+    from ptq.qdq_targets import DEFAULT_TARGET, QDQ_TARGETS
+
+    qdq = parser.add_argument_group("QDQ model")
+    qdq.add_argument(*spellings, "--qdq-target", dest="target", default=DEFAULT_TARGET, type=str.lower,
+                     choices=list(QDQ_TARGETS), metavar="TARGET",
+                     help=f"the runtime the QDQ model is stored for, listed below (default: {DEFAULT_TARGET}); "
+                          f"the quantization table does not depend on it")
+    qdq.add_argument("--no-check", action="store_true",
+                     help="do not run the QDQ model in onnxruntime (optimizations off and on) against the float "
+                          "model on a few of the samples (--quiet skips it too)")
+
+
+def qdq_targets_epilog(flag: str = "--qdq-target") -> str:
+    """The QDQ targets and what each stores, for a command's help."""
+    from ptq.qdq_targets import QDQ_TARGETS
+
+    return (f"QDQ targets ({flag}):\n"
+            + "\n".join(f"  {t.name:13s} {t.description}" for t in QDQ_TARGETS.values()))
