@@ -40,6 +40,7 @@ from llvmlite import ir
 from numba.extending import intrinsic, overload
 
 from ptq.core.qparams import QParams
+from reports.channels_first import channels_first
 from reports.value_histogram import ValueHistogram, bin_index
 
 CHUNK = 1024  # elements summed together (in a vectorized order), then added to the totals in order
@@ -111,14 +112,14 @@ def from_order_key(key: int, dtype) -> float:
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc"})  # the four float sums only: reassociated to vectorize
 def _chunk_sums(xb, yb, n, keys):
     """(sum x*y, sum x*x, sum y*y, sum d*d) over the first n elements, in float64; the order keys of max |d|,
-    min x and max x folded into keys[0:3]."""
+    min x and max x folded into keys[0:3] (taken per chunk in the keys' own width: int32 for float32)."""
     dot = 0.0
     xx = 0.0
     yy = 0.0
     se = 0.0
-    err = keys[0]
-    smallest = keys[1]
-    largest = keys[2]
+    err = _order_key(np.abs(xb[0] - yb[0]))
+    smallest = _order_key(xb[0])
+    largest = smallest
     for i in range(n):
         x = np.float64(xb[i])
         y = np.float64(yb[i])
@@ -128,47 +129,111 @@ def _chunk_sums(xb, yb, n, keys):
         xx += x * x
         yy += y * y
         se += d * d
-        k = np.int64(_order_key(np.abs(e)))
+        k = _order_key(np.abs(e))
         err = k if k > err else err
-        k = np.int64(_order_key(xb[i]))
+        k = _order_key(xb[i])
         smallest = k if k < smallest else smallest
         largest = k if k > largest else largest
-    keys[0] = err
-    keys[1] = smallest
-    keys[2] = largest
+    keys[0] = max(keys[0], np.int64(err))
+    keys[1] = min(keys[1], np.int64(smallest))
+    keys[2] = max(keys[2], np.int64(largest))
     return dot, xx, yy, se
 
 
 @numba.njit(cache=True, nogil=True)
-def _chunk_bins(xb, n, grid_lo, grid_hi, low, high, inv, inner, margin, jb):
-    """(values below grid_lo, values above grid_hi); each element's histogram bin into jb."""
+def _chunk_bins(xb, n, steps, jb):
+    """Each element's bin into jb, computed in xb's dtype: floor((v - start) * inv) + 1 clamped to [0, last], or -1
+    where that quotient lies within `near` of a whole number (`_bin_steps`: v may lie on either side of an edge
+    then). Returns whether any is."""
+    clamp_lo = steps[0]
+    clamp_hi = steps[1]
+    start = steps[2]
+    inv = steps[3]
+    near = steps[4]
+    far = steps[5]
+    last = steps[6]
+    zero = steps[7]
+    one = steps[8]
+    for i in range(n):
+        v = xb[i]
+        v = clamp_lo if v < clamp_lo else v
+        v = clamp_hi if v > clamp_hi else v
+        q = (v - start) * inv
+        f = np.floor(q)
+        frac = q - f
+        j = f + one
+        j = j if j > zero else zero  # NaN too (compare refuses it afterwards)
+        j = j if j < last else last
+        jb[i] = np.int32(j) if (frac >= near) & (frac <= far) else np.int32(-1)
+    smallest = jb[0]
+    for i in range(n):
+        smallest = min(smallest, jb[i])
+    return smallest < 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _exact_bins(xb, n, jb, low, high, inv, inner, margin):
+    """The bins `_chunk_bins` left at -1, by the exact `bin_index`."""
+    for i in range(n):
+        if jb[i] < 0:
+            jb[i] = bin_index(np.float64(xb[i]), low, high, inv, inner, margin)
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_bins(jb, n, sub, stride):
+    """sub[k * stride + jb[i]] += 1, k = i % 4: four interleaved tallies, so that runs of one bin do not serialize
+    the increments."""
+    for i in range(0, n - 3, 4):
+        sub[np.uint32(jb[i])] += 1
+        sub[stride + np.uint32(jb[i + 1])] += 1
+        sub[2 * stride + np.uint32(jb[i + 2])] += 1
+        sub[3 * stride + np.uint32(jb[i + 3])] += 1
+    for i in range(n - n % 4, n):
+        sub[np.uint32(jb[i])] += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _chunk_clipped(xb, n, lo, hi):
+    """(values below lo, values above hi)."""
     below = 0
     above = 0
     for i in range(n):
-        v = np.float64(xb[i])
-        below += v < grid_lo
-        above += v > grid_hi
-        jb[i] = bin_index(v, low, high, inv, inner, margin)
+        below = np.int32(below + (xb[i] < lo))
+        above = np.int32(above + (xb[i] > hi))
     return below, above
 
 
 @numba.njit(cache=True, nogil=True)
-def _count_bins(jb, n, sub):
-    """sub[i % 4, jb[i]] += 1: four interleaved tallies, so that runs of one bin do not serialize the increments."""
-    for i in range(n):
-        sub[i & 3, jb[i]] += 1
+def _narrow_bounds(grid_lo, grid_hi, like):
+    """(C, 2) bounds (lo, hi) in like's dtype such that, for every v of that dtype, v < lo and v > hi exactly when
+    v < grid_lo[c] and v > grid_hi[c] in float64: lo rounded up, hi rounded down."""
+    bounds = np.empty((grid_lo.size, 2), dtype=like.dtype)
+    top = np.empty(2, dtype=like.dtype)
+    top[0] = -np.inf
+    top[1] = np.inf
+    for c in range(grid_lo.size):
+        bounds[c, 0] = grid_lo[c]
+        if bounds[c, 0] < grid_lo[c]:
+            bounds[c, 0] = np.nextafter(bounds[c, 0], top[1])
+        bounds[c, 1] = grid_hi[c]
+        if bounds[c, 1] > grid_hi[c]:
+            bounds[c, 1] = np.nextafter(bounds[c, 1], top[0])
+    return bounds
 
 
 @numba.njit(cache=True, nogil=True)
-def _compare(x, test, zp, scale, clip_lo, clip_hi, grid_lo, grid_hi, binned, low, high, inv, inner, margin, bins,
-             xb, yb):
+def _compare(x, test, zp, scale, clip_lo, clip_hi, grid_lo, grid_hi, binned, clipped, low, high, inv, inner, margin,
+             steps, bins, xb, yb):
     """x and test (rows, C, length), C-contiguous; per-channel zp, scale, grid_lo, grid_hi of length C. Returns
-    (sums [dot, xx, yy, se], order keys [max |d|, min x, max x], counts: `bins` histogram counts, below, above)."""
+    (sums [dot, xx, yy, se], order keys [max |d|, min x, max x], counts: `bins` histogram counts, below, above).
+    Without `clipped` the grid is the histogram's [low, high]: below and above are its counts beyond them."""
     sums = np.zeros(4)
     keys = np.array([0, np.iinfo(np.int64).max, np.iinfo(np.int64).min], dtype=np.int64)
     counts = np.zeros(bins + 2, dtype=np.int64)
-    sub = np.zeros((4, bins + 2), dtype=np.int64)
+    stride = bins + 2
+    sub = np.zeros(4 * stride, dtype=np.int64)
     jb = np.zeros(CHUNK, dtype=np.int32)
+    bounds = _narrow_bounds(grid_lo, grid_hi, xb)
     rows, channels, length = x.shape
     for r in range(rows):
         for c in range(channels):
@@ -192,19 +257,51 @@ def _compare(x, test, zp, scale, clip_lo, clip_hi, grid_lo, grid_hi, binned, low
                 sums[2] += yy
                 sums[3] += se
                 if binned:
-                    below, above = _chunk_bins(xb, n, grid_lo[c], grid_hi[c], low, high, inv, inner, margin, jb)
-                    counts[bins] += below
-                    counts[bins + 1] += above
-                    _count_bins(jb, n, sub)
+                    if clipped:
+                        below, above = _chunk_clipped(xb, n, bounds[c, 0], bounds[c, 1])
+                        counts[bins] += below
+                        counts[bins + 1] += above
+                    if _chunk_bins(xb, n, steps, jb):
+                        _exact_bins(xb, n, jb, low, high, inv, inner, margin)
+                    _count_bins(jb, n, sub, stride)
     for k in range(4):
         for b in range(bins):
-            counts[b] += sub[k, b]
+            counts[b] += sub[k * stride + b]
+    if binned and not clipped:
+        counts[bins] = counts[:1 + margin].sum()
+        counts[bins + 1] = counts[1 + margin + inner:bins].sum()
     return sums, keys, counts
+
+
+def _bin_steps(histogram: Optional[ValueHistogram], dtype) -> np.ndarray:
+    """The constants of `_chunk_bins` in `dtype`: (clamp_lo, clamp_hi, start, inv, near, 1 - near, last, 0, 1).
+
+    In exact arithmetic the bin of v is floor(q) + 1 clamped to [0, last], q = (v - start) / w with
+    start = low - margin * w (`bin_index` measures from low inside, from high beyond: the same edges up to
+    float64 roundings). Clamping v first to [start - 1.5 w, end + 1.5 w] keeps its bin and bounds |q| by the
+    bin count; then q computed in `dtype` (unit roundoff u) differs from the exact quotient by at most
+    u * (|start| / w) plus 3 u |q| (roundings of start, 1 / w, the difference and the product), and the float64
+    formula of `bin_index` differs from it by a few 2^-53 of the same terms. `near` bounds both with margin to
+    spare: a q farther than `near` from every whole number has the exact bin floor(q) + 1; the others are binned
+    exactly afterwards. When near would exceed 1/4 (a grid far from zero in bin widths) every value is."""
+    if histogram is None:
+        return np.zeros(9, dtype=dtype)
+    width = histogram.width
+    inv = 1.0 / width
+    last = histogram.counts.size - 1
+    start = histogram.low - histogram.margin * width
+    unit = 2.0 ** -24 if np.dtype(dtype) == np.float32 else 2.0 ** -53
+    span = last + 2.0
+    near = (4 * unit * (abs(start) * inv + span)
+            + 2.0 ** -48 * ((abs(histogram.low) + abs(histogram.high)) * inv + span))
+    near = near if near < 0.25 else 1.0  # 1.0: every value is binned exactly
+    return np.array([start - 1.5 * width, histogram.high + (histogram.margin + 1.5) * width, start, inv, near,
+                     1.0 - near, last, 0.0, 1.0], dtype=dtype)
 
 
 def _rows(a: np.ndarray, qp: Optional[QParams]) -> np.ndarray:
     """`a` as (rows, C, length), C-contiguous: around a per-channel grid's axis, else one flat row."""
-    a = np.ascontiguousarray(a)  # channels-last codes (the compiled convolutions') are transposed here
+    a = channels_first(a)  # channels-last codes (the compiled convolutions') are transposed here
     if qp is None or qp.axis is None or qp.scale.size == 1:
         return a.reshape(1, 1, -1)
     axis = qp.axis % a.ndim
@@ -249,12 +346,16 @@ def compare(reference: np.ndarray, test: np.ndarray, qp: Optional[QParams] = Non
     low, high, inv, inner, margin, bins = ((histogram.low, histogram.high, 1.0 / histogram.width, histogram.inner,
                                             histogram.margin, histogram.counts.size) if binned else
                                            (0.0, 1.0, 1.0, 1, 0, 0))
+    # a per-tensor grid is the histogram's [low, high]: its clipped counts are the counts beyond them
+    clipped = binned and not (np.size(lo) == 1 == np.size(hi) and float(np.min(lo)) == histogram.low
+                              and float(np.max(hi)) == histogram.high)
     clip_lo, clip_hi = (-np.inf, np.inf) if clamp is None else clamp
     xb = np.empty(CHUNK, dtype=x.dtype)
     yb = np.empty(CHUNK, dtype=np.float32 if integer else y.dtype)
     sums, keys, counts = _compare(x3, y3, zp, scale, x.dtype.type(clip_lo), x.dtype.type(clip_hi),
                                    _per_channel(lo, channels, np.float64), _per_channel(hi, channels, np.float64),
-                                   binned, low, high, inv, inner, margin, bins, xb, yb)
+                                   binned, clipped, low, high, inv, inner, margin, _bin_steps(histogram, x.dtype),
+                                   bins, xb, yb)
     dot, xx, yy, se = (float(s) for s in sums)
     if not (math.isfinite(xx) and math.isfinite(yy) and math.isfinite(se)):
         raise ValueError("similarity: tensors must be finite (found NaN or Inf)")
