@@ -44,6 +44,7 @@ from reports.channels_first import channels_first
 from reports.value_histogram import ValueHistogram, bin_index
 
 CHUNK = 1024  # elements summed together (in a vectorized order), then added to the totals in order
+TALLIES = 8  # interleaved histogram tallies (`_count_bins`)
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def from_order_key(key: int, dtype) -> float:
     return struct.unpack("<f" if single else "<d", struct.pack("<i" if single else "<q", bits))[0]
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})  # the four float sums only: reassociated to vectorize
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})  # the four float sums only (module docstring)
 def _chunk_sums(xb, yb, n, keys):
     """(sum x*y, sum x*x, sum y*y, sum d*d) over the first n elements, in float64; the order keys of max |d|,
     min x and max x folded into keys[0:3] (taken per chunk in the keys' own width: int32 for float32)."""
@@ -143,32 +144,27 @@ def _chunk_sums(xb, yb, n, keys):
 @numba.njit(cache=True, nogil=True)
 def _chunk_bins(xb, n, steps, jb):
     """Each element's bin into jb, computed in xb's dtype: floor((v - start) * inv) + 1 clamped to [0, last], or -1
-    where that quotient lies within `near` of a whole number (`_bin_steps`: v may lie on either side of an edge
-    then). Returns whether any is."""
-    clamp_lo = steps[0]
-    clamp_hi = steps[1]
-    start = steps[2]
-    inv = steps[3]
-    near = steps[4]
-    far = steps[5]
-    last = steps[6]
-    zero = steps[7]
-    one = steps[8]
+    where (v - start) * inv lies within `near` of a whole number (`_bin_steps`: the exact bin may then be either
+    neighbour, or v is NaN or infinite). Returns whether any is -1."""
+    start = steps[0]
+    inv = steps[1]
+    near = steps[2]
+    far = steps[3]
+    last = steps[4]
+    zero = steps[5]
+    one = steps[6]
+    lowest = np.int32(0)
     for i in range(n):
-        v = xb[i]
-        v = clamp_lo if v < clamp_lo else v
-        v = clamp_hi if v > clamp_hi else v
-        q = (v - start) * inv
+        q = (xb[i] - start) * inv
         f = np.floor(q)
         frac = q - f
         j = f + one
-        j = j if j > zero else zero  # NaN too (compare refuses it afterwards)
+        j = j if j > zero else zero
         j = j if j < last else last
-        jb[i] = np.int32(j) if (frac >= near) & (frac <= far) else np.int32(-1)
-    smallest = jb[0]
-    for i in range(n):
-        smallest = min(smallest, jb[i])
-    return smallest < 0
+        k = np.int32(j) if (frac >= near) & (frac <= far) else np.int32(-1)
+        jb[i] = k
+        lowest = min(lowest, k)
+    return lowest < 0
 
 
 @numba.njit(cache=True, nogil=True)
@@ -181,15 +177,16 @@ def _exact_bins(xb, n, jb, low, high, inv, inner, margin):
 
 @numba.njit(cache=True, nogil=True)
 def _count_bins(jb, n, sub, stride):
-    """sub[k * stride + jb[i]] += 1, k = i % 4: four interleaved tallies, so that runs of one bin do not serialize
-    the increments."""
-    for i in range(0, n - 3, 4):
-        sub[np.uint32(jb[i])] += 1
-        sub[stride + np.uint32(jb[i + 1])] += 1
-        sub[2 * stride + np.uint32(jb[i + 2])] += 1
-        sub[3 * stride + np.uint32(jb[i + 3])] += 1
-    for i in range(n - n % 4, n):
-        sub[np.uint32(jb[i])] += 1
+    """sub[k * stride + jb[i]] += 1, k = i % TALLIES: interleaved tallies, so that runs of one bin do not
+    serialize the increments (unsigned indices: no negative-index wraparound)."""
+    s = np.uint64(stride)
+    for k in range(n // TALLIES):
+        i = np.uint64(TALLIES * k)
+        for t in range(TALLIES):
+            u = np.uint64(t)
+            sub[u * s + np.uint64(jb[i + u])] += 1
+    for i in range(n - n % TALLIES, n):
+        sub[np.uint64(jb[i])] += 1
 
 
 @numba.njit(cache=True, nogil=True)
@@ -231,7 +228,7 @@ def _compare(x, test, zp, scale, clip_lo, clip_hi, grid_lo, grid_hi, binned, cli
     keys = np.array([0, np.iinfo(np.int64).max, np.iinfo(np.int64).min], dtype=np.int64)
     counts = np.zeros(bins + 2, dtype=np.int64)
     stride = bins + 2
-    sub = np.zeros(4 * stride, dtype=np.int64)
+    sub = np.zeros(TALLIES * stride, dtype=np.int64)
     jb = np.zeros(CHUNK, dtype=np.int32)
     bounds = _narrow_bounds(grid_lo, grid_hi, xb)
     rows, channels, length = x.shape
@@ -264,7 +261,7 @@ def _compare(x, test, zp, scale, clip_lo, clip_hi, grid_lo, grid_hi, binned, cli
                     if _chunk_bins(xb, n, steps, jb):
                         _exact_bins(xb, n, jb, low, high, inv, inner, margin)
                     _count_bins(jb, n, sub, stride)
-    for k in range(4):
+    for k in range(TALLIES):
         for b in range(bins):
             counts[b] += sub[k * stride + b]
     if binned and not clipped:
@@ -274,29 +271,31 @@ def _compare(x, test, zp, scale, clip_lo, clip_hi, grid_lo, grid_hi, binned, cli
 
 
 def _bin_steps(histogram: Optional[ValueHistogram], dtype) -> np.ndarray:
-    """The constants of `_chunk_bins` in `dtype`: (clamp_lo, clamp_hi, start, inv, near, 1 - near, last, 0, 1).
+    """The constants of `_chunk_bins` in `dtype`: (start, inv, near, 1 - near, last, 0, 1).
 
-    In exact arithmetic the bin of v is floor(q) + 1 clamped to [0, last], q = (v - start) / w with
-    start = low - margin * w (`bin_index` measures from low inside, from high beyond: the same edges up to
-    float64 roundings). Clamping v first to [start - 1.5 w, end + 1.5 w] keeps its bin and bounds |q| by the
-    bin count; then q computed in `dtype` (unit roundoff u) differs from the exact quotient by at most
-    u * (|start| / w) plus 3 u |q| (roundings of start, 1 / w, the difference and the product), and the float64
-    formula of `bin_index` differs from it by a few 2^-53 of the same terms. `near` bounds both with margin to
-    spare: a q farther than `near` from every whole number has the exact bin floor(q) + 1; the others are binned
-    exactly afterwards. When near would exceed 1/4 (a grid far from zero in bin widths) every value is."""
+    With Q = (v - low) / w + margin in exact arithmetic (w, 1 / w and start = low - margin * w as float64 computes
+    them), `bin_index` gives clamp(floor(Q) + 1, 0, last) unless Q lies within 2^-48 (R + S) of a whole number,
+    R = |low| / w + |high| / w, S = last + 2 (its two float64 roundings; beyond high it measures from high, and
+    (high - low) / w differs from the inner bin count by a few 2^-53 of it). q = (v - start) * inv computed in
+    `dtype` (unit roundoff u) carries the roundings of start, of 1 / w, of the difference and of the product:
+    |q - Q| <= 1.01 u |start| / w + 3.02 u |Q| + 2^-51 (|start| / w + margin). So for |Q| <= S, `near`, twice the
+    sum of both bounds, separates q from every whole number whenever floor(q) = floor(Q) is in doubt. For
+    |Q| > S, q has the sign of Q and |q| > S - 1/4, so both clamp to the same end bin (this needs near < 1/4;
+    a grid farther from zero, in bin widths, gets near = 1 and every value is binned by `bin_index`). NaN and
+    infinite values give a NaN fraction: marked too."""
     if histogram is None:
-        return np.zeros(9, dtype=dtype)
+        return np.zeros(7, dtype=dtype)
     width = histogram.width
     inv = 1.0 / width
     last = histogram.counts.size - 1
     start = histogram.low - histogram.margin * width
     unit = 2.0 ** -24 if np.dtype(dtype) == np.float32 else 2.0 ** -53
     span = last + 2.0
-    near = (4 * unit * (abs(start) * inv + span)
-            + 2.0 ** -48 * ((abs(histogram.low) + abs(histogram.high)) * inv + span))
-    near = near if near < 0.25 else 1.0  # 1.0: every value is binned exactly
-    return np.array([start - 1.5 * width, histogram.high + (histogram.margin + 1.5) * width, start, inv, near,
-                     1.0 - near, last, 0.0, 1.0], dtype=dtype)
+    reach = (abs(histogram.low) + abs(histogram.high)) * inv
+    near = 2 * (unit * (1.01 * abs(start) * inv + 3.02 * span) + 2.0 ** -51 * (abs(start) * inv + histogram.margin)
+                + 2.0 ** -48 * (reach + span))
+    near = near if near < 0.25 else 1.0
+    return np.array([start, inv, near, 1.0 - near, last, 0.0, 1.0], dtype=dtype)
 
 
 def _rows(a: np.ndarray, qp: Optional[QParams]) -> np.ndarray:
