@@ -28,6 +28,7 @@ block sums and histogram kernel took 45-50 ms.
 """
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from dataclasses import dataclass
@@ -141,7 +142,7 @@ def _chunk_sums(xb, yb, n, keys):
     return dot, xx, yy, se
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")  # no reference counting per chunk
 def _chunk_bins(xb, n, steps, jb):
     """Each element's bin into jb, computed in xb's dtype: floor((v - start) * inv) + 1 clamped to [0, last], or -1
     where (v - start) * inv lies within `near` of a whole number (`_bin_steps`: the exact bin may then be either
@@ -167,7 +168,7 @@ def _chunk_bins(xb, n, steps, jb):
     return lowest < 0
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")  # no reference counting per chunk
 def _exact_bins(xb, n, jb, low, high, inv, inner, margin):
     """The bins `_chunk_bins` left at -1, by the exact `bin_index`."""
     for i in range(n):
@@ -175,7 +176,7 @@ def _exact_bins(xb, n, jb, low, high, inv, inner, margin):
             jb[i] = bin_index(np.float64(xb[i]), low, high, inv, inner, margin)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")  # no reference counting per chunk
 def _count_bins(jb, n, sub, stride):
     """sub[k * stride + jb[i]] += 1, k = i % TALLIES: interleaved tallies, so that runs of one bin do not
     serialize the increments (unsigned indices: no negative-index wraparound)."""
@@ -189,7 +190,7 @@ def _count_bins(jb, n, sub, stride):
         sub[np.uint64(jb[i])] += 1
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")  # no reference counting per chunk
 def _chunk_clipped(xb, n, lo, hi):
     """(values below lo, values above hi)."""
     below = 0
@@ -218,6 +219,24 @@ def _narrow_bounds(grid_lo, grid_hi, like):
     return bounds
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _fold_chunk(xs, yb, n, sums, keys, binned, lo, hi, steps, jb, sub, stride, counts, low, high, inv, inner, margin):
+    """One chunk's sums, clipped counts (`lo` > -inf: a per-channel grid) and bins into the running totals."""
+    dot, xx, yy, se = _chunk_sums(xs, yb, n, keys)
+    sums[0] += dot
+    sums[1] += xx
+    sums[2] += yy
+    sums[3] += se
+    if binned:
+        if lo > -np.inf:
+            below, above = _chunk_clipped(xs, n, lo, hi)
+            counts[-2] += below
+            counts[-1] += above
+        if _chunk_bins(xs, n, steps, jb):
+            _exact_bins(xs, n, jb, low, high, inv, inner, margin)
+        _count_bins(jb, n, sub, stride)
+
+
 @numba.njit(cache=True, nogil=True)
 def _compare(x, test, zp, scale, clip_lo, clip_hi, grid_lo, grid_hi, binned, clipped, low, high, inv, inner, margin,
              steps, bins, xb, yb):
@@ -231,36 +250,33 @@ def _compare(x, test, zp, scale, clip_lo, clip_hi, grid_lo, grid_hi, binned, cli
     sub = np.zeros(TALLIES * stride, dtype=np.int64)
     jb = np.zeros(CHUNK, dtype=np.int32)
     bounds = _narrow_bounds(grid_lo, grid_hi, xb)
+    if not clipped:
+        bounds[:, 0] = -np.inf  # no clipped counts per chunk (`_fold_chunk`)
+    clamped = clip_lo > -np.inf or clip_hi < np.inf
     rows, channels, length = x.shape
     for r in range(rows):
         for c in range(channels):
             z = zp[c]
             s = scale[c]
+            lo = bounds[c, 0]
+            hi = bounds[c, 1]
             for start in range(0, length, CHUNK):
                 n = min(CHUNK, length - start)
-                # x clamped (NaN stays NaN) and the test values, into the chunk buffers (loops over unit-stride
-                # slices vectorize)
-                row = x[r, c, start:start + n]
-                for i in range(n):
-                    v = row[i]
-                    v = clip_lo if v < clip_lo else v
-                    xb[i] = clip_hi if v > clip_hi else v
+                # the test values into a chunk buffer (loops over unit-stride slices vectorize)
                 values = test[r, c, start:start + n]
                 for i in range(n):
                     yb[i] = _test_value(values[i], z, s)
-                dot, xx, yy, se = _chunk_sums(xb, yb, n, keys)
-                sums[0] += dot
-                sums[1] += xx
-                sums[2] += yy
-                sums[3] += se
-                if binned:
-                    if clipped:
-                        below, above = _chunk_clipped(xb, n, bounds[c, 0], bounds[c, 1])
-                        counts[bins] += below
-                        counts[bins + 1] += above
-                    if _chunk_bins(xb, n, steps, jb):
-                        _exact_bins(xb, n, jb, low, high, inv, inner, margin)
-                    _count_bins(jb, n, sub, stride)
+                row = x[r, c, start:start + n]
+                if clamped:  # x clamped (NaN stays NaN) into the other chunk buffer
+                    for i in range(n):
+                        v = row[i]
+                        v = clip_lo if v < clip_lo else v
+                        xb[i] = clip_hi if v > clip_hi else v
+                    _fold_chunk(xb, yb, n, sums, keys, binned, lo, hi, steps, jb, sub, stride, counts, low, high,
+                                inv, inner, margin)
+                else:
+                    _fold_chunk(row, yb, n, sums, keys, binned, lo, hi, steps, jb, sub, stride, counts, low, high,
+                                inv, inner, margin)
     for k in range(TALLIES):
         for b in range(bins):
             counts[b] += sub[k * stride + b]
@@ -270,8 +286,10 @@ def _compare(x, test, zp, scale, clip_lo, clip_hi, grid_lo, grid_hi, binned, cli
     return sums, keys, counts
 
 
-def _bin_steps(histogram: Optional[ValueHistogram], dtype) -> np.ndarray:
-    """The constants of `_chunk_bins` in `dtype`: (start, inv, near, 1 - near, last, 0, 1).
+@functools.lru_cache(maxsize=1024)
+def _bin_steps(low: float, high: float, inner: int, margin: int, dtype: str) -> np.ndarray:
+    """The constants of `_chunk_bins` in `dtype` for the bins of a `ValueHistogram` (read only, cached):
+    (start, inv, near, 1 - near, last, 0, 1).
 
     With Q = (v - low) / w + margin in exact arithmetic (w, 1 / w and start = low - margin * w as float64 computes
     them), `bin_index` gives clamp(floor(Q) + 1, 0, last) unless Q lies within 2^-48 (R + S) of a whole number,
@@ -283,19 +301,19 @@ def _bin_steps(histogram: Optional[ValueHistogram], dtype) -> np.ndarray:
     |Q| > S, q has the sign of Q and |q| > S - 1/4, so both clamp to the same end bin (this needs near < 1/4;
     a grid farther from zero, in bin widths, gets near = 1 and every value is binned by `bin_index`). NaN and
     infinite values give a NaN fraction: marked too."""
-    if histogram is None:
-        return np.zeros(7, dtype=dtype)
-    width = histogram.width
+    width = (high - low) / inner  # as ValueHistogram.width
     inv = 1.0 / width
-    last = histogram.counts.size - 1
-    start = histogram.low - histogram.margin * width
+    last = inner + 2 * margin + 1
+    start = low - margin * width
     unit = 2.0 ** -24 if np.dtype(dtype) == np.float32 else 2.0 ** -53
     span = last + 2.0
-    reach = (abs(histogram.low) + abs(histogram.high)) * inv
-    near = 2 * (unit * (1.01 * abs(start) * inv + 3.02 * span) + 2.0 ** -51 * (abs(start) * inv + histogram.margin)
+    reach = (abs(low) + abs(high)) * inv
+    near = 2 * (unit * (1.01 * abs(start) * inv + 3.02 * span) + 2.0 ** -51 * (abs(start) * inv + margin)
                 + 2.0 ** -48 * (reach + span))
     near = near if near < 0.25 else 1.0
-    return np.array([start, inv, near, 1.0 - near, last, 0.0, 1.0], dtype=dtype)
+    steps = np.array([start, inv, near, 1.0 - near, last, 0.0, 1.0], dtype=dtype)
+    steps.flags.writeable = False
+    return steps
 
 
 def _rows(a: np.ndarray, qp: Optional[QParams]) -> np.ndarray:
@@ -341,20 +359,19 @@ def compare(reference: np.ndarray, test: np.ndarray, qp: Optional[QParams] = Non
     binned = histogram is not None
     if binned != (grid is not None):
         raise ValueError("compare: give the histogram and the grid bounds together")
-    lo, hi = grid if binned else (-np.inf, np.inf)
+    lo, hi = (np.asarray(bound, dtype=np.float64) for bound in grid) if binned else (-np.inf, np.inf)
     low, high, inv, inner, margin, bins = ((histogram.low, histogram.high, 1.0 / histogram.width, histogram.inner,
                                             histogram.margin, histogram.counts.size) if binned else
                                            (0.0, 1.0, 1.0, 1, 0, 0))
     # a per-tensor grid is the histogram's [low, high]: its clipped counts are the counts beyond them
-    clipped = binned and not (np.size(lo) == 1 == np.size(hi) and float(np.min(lo)) == histogram.low
-                              and float(np.max(hi)) == histogram.high)
+    clipped = binned and not (lo.size == 1 == hi.size and lo.item() == low and hi.item() == high)
     clip_lo, clip_hi = (-np.inf, np.inf) if clamp is None else clamp
     xb = np.empty(CHUNK, dtype=x.dtype)
     yb = np.empty(CHUNK, dtype=np.float32 if integer else y.dtype)
     sums, keys, counts = _compare(x3, y3, zp, scale, x.dtype.type(clip_lo), x.dtype.type(clip_hi),
                                    _per_channel(lo, channels, np.float64), _per_channel(hi, channels, np.float64),
-                                   binned, clipped, low, high, inv, inner, margin, _bin_steps(histogram, x.dtype),
-                                   bins, xb, yb)
+                                   binned, clipped, low, high, inv, inner, margin,
+                                   _bin_steps(low, high, inner, margin, x.dtype.char), bins, xb, yb)
     dot, xx, yy, se = (float(s) for s in sums)
     if not (math.isfinite(xx) and math.isfinite(yy) and math.isfinite(se)):
         raise ValueError("similarity: tensors must be finite (found NaN or Inf)")
