@@ -113,15 +113,13 @@ def from_order_key(key: int, dtype) -> float:
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})  # the four float sums only (module docstring)
 def _chunk_sums(xb, yb, n, keys):
-    """(sum x*y, sum x*x, sum y*y, sum d*d) over the first n elements, in float64; the order keys of max |d|,
-    min x and max x folded into keys[0:3] (taken per chunk in the keys' own width: int32 for float32)."""
+    """(sum x*y, sum x*x, sum y*y, sum d*d) over the first n elements, in float64; the order key of max |d| folded
+    into keys[0] (taken per chunk in the key's own width: int32 for float32)."""
     dot = 0.0
     xx = 0.0
     yy = 0.0
     se = 0.0
     err = _order_key(np.abs(xb[0] - yb[0]))
-    smallest = _order_key(xb[0])
-    largest = smallest
     for i in range(n):
         x = np.float64(xb[i])
         y = np.float64(yb[i])
@@ -133,20 +131,16 @@ def _chunk_sums(xb, yb, n, keys):
         se += d * d
         k = _order_key(np.abs(e))
         err = k if k > err else err
-        k = _order_key(xb[i])
-        smallest = k if k < smallest else smallest
-        largest = k if k > largest else largest
     keys[0] = max(keys[0], np.int64(err))
-    keys[1] = min(keys[1], np.int64(smallest))
-    keys[2] = max(keys[2], np.int64(largest))
     return dot, xx, yy, se
 
 
 @numba.njit(cache=True, nogil=True, inline="always")  # no reference counting per chunk
-def _chunk_bins(xb, n, steps, jb):
+def _chunk_bins(xb, n, steps, jb, keys):
     """Each element's bin into jb, computed in xb's dtype: floor((v - start) * inv) + 1 clamped to [0, last], or -1
     where (v - start) * inv lies within `near` of a whole number (`_bin_steps`: the exact bin may then be either
-    neighbour, or v is NaN or infinite). Returns whether any is -1."""
+    neighbour, or v is NaN or infinite). The order keys of min x and max x folded into keys[1:3]. Returns whether
+    any bin is -1."""
     start = steps[0]
     inv = steps[1]
     near = steps[2]
@@ -155,7 +149,12 @@ def _chunk_bins(xb, n, steps, jb):
     zero = steps[5]
     one = steps[6]
     lowest = np.int32(0)
+    smallest = _order_key(xb[0])
+    largest = smallest
     for i in range(n):
+        key = _order_key(xb[i])
+        smallest = key if key < smallest else smallest
+        largest = key if key > largest else largest
         q = (xb[i] - start) * inv
         f = np.floor(q)
         frac = q - f
@@ -165,6 +164,8 @@ def _chunk_bins(xb, n, steps, jb):
         k = np.int32(j) if (frac >= near) & (frac <= far) else np.int32(-1)
         jb[i] = k
         lowest = min(lowest, k)
+    keys[1] = min(keys[1], np.int64(smallest))
+    keys[2] = max(keys[2], np.int64(largest))
     return lowest < 0
 
 
@@ -232,7 +233,7 @@ def _fold_chunk(xs, yb, n, sums, keys, binned, lo, hi, steps, jb, sub, stride, c
             below, above = _chunk_clipped(xs, n, lo, hi)
             counts[-2] += below
             counts[-1] += above
-        if _chunk_bins(xs, n, steps, jb):
+        if _chunk_bins(xs, n, steps, jb, keys):
             _exact_bins(xs, n, jb, low, high, inv, inner, margin)
         _count_bins(jb, n, sub, stride)
 
