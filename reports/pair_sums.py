@@ -241,7 +241,8 @@ def _fold_chunk(xs, yb, n, sums, keys, binned, lo, hi, steps, jb, sub, stride, c
 @numba.njit(cache=True, nogil=True)
 def _compare(x, test, zp, scale, clip_lo, clip_hi, grid_lo, grid_hi, binned, clipped, low, high, inv, inner, margin,
              steps, bins, xb, yb):
-    """x and test (rows, C, length), C-contiguous; per-channel zp, scale, grid_lo, grid_hi of length C. Returns
+    """x and test (rows, C, length), C-contiguous; zp, scale, grid_lo, grid_hi: one value per channel, or one for
+    all (the zero points and scales are read as float32, as `reports.grid.dequantize32` reads them). Returns
     (sums [dot, xx, yy, se], order keys [max |d|, min x, max x], counts: `bins` histogram counts, below, above).
     Without `clipped` the grid is the histogram's [low, high]: below and above are its counts beyond them."""
     sums = np.zeros(4)
@@ -257,10 +258,11 @@ def _compare(x, test, zp, scale, clip_lo, clip_hi, grid_lo, grid_hi, binned, cli
     rows, channels, length = x.shape
     for r in range(rows):
         for c in range(channels):
-            z = zp[c]
-            s = scale[c]
-            lo = bounds[c, 0]
-            hi = bounds[c, 1]
+            z = np.float32(zp[c] if zp.size == channels else zp[0])
+            s = np.float32(scale[c] if scale.size == channels else scale[0])
+            b = c if grid_lo.size == channels else 0
+            lo = bounds[b, 0]
+            hi = bounds[b, 1]
             for start in range(0, length, CHUNK):
                 n = min(CHUNK, length - start)
                 # the test values into a chunk buffer (loops over unit-stride slices vectorize)
@@ -326,10 +328,8 @@ def _rows(a: np.ndarray, qp: Optional[QParams]) -> np.ndarray:
     return a.reshape(math.prod(a.shape[:axis]), a.shape[axis], -1)
 
 
-def _per_channel(value, channels: int, dtype) -> np.ndarray:
-    """One value per channel, contiguous."""
-    values = np.asarray(value, dtype=dtype).reshape(-1)
-    return values if values.size == channels else np.full(channels, values[0], dtype=dtype)
+_UNIT = (np.zeros(1, dtype=np.float32), np.ones(1, dtype=np.float32))  # zero point and scale of float tests
+_UNBOUNDED = (np.full(1, -np.inf), np.full(1, np.inf))  # grid bounds without a histogram
 
 
 def compare(reference: np.ndarray, test: np.ndarray, qp: Optional[QParams] = None, *,
@@ -355,12 +355,11 @@ def compare(reference: np.ndarray, test: np.ndarray, qp: Optional[QParams] = Non
     x3 = _rows(x, qp)
     y3 = _rows(y, qp)
     channels = x3.shape[1]
-    zp = _per_channel(qp.zero_point if integer else 0, channels, np.float32)
-    scale = _per_channel(qp.scale if integer else 1, channels, np.float32)
+    zp, scale = (np.ravel(qp.zero_point), np.ravel(qp.scale)) if integer else _UNIT
     binned = histogram is not None
     if binned != (grid is not None):
         raise ValueError("compare: give the histogram and the grid bounds together")
-    lo, hi = (np.asarray(bound, dtype=np.float64) for bound in grid) if binned else (-np.inf, np.inf)
+    lo, hi = (np.ravel(np.asarray(bound, dtype=np.float64)) for bound in grid) if binned else _UNBOUNDED
     low, high, inv, inner, margin, bins = ((histogram.low, histogram.high, 1.0 / histogram.width, histogram.inner,
                                             histogram.margin, histogram.counts.size) if binned else
                                            (0.0, 1.0, 1.0, 1, 0, 0))
@@ -369,11 +368,10 @@ def compare(reference: np.ndarray, test: np.ndarray, qp: Optional[QParams] = Non
     clip_lo, clip_hi = (-np.inf, np.inf) if clamp is None else clamp
     xb = np.empty(CHUNK, dtype=x.dtype)
     yb = np.empty(CHUNK, dtype=np.float32 if integer else y.dtype)
-    sums, keys, counts = _compare(x3, y3, zp, scale, x.dtype.type(clip_lo), x.dtype.type(clip_hi),
-                                   _per_channel(lo, channels, np.float64), _per_channel(hi, channels, np.float64),
-                                   binned, clipped, low, high, inv, inner, margin,
+    sums, keys, counts = _compare(x3, y3, zp, scale, x.dtype.type(clip_lo), x.dtype.type(clip_hi), lo, hi, binned,
+                                   clipped, low, high, inv, inner, margin,
                                    _bin_steps(low, high, inner, margin, x.dtype.char), bins, xb, yb)
-    dot, xx, yy, se = (float(s) for s in sums)
+    dot, xx, yy, se = sums.tolist()
     if not (math.isfinite(xx) and math.isfinite(yy) and math.isfinite(se)):
         raise ValueError("similarity: tensors must be finite (found NaN or Inf)")
     pair = PairSums(dot=dot, xx=xx, yy=yy, se=se, max_err=from_order_key(keys[0], np.result_type(xb, yb)), n=x.size)
