@@ -12,10 +12,11 @@ def _channels_last(a: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("shape", [(1, 8, 8, 8), (2, 16, 7, 7), (1, 13, 5, 9), (3, 24, 14, 14), (1, 5, 3, 3),
-                                   (1, 96, 1, 1), (2, 3, 17), (1, 40, 2, 3, 5)])
+                                   (1, 96, 1, 1), (2, 3, 17), (1, 40, 2, 3, 5), (2, 48, 9, 7), (1, 64, 16, 16)])
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8])
 def test_channels_last_bytes_are_copied_to_c_order(shape, dtype):
-    """Blocks of 8 x 8 and every kind of leftover: channels or positions not a multiple of 8, rows, ranks 3-5."""
+    """Blocks of 16 x 16 and 8 x 8 and every kind of leftover (channels or positions not a multiple of 16 or 8),
+    several rows, ranks 3-5."""
     rng = np.random.default_rng(sum(shape))
     info = np.iinfo(dtype)
     a = rng.integers(info.min, info.max, size=shape, endpoint=True).astype(dtype)
