@@ -10,21 +10,30 @@ Per element, with x first clamped to a folded range [a, b] when given (in x's dt
     max_err = max |d|,  below += x < grid_lo[c],  above += x > grid_hi[c]   (x in float64 against float64 bounds)
     counts[bin(x)] += 1                                           (`reports.value_histogram.bin_index`)
 
-Summation order, fixed by the shape and the qparams alone: the codes are read in C order (channels-last codes,
-the compiled convolutions' views, are transposed first: numpy's copy is faster than a strided gather here), so
-the same codes give the same bits on both backends. The tensor is one flat row (per channel: one row per channel
-and outer index, in C order), read in chunks of CHUNK elements; a chunk's four sums are added in the order the
-compiler picks to vectorize them (the only reassociation), and the totals add the chunk sums in order. The same
-process and machine give the same bits every time, so `--workers N` merges into the one-process report
-(`reports.evaluate_shards` re-adds each sample's sums); another CPU may vectorize with other widths and differ
-in the last bits, as the BLAS block sums before did. Products of float32 values are exact in float64, so a sum
-carries only float64 roundings of its additions (relative error below 1e-12, tested), where the former float32
-block sums carried ~1e-8. The clipped counts, histogram counts and extremes do not depend on the order at all
-(the extremes are taken on order keys: -0.0 counts as below +0.0).
+How, without changing a result: the products of float32 values are exact in float64, so a fused multiply-add
+rounds as the product and the sum apart would. The bounds are rounded outward to x's dtype once (v < lo exactly
+when v < grid_lo in float64); for a per-tensor grid, which is the histogram's [low, high], the clipped counts are
+the histogram's counts beyond low and high (exact: `reports.value_histogram`). The bin is computed in x's dtype
+with an error bound (`_bin_steps`): values whose quotient lies near a bin edge are binned by `bin_index` itself,
+so the counts are those of the float64 formula. The extremes and max |d| are taken on order keys (integers that
+order as the floats do, -0.0 below +0.0) in the keys' own width per chunk.
 
-Measured on EfficientNet-Lite0 (62 tensors, 7.1 M values per image, hot caches, a loaded 2-core machine): 28 ms
-CPU per image (kernel 19-22, transposing the channels-last codes 5, Python 1.5) where the separate numpy passes,
-block sums and histogram kernel took 45-50 ms.
+Summation order, fixed by the shape and the qparams alone: the codes are read in C order (channels-last 8-bit
+codes, the compiled convolutions' views, are transposed first by `reports.channels_first`), so the same codes
+give the same bits on both backends. The tensor is one flat row (per channel: one row per channel and outer
+index, in C order), read in chunks of CHUNK elements; a chunk's four sums are added in the order the compiler
+picks to vectorize them (the only reassociation), and the totals add the chunk sums in order. The same process
+and machine give the same bits every time, so `--workers N` merges into the one-process report
+(`reports.evaluate_shards` re-adds each sample's sums); another CPU may vectorize with other widths and differ in
+the last bits, as the BLAS block sums before did. Products of float32 values are exact in float64, so a sum
+carries only float64 roundings of its additions (relative error below 1e-12, tested), where the former float32
+block sums carried ~1e-8. The clipped counts, histogram counts and extremes do not depend on the order at all.
+
+Measured on EfficientNet-Lite0 (62 tensors, 7.1 M values per image, 58 channels-last; a loaded 2-core machine,
+CPU per image, best of 25): 13 ms with the histogram and 6.5 ms for the sums alone, where float64 binning, the
+extremes in the sums loop and numpy's transposes took 28-29 ms and 14.5 ms. Of the 13: transposing the codes 1.3,
+reading the tensors into the chunk buffers ~2, the sums ~2.5, the bins ~1.5, tallying them ~3.3 (one scalar
+increment per value: eight interleaved tallies), Python ~1.2.
 """
 from __future__ import annotations
 
@@ -221,15 +230,16 @@ def _narrow_bounds(grid_lo, grid_hi, like):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _fold_chunk(xs, yb, n, sums, keys, binned, lo, hi, steps, jb, sub, stride, counts, low, high, inv, inner, margin):
-    """One chunk's sums, clipped counts (`lo` > -inf: a per-channel grid) and bins into the running totals."""
+def _fold_chunk(xs, yb, n, sums, keys, binned, clipped, lo, hi, steps, jb, sub, stride, counts, low, high, inv, inner,
+                margin):
+    """One chunk's sums, clipped counts (when not read off the histogram) and bins into the running totals."""
     dot, xx, yy, se = _chunk_sums(xs, yb, n, keys)
     sums[0] += dot
     sums[1] += xx
     sums[2] += yy
     sums[3] += se
     if binned:
-        if lo > -np.inf:
+        if clipped:
             below, above = _chunk_clipped(xs, n, lo, hi)
             counts[-2] += below
             counts[-1] += above
@@ -252,8 +262,6 @@ def _compare(x, test, zp, scale, clip_lo, clip_hi, grid_lo, grid_hi, binned, cli
     sub = np.zeros(TALLIES * stride, dtype=np.int64)
     jb = np.zeros(CHUNK, dtype=np.int32)
     bounds = _narrow_bounds(grid_lo, grid_hi, xb)
-    if not clipped:
-        bounds[:, 0] = -np.inf  # no clipped counts per chunk (`_fold_chunk`)
     clamped = clip_lo > -np.inf or clip_hi < np.inf
     rows, channels, length = x.shape
     for r in range(rows):
@@ -275,11 +283,11 @@ def _compare(x, test, zp, scale, clip_lo, clip_hi, grid_lo, grid_hi, binned, cli
                         v = row[i]
                         v = clip_lo if v < clip_lo else v
                         xb[i] = clip_hi if v > clip_hi else v
-                    _fold_chunk(xb, yb, n, sums, keys, binned, lo, hi, steps, jb, sub, stride, counts, low, high,
-                                inv, inner, margin)
+                    _fold_chunk(xb, yb, n, sums, keys, binned, clipped, lo, hi, steps, jb, sub, stride, counts, low,
+                                high, inv, inner, margin)
                 else:
-                    _fold_chunk(row, yb, n, sums, keys, binned, lo, hi, steps, jb, sub, stride, counts, low, high,
-                                inv, inner, margin)
+                    _fold_chunk(row, yb, n, sums, keys, binned, clipped, lo, hi, steps, jb, sub, stride, counts, low,
+                                high, inv, inner, margin)
     for k in range(TALLIES):
         for b in range(bins):
             counts[b] += sub[k * stride + b]

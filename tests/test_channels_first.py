@@ -34,6 +34,13 @@ def test_every_byte_lands_in_its_place():
     np.testing.assert_array_equal(channels_first(_channels_last(a)), a)
 
 
+def test_read_only_codes_are_copied():
+    a = np.random.default_rng(1).integers(-128, 127, size=(1, 32, 5, 5)).astype(np.int8)
+    last = _channels_last(a)
+    last.flags.writeable = False
+    np.testing.assert_array_equal(channels_first(last), a)
+
+
 def test_other_layouts_and_dtypes_are_copied_by_numpy():
     rng = np.random.default_rng(0)
     a = rng.integers(-300, 300, size=(1, 16, 6, 6)).astype(np.int16)
