@@ -144,7 +144,7 @@ def _chunk_sums(xb, yb, n, keys):
     return dot, xx, yy, se
 
 
-@numba.njit(cache=True, nogil=True, inline="always")  # no reference counting per chunk
+@numba.njit(cache=True, nogil=True)
 def _chunk_bins(xb, n, steps, jb, keys):
     """Each element's bin into jb, computed in xb's dtype: floor((v - start) * inv) + 1 clamped to [0, last], or -1
     where (v - start) * inv lies within `near` of a whole number (`_bin_steps`: the exact bin may then be either
@@ -178,7 +178,7 @@ def _chunk_bins(xb, n, steps, jb, keys):
     return lowest < 0
 
 
-@numba.njit(cache=True, nogil=True, inline="always")  # no reference counting per chunk
+@numba.njit(cache=True, nogil=True)
 def _exact_bins(xb, n, jb, low, high, inv, inner, margin):
     """The bins `_chunk_bins` left at -1, by the exact `bin_index`."""
     for i in range(n):
@@ -186,7 +186,7 @@ def _exact_bins(xb, n, jb, low, high, inv, inner, margin):
             jb[i] = bin_index(np.float64(xb[i]), low, high, inv, inner, margin)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")  # no reference counting per chunk
+@numba.njit(cache=True, nogil=True)
 def _count_bins(jb, n, sub, stride):
     """sub[k * stride + jb[i]] += 1, k = i % TALLIES: interleaved tallies, so that runs of one bin do not
     serialize the increments (unsigned indices: no negative-index wraparound)."""
@@ -200,7 +200,7 @@ def _count_bins(jb, n, sub, stride):
         sub[np.uint64(jb[i])] += 1
 
 
-@numba.njit(cache=True, nogil=True, inline="always")  # no reference counting per chunk
+@numba.njit(cache=True, nogil=True)
 def _chunk_clipped(xb, n, lo, hi):
     """(values below lo, values above hi)."""
     below = 0
@@ -229,7 +229,7 @@ def _narrow_bounds(grid_lo, grid_hi, like):
     return bounds
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _fold_chunk(xs, yb, n, sums, keys, binned, clipped, lo, hi, steps, jb, sub, stride, counts, low, high, inv, inner,
                 margin):
     """One chunk's sums, clipped counts (when not read off the histogram) and bins into the running totals."""
@@ -277,17 +277,15 @@ def _compare(x, test, zp, scale, clip_lo, clip_hi, grid_lo, grid_hi, binned, cli
                 values = test[r, c, start:start + n]
                 for i in range(n):
                     yb[i] = _test_value(values[i], z, s)
-                row = x[r, c, start:start + n]
+                row = x[r, c, start:start + n]  # read in place, or:
                 if clamped:  # x clamped (NaN stays NaN) into the other chunk buffer
                     for i in range(n):
                         v = row[i]
                         v = clip_lo if v < clip_lo else v
                         xb[i] = clip_hi if v > clip_hi else v
-                    _fold_chunk(xb, yb, n, sums, keys, binned, clipped, lo, hi, steps, jb, sub, stride, counts, low,
-                                high, inv, inner, margin)
-                else:
-                    _fold_chunk(row, yb, n, sums, keys, binned, clipped, lo, hi, steps, jb, sub, stride, counts, low,
-                                high, inv, inner, margin)
+                    row = xb
+                _fold_chunk(row, yb, n, sums, keys, binned, clipped, lo, hi, steps, jb, sub, stride, counts, low, high,
+                            inv, inner, margin)
     for k in range(TALLIES):
         for b in range(bins):
             counts[b] += sub[k * stride + b]
