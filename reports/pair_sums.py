@@ -30,10 +30,11 @@ carries only float64 roundings of its additions (relative error below 1e-12, tes
 block sums carried ~1e-8. The clipped counts, histogram counts and extremes do not depend on the order at all.
 
 Measured on EfficientNet-Lite0 (62 tensors, 7.1 M values per image, 58 channels-last; a loaded 2-core machine,
-CPU per image, best of 25): 13 ms with the histogram and 6.5 ms for the sums alone, where float64 binning, the
-extremes in the sums loop and numpy's transposes took 28-29 ms and 14.5 ms. Of the 13: transposing the codes 1.3,
-reading the tensors into the chunk buffers ~2, the sums ~2.5, the bins ~1.5, tallying them ~3.3 (one scalar
-increment per value: eight interleaved tallies), Python ~1.2.
+CPU per image): `bench/report_compare.py` 15 ms on 20 images where float64 binning, the extremes in the sums loop
+and numpy's transposes took 37 ms; on one image's tensors, best of 25, 13 ms with the histogram (28-29 before)
+and 6.5 ms for the sums alone (14.5). Of the 13: transposing the codes 1.3, reading the tensors into the chunk
+buffers ~2, the sums ~2.5, the bins ~1.5, tallying them ~3.3 (one scalar increment per value: eight interleaved
+tallies), Python ~1.2.
 """
 from __future__ import annotations
 
