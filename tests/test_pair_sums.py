@@ -76,18 +76,100 @@ def test_values_on_the_bin_edges_are_binned_as_the_histogram_bins_them():
     np.testing.assert_array_equal(grid.counts, h.counts)
 
 
-def test_channels_last_codes_give_the_same_bits_as_channels_first():
-    """The compiled convolutions hand over channels-last views: the sums must not depend on the layout."""
-    rng = np.random.default_rng(7)
-    qp = compute_qparams(-0.5, 3.0, 8, signed=False)
-    x, codes = _tensor(rng, (1, 40, 28, 28), qp)
-    last = np.ascontiguousarray(codes.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
-    assert not last.flags.c_contiguous
-    args = dict(histogram=ValueHistogram.for_grid(qp, 4), grid=grid_bounds(qp, 4))
+def _edge_values(h: ValueHistogram, dtype) -> np.ndarray:
+    """Every bin edge of `h` (margins, low, high, the underflow and overflow edges) with its neighbours in
+    `dtype`, the edges as float64 computes them and as they round to `dtype`."""
+    w = h.width
+    edges = np.concatenate([h.low + w * np.arange(-h.margin - 1, h.inner + 1),
+                            h.high + w * np.arange(-1, h.margin + 2), [h.low, h.high]])
+    values = [edges.astype(dtype)]
+    for _ in range(3):  # three neighbours on either side
+        values.append(np.nextafter(values[-1], dtype(np.inf)))
+    down = edges.astype(dtype)
+    for _ in range(3):
+        down = np.nextafter(down, dtype(-np.inf))
+        values.append(down)
+    return np.concatenate(values)
+
+
+def _histogram(grid):
+    """The histogram and grid bounds of a quantization grid (lo, hi, bits, signed), or bins over [low, high]."""
+    if len(grid) == 4:
+        qp = compute_qparams(*grid[:3], signed=grid[3])
+        return ValueHistogram.for_grid(qp), grid_bounds(qp, 1)
+    low, high, inner = grid
+    return ValueHistogram(low=low, high=high, inner=inner, steps_per_bin=1.0), (np.float64(low), np.float64(high))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("grid", [(-1.0, 3.0, 8, False), (-6.0, 6.0, 8, True), (0.0, 6.0, 4, False),
+                                  (-0.37, 0.91, 16, True), (1e4, 1e4 + 3.0, 64), (-2e9, -1.999e9, 64),
+                                  (0.1, 0.1 + 2.0 ** -10, 51), (1e4, 1e4 + 0.01, 64)])
+def test_bins_near_every_edge_equal_the_float64_formula(dtype, grid):
+    """The bins computed in the reference's dtype, with the exact fix-up near the edges, against
+    `ValueHistogram.update` (the float64 formula, value by value), on every edge and its neighbours, uniform
+    values and far outliers; bins far from zero in bin widths (where float32 cannot tell the bins apart and every
+    value takes the float64 formula) included. The clipped counts against `ClipAccumulator`."""
+    h, bounds = _histogram(grid)
+    rng = np.random.default_rng(len(grid))
+    span = h.high - h.low
+    x = np.concatenate([_edge_values(h, dtype), rng.uniform(h.low - span, h.high + span, 5000).astype(dtype),
+                        np.array([h.low - 1e3 * span, h.high + 1e3 * span, -3e38, 3e38], dtype=dtype)])
+    x = rng.permutation(x)
+    _, counted = compare(x, x, histogram=h, grid=bounds)
+    reference = ValueHistogram(h.low, h.high, h.inner, h.steps_per_bin)
+    reference.update(x)
+    np.testing.assert_array_equal(counted.counts, reference.counts)
+    clip = ClipAccumulator()
+    clip.update(x, *bounds)
+    assert (counted.below, counted.above) == (reference.below, reference.above)
+    assert counted.below + counted.above == clip.clipped
+    assert (counted.min, counted.max) == (reference.min, reference.max)
+
+
+def test_a_grid_other_than_the_histograms_is_clip_counted_against_its_own_bounds():
+    """Clipped counts come from the histogram only when the grid is its [low, high]."""
+    rng = np.random.default_rng(4)
+    qp = compute_qparams(-1.0, 1.0, 8)
+    x = rng.normal(scale=1.5, size=20_000).astype(np.float32)
+    narrow = (np.float64(-0.5), np.float64(0.75))
+    _, counted = compare(x, x, histogram=ValueHistogram.for_grid(qp), grid=narrow)
+    clip = ClipAccumulator()
+    clip.update(x, *narrow)
+    assert (counted.below, counted.above) == (int(np.sum(x < -0.5)), int(np.sum(x > 0.75)))
+    assert counted.below + counted.above == clip.clipped
+
+
+def _channels_last(a: np.ndarray) -> np.ndarray:
+    """`a` as the compiled convolutions hand it over: the same codes, the channel axis innermost in memory."""
+    return np.moveaxis(np.ascontiguousarray(np.moveaxis(a, 1, -1)), -1, 1)
+
+
+@pytest.mark.parametrize("shape, per_channel", [((1, 40, 28, 28), False), ((2, 13, 7, 9), False),
+                                                ((1, 24, 14, 14), True), ((3, 5, 33, 31), True),
+                                                ((1, 96, 1, 1), False)])
+def test_channels_last_codes_give_the_same_bits_as_channels_first(shape, per_channel):
+    """The compiled convolutions hand over channels-last views: the sums must not depend on the layout (channel
+    and position counts that are and are not multiples of the 8 x 8 transpose blocks; per-tensor and per-channel
+    grids; a clamp)."""
+    rng = np.random.default_rng(sum(shape))
+    channels = shape[1]
+    if per_channel:
+        qp = QParams(scale=rng.uniform(0.005, 0.05, channels).astype(np.float32),
+                     zero_point=rng.integers(-20, 20, channels), bits=8, signed=True, axis=1)
+    else:
+        qp = compute_qparams(-0.5, 3.0, 8, signed=False)
+    x, codes = _tensor(rng, shape, qp)
+    last = _channels_last(codes)
+    assert not last.flags.c_contiguous or math.prod(shape[2:]) == 1
+    args = dict(histogram=ValueHistogram.for_grid(qp, x.ndim), grid=grid_bounds(qp, x.ndim), clamp=(-1.0, 2.5))
     first_sums, first_grid = compare(x, codes, qp, **args)
     last_sums, last_grid = compare(x, last, qp, **args)
     assert first_sums == last_sums
     np.testing.assert_array_equal(first_grid.counts, last_grid.counts)
+    assert (first_grid.below, first_grid.above, first_grid.min, first_grid.max) == \
+        (last_grid.below, last_grid.above, last_grid.min, last_grid.max)
+    assert compare(x, last, qp)[0] == compare(x, codes, qp)[0]  # sums only
 
 
 def test_folded_clamp_equals_comparing_the_clipped_tensor():
@@ -147,7 +229,7 @@ def _key(v) -> int:
     return bits ^ (np.iinfo(itype).max if bits < 0 else 0)
 
 
-@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_nan_and_inf_are_refused(bad):
     x = np.float32([0.0, 1.0, bad])
     with pytest.raises(ValueError, match="finite"):
@@ -155,6 +237,13 @@ def test_nan_and_inf_are_refused(bad):
     qp = compute_qparams(-1.0, 1.0, 8)
     with pytest.raises(ValueError, match="finite"):
         compare(x, qp.quantize(np.zeros(3)), qp, histogram=ValueHistogram.for_grid(qp), grid=grid_bounds(qp, 1))
+    # in a later chunk of a channels-last tensor, binned on a per-channel grid
+    pc = QParams(scale=np.float32([0.01, 0.02, 0.03]), zero_point=np.array([0, 1, 2]), bits=8, signed=True, axis=1)
+    big = np.zeros((1, 3, 40, 40), dtype=np.float32)
+    big[0, 2, 39, 7] = bad
+    codes = _channels_last(pc.quantize(np.zeros(big.shape)))
+    with pytest.raises(ValueError, match="finite"):
+        compare(big, codes, pc, histogram=ValueHistogram.for_grid(pc, 4), grid=grid_bounds(pc, 4))
 
 
 def test_bad_arguments_raise():
