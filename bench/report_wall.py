@@ -29,10 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
+from scale import make_images  # bench/ is the script's folder, first on sys.path
 
-from scale import make_images  # noqa: E402  (bench/scale.py: the eval photos plus mirrored and cropped copies)
+REPO = Path(__file__).resolve().parent.parent
 
 MODEL = REPO / "examples" / "efficientnet_lite0.onnx"
 
