@@ -87,6 +87,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     one_blas_thread()
     log_to_stderr()
     args = build_parser().parse_args(argv)
+    if not getattr(args, "quiet", False):  # the notice of a first run that compiles the kernels
+        logging.getLogger("ptq.kernels").setLevel(logging.INFO)
     try:
         with warnings.catch_warnings():
             warnings.showwarning = print_notes(args.command)

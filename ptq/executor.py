@@ -45,6 +45,7 @@ from ops.registry import (
     get_op,
     node_label,
 )
+from ptq.compile_notice import first_run_notice
 from ptq.float_fallback import NodeFloatEvaluator
 from ptq.fused_layers import layer_nodes
 from ptq.core.graph import Graph, Node, load_model
@@ -193,6 +194,11 @@ class IntegerGraph:
         `on_tensor(name, codes)` is called for every quantized graph input and every step output as soon as it
         exists (reports fold each tensor into their metrics while it is in cache, without keeping it)."""
         self.check_inputs(inputs)
+        with first_run_notice():  # the kernels compile on their first use after installation
+            return self._run(inputs, keep_all, on_tensor)
+
+    def _run(self, inputs: Mapping[str, np.ndarray], keep_all: bool,
+             on_tensor: Optional[Callable[[str, np.ndarray], None]]) -> IntRunResult:
         values: dict[str, np.ndarray] = {}
         kept: dict[str, np.ndarray] = {}
         for name in self.graph.inputs:
