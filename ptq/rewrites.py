@@ -106,15 +106,13 @@ def _infer_output_shapes(graph: Graph, node: Node) -> None:
         return
     if any(isinstance(v, onnx.GraphProto) for v in node.attrs.values()):
         return  # If/Loop/Scan bodies would need their outer scope
-    inits, typed = [], []
-    for name in dict.fromkeys(i for i in node.inputs if i):
-        if name in graph.initializers:
-            inits.append(numpy_helper.from_array(np.asarray(graph.initializers[name]), name))
-            continue
-        info, shape = graph.tensors.get(name), _static_shape(graph, name)
-        if info is None or info.dtype is None or shape is None:
-            return
-        typed.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype)), shape))
+    names = list(dict.fromkeys(i for i in node.inputs if i))
+    variable = [n for n in names if n not in graph.initializers]
+    if any(_static_shape(graph, n) is None or graph.tensors[n].dtype is None for n in variable):
+        return  # checked before any initializer is serialized: dynamic-batch models have many such nodes
+    typed = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(graph.tensors[n].dtype)),
+                                           _static_shape(graph, n)) for n in variable]
+    inits = [numpy_helper.from_array(np.asarray(graph.initializers[n]), n) for n in names if n in graph.initializers]
     model = helper.make_model(
         helper.make_graph([node_proto(node)], "node", typed, [], initializer=inits),
         opset_imports=[helper.make_opsetid("", graph.opset)])
