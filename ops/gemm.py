@@ -6,6 +6,10 @@ Gemm, Y = alpha * A' @ B' + beta * C with B, C constants (A' = A^T if transA, B'
     c_q = round_half_even(beta * C / (|alpha| * fl32(s_a * s_w[n]))),   M[n] / 2^N[n] ~= |alpha| * s_a * s_w[n] / s_y
     y_q = clamp(((acc * M + 2^(N-1)) >> N) + zp_y, lo, hi)            (fused Relu/Clip/LeakyRelu as Conv)
 
+Einsum of two activations whose equation is a batched matrix product, "<batch>ik,<batch>kj-><batch>ij" or
+"<batch>ik,<batch>jk-><batch>ij" (B transposed: torchvision's MaxViT attention, `einsum("bghid,bghjd->bghij")`),
+is MatMul(A, B) or MatMul(A, B^T) on the codes; any other equation raises QuantizationError (float fallback).
+
 MatMul with a constant B is the same without C (per-channel along B's last axis); with two activations
 (both per tensor), both zero points are folded around the backend's raw-code product:
 
@@ -60,6 +64,7 @@ class QuantizedMatMul(QuantizedNode):
     weight_codes: Optional[np.ndarray] = None  # constant B only
     weight: Optional[np.ndarray] = None  # centered int32 B (constant B only)
     weight_sum: Optional[np.ndarray] = None  # int64 (..., 1, N) sum over K of `weight`
+    transpose_b: bool = False  # Einsum "...ik,...jk->...ij": B's codes swap their last two axes first
 
 
 def _weight_plan(bits: int, x_qp, weight: np.ndarray, wsum: np.ndarray, bias: np.ndarray,
@@ -235,7 +240,7 @@ class MatMul(OpDef):
             acc = runtime.backend.matmul(a, w)
             offset = -za * q.weight_sum
         else:
-            b_raw = np.asarray(inputs[1])
+            b_raw = np.swapaxes(inputs[1], -1, -2) if q.transpose_b else np.asarray(inputs[1])
             zb = int(q.in_qparams[1].zero_point[0])
             a, b, squeeze = _promote(a_raw, b_raw)
             k = a.shape[-1]
@@ -251,3 +256,48 @@ class MatMul(OpDef):
             acc = acc.squeeze(axis=squeeze)
             offset = offset.squeeze(axis=squeeze) if offset is not None else None
         return [finish_accumulator(acc, offset, plan, q.stage, q.node, runtime)]
+
+
+def einsum_transposes_b(equation: str) -> bool:
+    """Whether a batched-matmul Einsum equation takes B transposed ("...ik,...jk->...ij": True;
+    "...ik,...kj->...ij": False, batch letters equal in both operands and the output); QuantizationError for
+    any other equation."""
+    terms = equation.replace(" ", "")
+    lhs, _, out = terms.partition("->")
+    operands = lhs.split(",")
+    if len(operands) == 2 and "." not in terms:
+        a, b = operands
+        batch = a[:-2]
+        if len(a) >= 2 and len(set(a)) == len(a) and b[:-2] == out[:-2] == batch and len(b) == len(out) == len(a):
+            (i, k), j = a[-2:], out[-1]
+            if out[-2] == i and len({i, j, k}) == 3 and j not in batch:
+                if b[-2:] == k + j:
+                    return False
+                if b[-2:] == j + k:
+                    return True
+    raise QuantizationError(f"Einsum {equation!r} is not a batched matrix product of two operands "
+                            f"('...ik,...kj->...ij' or '...ik,...jk->...ij'); it runs in float")
+
+
+@register
+class Einsum(MatMul):
+    """ONNX Einsum whose equation is a batched matrix product of two activations: MatMul(A, B) or
+    MatMul(A, B^T) on the codes (`einsum_transposes_b`). Formula and LSB bound: MatMul's, module docstring."""
+
+    op_type = "Einsum"
+    granularity = "per-tensor activations (batched-matmul equations)"
+
+    def weight_role(self, node):
+        return None
+
+    def forward_float(self, node, inputs):
+        a, b = (np.asarray(v, dtype=np.float32) for v in inputs[:2])
+        return [np.einsum(node.attr("equation"), a, b).astype(np.float32)]
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedMatMul:
+        transpose_b = einsum_transposes_b(ctx.node.attr("equation"))
+        if 1 in ctx.constants:
+            raise QuantizationError("Einsum runs in integers with two activations only; B is a constant")
+        q = super().quantize(ctx)
+        q.transpose_b = transpose_b
+        return q

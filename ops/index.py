@@ -24,6 +24,7 @@ OP_MODULES = {
     ("", "GatherND"): "ops.gather",
     ("ai.ptq", "UpsampleByIndex"): "ops.gather",
     ("", "Gelu"): "ops.gelu",
+    ("", "Einsum"): "ops.gemm",
     ("", "Gemm"): "ops.gemm",
     ("", "MatMul"): "ops.gemm",
     ("ai.ptq", "Histogram"): "ops.histogram",

@@ -166,6 +166,7 @@ def _cases() -> list[Case]:
         Case("Gemm", shape=(1, 6), inputs=(X, "w", "b"), constants={"w": _c("gemmw", (4, 6), -0.5, 0.5),
                                                                   "b": _c("gemmb", (4,))}, attrs={"transB": 1}),
         Case("MatMul", inputs=(X, "w"), constants={"w": _c("mmw", (5, 3), -0.5, 0.5)}),
+        Case("Einsum", inputs=(X, X), attrs={"equation": "bcik,bcjk->bcij"}, note="x x^T, two activations"),
         Case("LayerNormalization", inputs=(X, "g", "b"), constants={"g": _c("lng", (5,), 0.5, 1.5), "b": _c("lnb", (5,))},
              attrs={"axis": -1}),
         Case("InstanceNormalization", inputs=(X, "g", "b"),

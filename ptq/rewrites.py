@@ -27,10 +27,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
+import onnx
+from onnx import helper, numpy_helper, shape_inference
 
 from ops.registry import op_of
-from ptq.float_fallback import NodeFloatEvaluator
-from ptq.core.graph import Graph, Node
+from ptq.float_fallback import NodeFloatEvaluator, node_proto
+from ptq.core.graph import Graph, Node, TensorInfo
 from ptq.transformer_patterns import PatternFusion, fuse_transformer
 from ptq.graph_edit import drop_activation, make_constant, single_consumer, unique_name
 
@@ -95,12 +97,47 @@ def _static_shape(graph: Graph, name: str) -> Optional[tuple]:
 
 
 
+def _infer_output_shapes(graph: Graph, node: Node) -> None:
+    """Fill in the unknown output shapes of `node` by onnx shape inference over the node alone, its constant
+    inputs given as initializers (their values, e.g. Pad's pads, decide the shape) and the others by their
+    static shapes. Leaves them unknown when an input is not static or inference cannot tell."""
+    outputs = [o for o in node.outputs if o]
+    if node.domain or not outputs or all(_static_shape(graph, o) is not None for o in outputs):
+        return
+    if any(isinstance(v, onnx.GraphProto) for v in node.attrs.values()):
+        return  # If/Loop/Scan bodies would need their outer scope
+    names = list(dict.fromkeys(i for i in node.inputs if i))
+    variable = [n for n in names if n not in graph.initializers]
+    if any(_static_shape(graph, n) is None or graph.tensors[n].dtype is None for n in variable):
+        return  # checked before any initializer is serialized: dynamic-batch models have many such nodes
+    typed = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(graph.tensors[n].dtype)),
+                                           _static_shape(graph, n)) for n in variable]
+    inits = [numpy_helper.from_array(np.asarray(graph.initializers[n]), n) for n in names if n in graph.initializers]
+    model = helper.make_model(
+        helper.make_graph([node_proto(node)], "node", typed, [], initializer=inits),
+        opset_imports=[helper.make_opsetid("", graph.opset)])
+    try:
+        inferred = shape_inference.infer_shapes(model, data_prop=True).graph.value_info
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        return
+    for vi in inferred:
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name in outputs and vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+            info = graph.tensors.get(vi.name)
+            dtype = info.dtype if info is not None and info.dtype is not None else \
+                helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+            graph.tensors[vi.name] = TensorInfo(vi.name, dtype, tuple(d.dim_value for d in dims))
+
+
 def fold_static(graph: Graph, node_float: NodeFloatEvaluator) -> list[str]:
     """Evaluate every node whose inputs are constants or static shapes; returns the folded node names.
 
     Protection does not apply here: a constant subgraph evaluated in float is exactly what it computes.
     `Shape`/`Size` of a tensor with a fully known shape is evaluated on a zero-strided view of that shape (their
     result depends on the shape only), so shape subgraphs reduce to constants.
+    A kept node whose output shapes the model's shape inference left unknown (a Pad or Reshape fed by a shape
+    subgraph: torch's legacy exporter writes Swin's window padding so) gets them inferred again from its now
+    constant inputs (`_infer_output_shapes`), so the shape subgraphs after it fold too.
     """
     folded, kept = [], []
     for node in graph.nodes:
@@ -115,6 +152,7 @@ def fold_static(graph: Graph, node_float: NodeFloatEvaluator) -> list[str]:
         elif foldable and all(i in graph.initializers for i in present):
             values = node_float.run(node, [graph.initializers[i] if i else None for i in node.inputs])
         if values is None:
+            _infer_output_shapes(graph, node)
             kept.append(node)
             continue
         for out, value in zip(node.outputs, values):

@@ -28,6 +28,7 @@ from typing import Optional
 import numpy as np
 
 from ptq.core.graph import Graph, Node
+from ptq.weight_tensors import with_static_weights
 from ptq.core.qparams import QParams, compute_qparams
 from ptq.quant_table import CalibrationOptions, TensorEntry
 from ptq.core.requant import INT32_MAX
@@ -101,6 +102,7 @@ def floor_folded_weight(node: Node, graph: Graph, tensors: dict[str, TensorEntry
 
 def floor_weight_scales(graph: Graph, tensors: dict[str, TensorEntry], options: CalibrationOptions) -> list[str]:
     """Raise weight scales in `tensors` (in place) to the floors above; returns the names of the weights changed."""
+    graph = with_static_weights(graph)  # a weight computed from initializers, as `weight_tensors` sees it
     floors: dict[str, np.ndarray] = {}
     for node in graph.nodes:
         role = weight_role(node)

@@ -180,6 +180,43 @@ def test_shape_subgraph_is_folded_to_a_constant():
     assert "target" in graph.constants
 
 
+def _window_pad_model() -> onnx.ModelProto:
+    """Swin's window padding as torch's legacy exporter writes it: pads = (4 - W % 4) % 4 computed from
+    Shape(x) (Mod is beyond onnx's data propagation, so the Pad's output shape stays unknown), then a mask
+    built from the padded tensor's shape: y = Pad(x) + ConstantOfShape(Shape(Pad(x)), 1)."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("Gather", ["s", "i3"], ["w"], name="gather", axis=0),
+        helper.make_node("Mod", ["w", "four"], ["wm"], name="mod1"),
+        helper.make_node("Sub", ["four", "wm"], ["d"], name="sub"),
+        helper.make_node("Mod", ["d", "four"], ["p"], name="mod2"),
+        helper.make_node("Unsqueeze", ["p", "ax0"], ["p1"], name="unsq"),
+        helper.make_node("Concat", ["zeros7", "p1"], ["pads"], name="concat", axis=0),
+        helper.make_node("Pad", ["x", "pads"], ["xp"], name="pad"),
+        helper.make_node("Shape", ["xp"], ["sp"], name="shape_padded"),
+        helper.make_node("ConstantOfShape", ["sp"], ["mask"], name="mask",
+                         value=numpy_helper.from_array(np.array([1.0], np.float32))),
+        helper.make_node("Add", ["xp", "mask"], ["y"], name="add"),
+    ]
+    init = {"i3": np.array(3, np.int64), "four": np.array(4, np.int64), "ax0": np.array([0], np.int64),
+            "zeros7": np.zeros(7, np.int64)}
+    return _model(nodes, [("x", [1, 1, 3, 5])], [("y", [1, 1, 3, 8])], init)
+
+
+def test_shape_subgraph_after_a_pad_of_unknown_shape_is_folded():
+    model = _window_pad_model()
+    loaded = load_model(model)
+    assert loaded.tensors["xp"].shape is None or None in loaded.tensors["xp"].shape  # the idiom under test
+    graph = copy_graph(loaded)
+    folded = fold_static(graph, NodeFloatEvaluator(OPSET))
+    assert [n.op_type for n in graph.nodes] == ["Pad", "Add"]
+    assert {"shape_padded", "mask"} <= set(folded)
+    assert graph.tensors["xp"].shape == (1, 1, 3, 8)
+    np.testing.assert_array_equal(graph.initializers["mask"], np.ones((1, 1, 3, 8), np.float32))
+    x = np.random.default_rng(5).normal(size=(1, 1, 3, 5)).astype(np.float32)
+    np.testing.assert_array_equal(_ort(_to_model(graph), {"x": x})[0], _ort(model, {"x": x})[0])
+
+
 def test_shape_of_a_dynamic_batch_tensor_is_not_folded():
     nodes = [
         helper.make_node("Shape", ["x"], ["s"], name="shape"),

@@ -157,3 +157,59 @@ FLOAT_CASES = [
 @pytest.mark.parametrize("op_type, attrs, input_shapes, const_shapes", FLOAT_CASES)
 def test_forward_float_matches_onnxruntime(op_type, attrs, input_shapes, const_shapes):
     assert_forward_float_matches_onnxruntime(op_type, attrs, input_shapes, const_shapes)
+
+
+EINSUM_EQUATIONS = [
+    ("B G H I D, B G H J D -> B G H I J", (1, 2, 3, 4, 6), (1, 2, 3, 5, 6)),  # MaxViT's q k^T (torchvision)
+    ("B G H I J, B G H J D -> B G H I D", (1, 2, 3, 4, 5), (1, 2, 3, 5, 6)),  # MaxViT's attn v
+    ("ik,kj->ij", (4, 6), (6, 3)),
+]
+
+
+@covers("Einsum", check=Check.INT_REFERENCE)
+@pytest.mark.parametrize("equation, a_shape, b_shape", EINSUM_EQUATIONS)
+def test_einsum_int_equals_reference_and_float_bound(equation, a_shape, b_shape):
+    rng = np.random.default_rng(len(a_shape) + b_shape[-1])
+    a_f = rng.normal(0.5, 1.0, size=a_shape).astype(np.float32)
+    b_f = rng.normal(0, 0.5, size=b_shape).astype(np.float32)
+    a_qp = random_qparams(rng, float(a_f.min()), float(a_f.max()), 8, signed=False)
+    b_qp = random_qparams(rng, float(b_f.min()), float(b_f.max()), 8, signed=True)
+    a_q, b_q = a_qp.quantize(a_f), b_qp.quantize(b_f)
+    attrs = {"equation": equation}
+    y_float = ort_single("Einsum", {"a": a_qp.dequantize(a_q), "b": b_qp.dequantize(b_q)}, attrs)[0]
+    y_qp = random_qparams(rng, float(y_float.min()), float(y_float.max()), 8, symmetric=False)
+    node = Node("es", "Einsum", ["a", "b"], ["y"], attrs)
+    op = get_op("Einsum")
+    q = op.quantize(context(node, [a_qp, b_qp], [y_qp]))
+    y = op.forward_int(q, [a_q, b_q], runtime())[0]
+
+    a_c = a_q.astype(object) - int(a_qp.zero_point[0])  # Python-int einsum of the centered codes
+    b_c = b_q.astype(object) - int(b_qp.zero_point[0])
+    acc = np.einsum(equation, a_c, b_c).astype(np.int64)
+    check_multiplier(q.stage.m, q.stage.n, a_qp.scale[0] * b_qp.scale[0] / y_qp.scale[0], q.stage.pre_shift)
+    acc = apply_pre_shift(acc, q.stage, (1, 1))
+    assert y.shape == y_float.shape
+    np.testing.assert_array_equal(y, ref_requant(acc, q.stage.m, q.stage.n, int(y_qp.zero_point[0]), y_qp.qmin,
+                                                 y_qp.qmax))
+    assert lsb_error(y_qp, y, y_float) <= 1.0 + 1e-3
+
+
+@pytest.mark.parametrize("equation", ["bij,bjk->bki", "ii,ij->ij", "i,i->", "...ij,...jk->...ik", "ij,jk,kl->il"])
+def test_einsum_other_equations_are_refused(equation):
+    qp = compute_qparams(-1, 1)
+    node = Node("es", "Einsum", ["a", "b"], ["y"], {"equation": equation})
+    with pytest.raises(QuantizationError, match="not a batched matrix product"):
+        get_op("Einsum").quantize(context(node, [qp, qp], [qp]))
+
+
+def test_einsum_rejects_a_constant_b():
+    qp = compute_qparams(-1, 1)
+    node = Node("es", "Einsum", ["a", "b"], ["y"], {"equation": "ij,jk->ik"})
+    with pytest.raises(QuantizationError, match="two activations"):
+        get_op("Einsum").quantize(context(node, [qp, qp], [qp], {1: np.ones((2, 2))}))
+
+
+@covers("Einsum", check=Check.ONNXRUNTIME)
+@pytest.mark.parametrize("equation, a_shape, b_shape", EINSUM_EQUATIONS)
+def test_einsum_forward_float_matches_onnxruntime(equation, a_shape, b_shape):
+    assert_forward_float_matches_onnxruntime("Einsum", {"equation": equation}, [a_shape, b_shape], [])
