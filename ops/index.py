@@ -1,6 +1,6 @@
 """Which module of `ops` registers each op, (domain, op_type) -> module: what lets the registry import an op's
 module when the op is first looked up instead of every module up front (`ops.registry.OpRegistry`).
-`tests/ops/test_index.py` checks it against the ops the modules really register."""
+`tests/test_op_index.py` checks it against the ops the modules really register."""
 
 OP_MODULES = {
     ("", "Clip"): "ops.activation",

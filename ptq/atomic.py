@@ -39,7 +39,6 @@ def atomic_write_text(path: Union[str, Path], text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-
 def refuse_to_overwrite(inputs: dict, outputs) -> None:
     """A one-line ValueError when an output path is one of the input files. `inputs`: what each is (e.g.
     "model") -> its path; anything not a path (a model given in memory, None) is skipped."""

@@ -361,7 +361,6 @@ def compare(reference: np.ndarray, test: np.ndarray, qp: Optional[QParams] = Non
         raise ValueError("similarity: integer codes need their qparams")
     x3 = _rows(x, qp)
     y3 = _rows(y, qp)
-    channels = x3.shape[1]
     zp, scale = (np.ravel(qp.zero_point), np.ravel(qp.scale)) if integer else _UNIT
     binned = histogram is not None
     if binned != (grid is not None):
