@@ -31,14 +31,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ptq.adjusted_model import load_model_for_table  # noqa: E402
+from ptq.adjust.adjusted_model import load_model_for_table  # noqa: E402
 from ptq.core.graph import load_model  # noqa: E402
-from ptq.executor import prepare  # noqa: E402
-from ptq.float_run import image_input  # noqa: E402
-from ptq.images import ImageLog, Preprocess, load_image, select_files  # noqa: E402
-from ptq.pipeline import calibrate, input_spec  # noqa: E402
-from ptq.quant_table import load_quant_table  # noqa: E402
-from reports.labels import label_from_filename  # noqa: E402
+from ptq.engine.executor import prepare  # noqa: E402
+from ptq.engine.float_run import image_input  # noqa: E402
+from ptq.data.images import ImageLog, Preprocess, load_image, select_files  # noqa: E402
+from ptq.calibration.pipeline import calibrate, input_spec  # noqa: E402
+from ptq.table.quant_table import load_quant_table  # noqa: E402
+from ptq.data.labels import label_from_filename  # noqa: E402
 
 BUNDLED = (ROOT / "examples/efficientnet_lite0.onnx", ROOT / "examples/calib", Path("/work/shared/assets/images/eval"))
 DEFAULT_ROWS = ["per-channel", "per-channel+bias-correction", "per-channel+range-search",
@@ -80,11 +80,11 @@ def calibrate_and_tune(model, calib, out, pre, kwargs, target: float) -> int:
     number of 16-bit tensors."""
     import dataclasses
 
-    from ptq.adjusted_model import save_adjusted
-    from ptq.quant_table import save_quant_table
-    from ptq.tuning import DEFAULT_VALIDATION_FRACTION, tune
-    from ptq.tune_data import split_samples
-    from reports.image_source import ImageSet
+    from ptq.adjust.adjusted_model import save_adjusted
+    from ptq.table.quant_table import save_quant_table
+    from ptq.tuning.tuner import DEFAULT_VALIDATION_FRACTION, tune
+    from ptq.tuning.data import split_samples
+    from ptq.data.image_source import ImageSet
 
     fit, validation = split_samples(ImageSet.from_folder(calib, pre), DEFAULT_VALIDATION_FRACTION)
     result = calibrate(model, fit.files, out, preprocess=pre, write_qdq=False, **kwargs)

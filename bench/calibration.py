@@ -26,7 +26,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ptq.images import InputSpec, Preprocess, find_files, load_image  # noqa: E402
+from ptq.data.images import InputSpec, Preprocess, find_files, load_image  # noqa: E402
 
 PRE = Preprocess(mean=127, std=128)
 SPEC = InputSpec("NCHW", 3, 224, 224)
@@ -83,7 +83,7 @@ def peak_rss_mb() -> float:
 
 
 def work_ptq(cfg: dict) -> dict:
-    from ptq.pipeline import calibrate
+    from ptq.calibration.pipeline import calibrate
 
     start = time.perf_counter()
     result = calibrate(cfg["model"], cfg["images"], cfg["out"], calibrator=cfg["calibrator"],

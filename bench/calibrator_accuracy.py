@@ -19,11 +19,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from calibrators import required_stats  # noqa: E402
-from ptq.pipeline import collect_image_statistics, build_table  # noqa: E402
+from ptq.calibration.pipeline import collect_image_statistics, build_table  # noqa: E402
 from ptq.core.graph import load_model  # noqa: E402
-from ptq.images import InputSpec, Preprocess, load_image  # noqa: E402
-from ptq.qdq_export import export_qdq  # noqa: E402
-from ptq.quant_table import CalibrationOptions  # noqa: E402
+from ptq.data.images import InputSpec, Preprocess, load_image  # noqa: E402
+from ptq.qdq.export import export_qdq  # noqa: E402
+from ptq.table.quant_table import CalibrationOptions  # noqa: E402
 
 CALIBRATORS = ("extrema", "mean", "3std", "99.99percentile", "99.999percentile", "kld", "mse")
 

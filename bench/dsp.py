@@ -33,14 +33,14 @@ import numpy as np  # noqa: E402
 from dsp.backend import DspBackend  # noqa: E402
 from dsp.packing import CodeRange, Extraction, Int4x4, Int8x2, extract  # noqa: E402
 from dsp.slice import macc, preadd  # noqa: E402
-from ptq.backends import get_backend  # noqa: E402
+from ptq.engine.backends import get_backend  # noqa: E402
 from ptq.core.graph import load_model  # noqa: E402
-from ptq.executor import prepare  # noqa: E402
-from ptq.images import Preprocess  # noqa: E402
-from ptq.pipeline import calibrate  # noqa: E402
+from ptq.engine.executor import prepare  # noqa: E402
+from ptq.data.images import Preprocess  # noqa: E402
+from ptq.calibration.pipeline import calibrate  # noqa: E402
 from reports.output_metrics import OutputMetrics  # noqa: E402
 from reports.evaluate import evaluate  # noqa: E402
-from reports.image_source import ImageSet  # noqa: E402
+from ptq.data.image_source import ImageSet  # noqa: E402
 
 INT8, UINT8, INT4, UINT4 = CodeRange(8, True), CodeRange(8, False), CodeRange(4, True), CodeRange(4, False)
 SEED_MACS_PER_DSP = {"int8": 2, "int4": 4}  # WP486, WP521

@@ -36,13 +36,13 @@ one_blas_thread()  # as the `ptq` command runs; before numpy is imported
 
 import numpy as np  # noqa: E402
 
-from ptq.backends import BACKEND_NAMES, get_backend  # noqa: E402
-from ptq.pipeline import calibrate, input_spec  # noqa: E402
-from ptq.executor import prepare  # noqa: E402
-from ptq.float_run import image_input  # noqa: E402
+from ptq.engine.backends import BACKEND_NAMES, get_backend  # noqa: E402
+from ptq.calibration.pipeline import calibrate, input_spec  # noqa: E402
+from ptq.engine.executor import prepare  # noqa: E402
+from ptq.engine.float_run import image_input  # noqa: E402
 from ptq.core.graph import load_model, parse_input_shapes  # noqa: E402
-from ptq.images import ImageLog, Preprocess, load_image, select_files  # noqa: E402
-from ptq.quant_table import load_quant_table, save_quant_table  # noqa: E402
+from ptq.data.images import ImageLog, Preprocess, load_image, select_files  # noqa: E402
+from ptq.table.quant_table import load_quant_table, save_quant_table  # noqa: E402
 
 
 def _images(folder: Path, graph, pre: Preprocess) -> list[np.ndarray]:

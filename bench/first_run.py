@@ -23,11 +23,11 @@ one_blas_thread()
 
 import numpy as np  # noqa: E402
 
-from ptq.backends import get_backend  # noqa: E402
+from ptq.engine.backends import get_backend  # noqa: E402
 from ptq.core.graph import load_model, parse_input_shapes  # noqa: E402
-from ptq.executor import prepare  # noqa: E402
-from ptq.float_run import image_input  # noqa: E402
-from ptq.quant_table import load_quant_table  # noqa: E402
+from ptq.engine.executor import prepare  # noqa: E402
+from ptq.engine.float_run import image_input  # noqa: E402
+from ptq.table.quant_table import load_quant_table  # noqa: E402
 
 
 def main(argv=None) -> int:

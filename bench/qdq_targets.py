@@ -23,12 +23,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ptq.core.graph import load_model  # noqa: E402
-from ptq.executor import prepare  # noqa: E402
-from ptq.float_run import image_input  # noqa: E402
-from ptq.images import ImageLog, Preprocess, load_image, select_files  # noqa: E402
-from ptq.pipeline import calibrate, input_spec  # noqa: E402
-from ptq.qdq_export import export_qdq  # noqa: E402
-from ptq.qdq_targets import QDQ_TARGETS  # noqa: E402
+from ptq.engine.executor import prepare  # noqa: E402
+from ptq.engine.float_run import image_input  # noqa: E402
+from ptq.data.images import ImageLog, Preprocess, load_image, select_files  # noqa: E402
+from ptq.calibration.pipeline import calibrate, input_spec  # noqa: E402
+from ptq.qdq.export import export_qdq  # noqa: E402
+from ptq.qdq.targets import QDQ_TARGETS  # noqa: E402
 
 BUNDLED = (ROOT / "examples/efficientnet_lite0.onnx", ROOT / "examples/calib", Path("/work/shared/assets/images/eval"))
 

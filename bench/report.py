@@ -55,14 +55,14 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     from ptq.commands.report import DEFAULT_ISOLATED_IMAGES
-    from ptq.executor import prepare
-    from ptq.float_run import FloatRunner, image_input
+    from ptq.engine.executor import prepare
+    from ptq.engine.float_run import FloatRunner, image_input
     from ptq.core.graph import load_model
-    from ptq.images import Preprocess
-    from ptq.quant_table import load_quant_table
+    from ptq.data.images import Preprocess
+    from ptq.table.quant_table import load_quant_table
     from reports.build import build_report
     from reports.evaluate import evaluate
-    from reports.image_source import ImageSet
+    from ptq.data.image_source import ImageSet
     from reports.html import write_html
     from reports.writers import write_csv, write_json
 
@@ -70,7 +70,7 @@ def run(args) -> int:
     if args.quant:
         table = load_quant_table(args.quant)
     else:
-        from ptq.pipeline import calibrate
+        from ptq.calibration.pipeline import calibrate
 
         table = calibrate(args.model, REPO / "examples" / "calib", write_qdq=False).table
     graph = load_model(args.model, table.options.input_shapes)

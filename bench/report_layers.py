@@ -17,11 +17,11 @@ sys.path.insert(0, str(REPO))
 @dataclass
 class LayerBench:
     graph: object  # ptq.core.graph.Graph
-    table: object  # ptq.quant_table.QuantTable
-    prepared: object  # ptq.executor.IntegerGraph
+    table: object  # ptq.table.quant_table.QuantTable
+    prepared: object  # ptq.engine.executor.IntegerGraph
     specs: list  # reports.layer_specs.LayerSpec, one per reported layer
     runner: object  # the float reference
-    images: object  # reports.image_source.ImageSet
+    images: object  # ptq.data.image_source.ImageSet
 
 
 def layer_bench(description: str, argv=None) -> LayerBench:
@@ -34,12 +34,12 @@ def layer_bench(description: str, argv=None) -> LayerBench:
     args = parser.parse_args(argv)
 
     from ptq.core.graph import load_model
-    from ptq.executor import prepare
-    from ptq.images import Preprocess
-    from ptq.pipeline import calibrate
-    from ptq.quant_table import load_quant_table
+    from ptq.engine.executor import prepare
+    from ptq.data.images import Preprocess
+    from ptq.calibration.pipeline import calibrate
+    from ptq.table.quant_table import load_quant_table
     from reports.float_reference import float_reference
-    from reports.image_source import ImageSet
+    from ptq.data.image_source import ImageSet
     from reports.layer_specs import layer_specs
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -39,7 +39,7 @@ ORT_FLOAT = """
 import sys
 from pathlib import Path
 import onnxruntime as ort
-from ptq.images import InputSpec, Preprocess, load_image
+from ptq.data.images import InputSpec, Preprocess, load_image
 folder, model = Path(sys.argv[1]), sys.argv[2]
 session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
 feed = session.get_inputs()[0]

@@ -17,7 +17,7 @@ user waits for) and its CPU time is the user + system time of the process and of
 median is printed, with the load average at the start of each run: the machine is shared, and a run's
 wall time depends on how busy it is. Each run also prints its result's digest (every configuration must
 print the same one), the merge time in the driver, the peak RSS of the driver and of its largest worker, and
-how its workers started (`fork` or `spawn`, `ptq.parallel.start_method`). The report is computed as `ptq report`
+how its workers started (`fork` or `spawn`, `ptq.parallel.workers.start_method`). The report is computed as `ptq report`
 computes it: the driver loads the model and hands it to `sharded_evaluate` (forked workers inherit it).
 
 The CPU columns are steadier than the wall times: `cpu ratio` is the CPU time of the configuration over that
@@ -73,7 +73,7 @@ def make_images(folder: Path, count: int) -> Path:
 def one(argv: list[str]) -> None:
     """One configuration in this process: prints a JSON line."""
     kind, images, table, workers, ray, variant = argv[0], argv[1], argv[2], int(argv[3]), argv[4] or None, argv[5]
-    from ptq import parallel
+    from ptq.parallel.workers import workers as parallel
     from reports import evaluate_shards
 
     if variant in ("threads", "lean"):  # the report workers' helper threads forced on or off (forked workers see it)
@@ -93,11 +93,11 @@ def one(argv: list[str]) -> None:
     start = time.perf_counter()
     if kind == "report":
         from ptq.core.graph import load_model
-        from ptq.images import Preprocess
-        from ptq.quant_table import load_quant_table
+        from ptq.data.images import Preprocess
+        from ptq.table.quant_table import load_quant_table
         from reports.build import build_report
         from reports.evaluate import evaluate
-        from reports.image_source import ImageSet
+        from ptq.data.image_source import ImageSet
 
         merge = evaluate_shards.merge_evaluations
 
@@ -120,10 +120,10 @@ def one(argv: list[str]) -> None:
         count = ev.images
     elif kind == "tune":
         from ptq.core.graph import load_model
-        from ptq.images import Preprocess
-        from ptq.quant_table import load_quant_table
-        from ptq.tuning import tune
-        from reports.image_source import ImageSet
+        from ptq.data.images import Preprocess
+        from ptq.table.quant_table import load_quant_table
+        from ptq.tuning.tuner import tune
+        from ptq.data.image_source import ImageSet
 
         q = load_quant_table(table)
         samples = ImageSet.from_folder(images, Preprocess(**q.options.preprocess))
@@ -132,7 +132,7 @@ def one(argv: list[str]) -> None:
         count = res.validation_samples * (len(res.steps) + 1)
     else:
         from calibrators.statistics import TensorStatistics
-        from ptq.pipeline import calibrate
+        from ptq.calibration.pipeline import calibrate
 
         merge_stats = TensorStatistics.merge
 
@@ -204,7 +204,7 @@ def main() -> None:
         tmp = Path(tmp)
         (tmp / "full").mkdir()
         full = make_images(tmp / "full", args.images) if set(args.kinds) - {"tune"} else None
-        from ptq.pipeline import calibrate
+        from ptq.calibration.pipeline import calibrate
 
         table = calibrate(MODEL, CALIB, tmp / "table", write_qdq=False).table_path
         configs = ([(w, "", "") for w in args.workers] + [(2, "", v) for v in args.variants]

@@ -1,7 +1,7 @@
 """AddSoftmax (ai.ptq): y = softmax(x + b) along `axis` -- attention scores plus a mask or position bias,
 fused so that the sum is never quantized (a padding mask of -1e4 would otherwise stretch the 8-bit range of
 the masked scores to ~40 per LSB and wipe out the scores; measured cosine 0.60 on a small attention).
-`ptq.rewrites.fuse_masked_softmax` produces it from `Add -> Softmax -> MatMul`. Whitepaper 4.66 (Softmax).
+`ptq.engine.rewrites.fuse_masked_softmax` produces it from `Add -> Softmax -> MatMul`. Whitepaper 4.66 (Softmax).
 
 The bias is brought to the scores' LSB in integers, added in int64 (no clamp), and the row goes through
 Softmax's 2^20 exp table (`lut.softmax`, built from s_x):

@@ -1,7 +1,7 @@
 """The ground floor of the op modules: the checks and small readers every quantize rule and kernel shares.
 
 Errors raised here (and by the op modules) name the input or attribute at fault but not the node: the
-executor prefixes every op error with the node's op type and name, once (`ptq.executor`).
+executor prefixes every op error with the node's op type and name, once (`ptq.engine.executor`).
 
 - `require_qparams` / `require_per_tensor` / `activation_qparams` / `proposed_or`: the qparams a rule needs;
 - `multiplier`: `quantize_multiplier` with the factor's meaning in the error;

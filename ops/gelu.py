@@ -1,6 +1,6 @@
 """Gelu (ONNX opset 20, approximate="none" | "tanh") as one lookup table (whitepaper 3.3.2.2 tables; GELU has
 no chapter 4 entry: the issue's decomposed `x * 0.5 * (1 + erf(x / sqrt(2)))` would need Div, Erf, Add and
-two Mul, each its own quantization point). `ptq.rewrites.fuse_gelu` turns both decomposed forms into this op.
+two Mul, each its own quantization point). `ptq.engine.rewrites.fuse_gelu` turns both decomposed forms into this op.
 
     none: f(x) = 0.5 x (1 + erf(x / sqrt(2)))      tanh: f(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
     T[x_q] = clamp(round_half_even(f((x_q - zp_x) * s_x) / s_y) + zp_y, qmin, qmax)   (ONNX convention)

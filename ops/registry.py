@@ -93,13 +93,13 @@ class OpDef:
       clamped (Relu, Clip); calibration folds its input's range to it;
     - `keeps_input_qparams`: the output takes input 0's qparams by rule (data movement, max pooling);
     - `sums_inputs`: the output is an elementwise sum of the inputs (Add, Sub), so inputs and output on one
-      scale make the op a plain integer add (the int4-dsp scheme's ShareQuantize, `ptq.int4_dsp`);
+      scale make the op a plain integer add (the int4-dsp scheme's ShareQuantize, `ptq.calibration.int4_dsp`);
     - `is_noop(node)`: the output holds exactly the input's codes (Identity, inference Dropout, a Cast between
       float types): reports name the layer the node feeds instead of giving it a row of its own;
     - `index_outputs(node)`: the outputs that are indices or booleans (int64/bool as in ONNX: Equal, Cast to
       an integer type, ArgMax): they have no qparams (`None` in `out_qparams`), and the executor runs the
       op's `forward_int` on quantized inputs and passes those outputs on as they are;
-    - `lsb_bound`: the largest error, in output LSBs, that the conformance harness (`ptq.conformance`: one-node
+    - `lsb_bound`: the largest error, in output LSBs, that the conformance harness (`ptq.opdocs.conformance`: one-node
       graph, 8-bit codes, calibrated on random data) allows between the integer output and the float op run on
       the dequantized inputs, as the op's docstring states it; 0 = exact (index and bool outputs always are);
       None = not stated.

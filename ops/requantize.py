@@ -1,6 +1,6 @@
 """Requantize (ai.ptq): y = x in float; in integers the codes move from the input's grid to the output's.
 
-The `int4-dsp` scheme (`ptq.int4_dsp`, Xilinx WP521's "requantize") puts one on every edge where an 8-bit
+The `int4-dsp` scheme (`ptq.calibration.int4_dsp`, Xilinx WP521's "requantize") puts one on every edge where an 8-bit
 tensor (an Add's shared-scale input or output) feeds a 4-bit convolution. In a model file it is a
 model-local function whose body is ONNX Identity, so onnxruntime runs the float model unchanged.
 

@@ -1,5 +1,5 @@
 """ScaledMatMul (ai.ptq): Y = alpha * (A @ B) for two activations -- attention scores with the constant scale
-folded into the MatMul's requant (whitepaper 4.42 MatMul; `ptq.rewrites.fuse_attention_scale` produces it
+folded into the MatMul's requant (whitepaper 4.42 MatMul; `ptq.engine.rewrites.fuse_attention_scale` produces it
 from `MatMul -> Mul/Div by a constant`, so the scaled scores are the only quantized tensor):
 
     acc = A_q @ B_q - zp_b * rowsum(A_q) - zp_a * colsum(B_q) + K * zp_a * zp_b      (MatMul's integer forward)

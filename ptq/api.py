@@ -16,25 +16,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
-from ptq.backends import DEFAULT_BACKEND_NAME
+from ptq.engine.backends import DEFAULT_BACKEND_NAME
 from ptq.data_options import DataOptions, quiet_logging
-from ptq.parallel import choose_workers, ship_model
-from ptq.qdq_targets import DEFAULT_TARGET
-from ptq.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_ISOLATED_IMAGES, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR
-from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
+from ptq.parallel.workers import choose_workers, ship_model
+from ptq.qdq.targets import DEFAULT_TARGET
+from ptq.core.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_ISOLATED_IMAGES, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR
+from ptq.tuning.defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
 
 if TYPE_CHECKING:
     from ptq.core.graph import Graph
-    from ptq.qdq_check import QDQCheck
-    from ptq.executor import FloatNode
-    from ptq.pipeline import CalibrationResult
-    from ptq.quant_table import QuantTable
-    from ptq.samples import SampleSource
-    from ptq.tuning import TuneResult
+    from ptq.qdq.check import QDQCheck
+    from ptq.engine.executor import FloatNode
+    from ptq.calibration.pipeline import CalibrationResult
+    from ptq.table.quant_table import QuantTable
+    from ptq.data.samples import SampleSource
+    from ptq.tuning.tuner import TuneResult
     from reports.auto_debug import AutoResult
     from reports.dsp_resources import DspReport
     from reports.fake_quant import FakeQuantResult
-    from reports.image_source import ImageSet
+    from ptq.data.image_source import ImageSet
     from reports.layers import Bottleneck, LayerReport, OutputReport, Report
 
 
@@ -98,7 +98,7 @@ def calibrate(
     >>> result.images_used, result.table.options.preprocess["mean"], result.table_path.name
     (2, [127.5, 127.5, 127.5], 'efficientnet_lite0.quant.json')
     """
-    from ptq.pipeline import calibrate as run_calibration
+    from ptq.calibration.pipeline import calibrate as run_calibration
 
     opts = _options("calibrate", options, labels=False)
     with quiet_logging(opts.quiet):
@@ -129,9 +129,9 @@ class Loaded:
 
 
 def load(model: PathLike, quant: PathLike, opts: DataOptions, strict: bool = False) -> Loaded:
-    from ptq.adjusted_model import load_model_for_table
-    from ptq.quant_table import load_quant_table
-    from reports.image_source import ImageSet
+    from ptq.adjust.adjusted_model import load_model_for_table
+    from ptq.table.quant_table import load_quant_table
+    from ptq.data.image_source import ImageSet
 
     table = load_quant_table(quant)
     graph = load_model_for_table(model, table, quant)
@@ -139,7 +139,7 @@ def load(model: PathLike, quant: PathLike, opts: DataOptions, strict: bool = Fal
     samples = ImageSet.from_source(source, opts.labels, opts.num_images, opts.seed)
     source.format.reader(graph)  # a model the samples cannot feed is an error before any work
     if strict:  # the first node that would run in float is an error naming it and the reason
-        from ptq.executor import ExecutorOptions, prepare
+        from ptq.engine.executor import ExecutorOptions, prepare
 
         prepare(graph, table, options=ExecutorOptions(strict=True))
     inputs = {**source.to_dict(), "labels": None if opts.labels is None else str(opts.labels),
@@ -239,8 +239,8 @@ def run(
     """
     from tqdm import tqdm
 
-    from ptq.executor import ExecutorOptions, prepare
-    from ptq.run_shards import ClassifyJob, classify_image, classify_sharded, run_context
+    from ptq.engine.executor import ExecutorOptions, prepare
+    from reports.run_shards import ClassifyJob, classify_image, classify_sharded, run_context
 
     opts = _options("run", options)
     if top <= 0:
@@ -438,7 +438,7 @@ def debug(
     >>> result.fake_quant.after.cosine > result.fake_quant.before.cosine
     True
     """
-    from ptq.quant_table import save_quant_table
+    from ptq.table.quant_table import save_quant_table
     from reports.auto_debug import auto_debug
     from reports.dump import dump_tensors
     from reports.evaluate_shards import choose_evaluator
@@ -476,7 +476,7 @@ def debug(
             if write_quant:
                 result.written_quant = save_quant_table(result.auto.mixed_table or table, write_quant)
         if dump:
-            from ptq.executor import prepare
+            from ptq.engine.executor import prepare
 
             nodes = float_node_names(prepare(graph, table), layers) + op_types
             result.dump_index = dump_tensors(graph, table, samples, dump, layers=layers, float_nodes=nodes,
@@ -510,13 +510,13 @@ def tune(
 ) -> TuneResult:
     """`ptq tune`: change the table step by step until the logits cosine on validation samples reaches
     `target_cosine` (a part of the samples held out, or the `validation` folder, in the samples' format; each
-    image with the `views` of `ptq.views`);
+    image with the `views` of `ptq.data.views`);
     write `<stem>.tuned.quant.json`, `<stem>.tuned.qdq.onnx` (the QDQ model of the tuned table, from the
     tuned weights when the table records adjusted ones, stored for `qdq_target` and checked in onnxruntime on
     a few of the samples unless `quiet` or `no_check`, as `ptq.calibrate` does) and `<stem>.tune.json` to `out`
     (default: the table's folder). Judge the result on other held-out samples still. `workers`/`ray`: the
     passes over the samples (statistics, ranking, each step's validation cosines) on a pool, with the same
-    result (`ptq.tune_shards`).
+    result (`ptq.tuning.shards`).
 
     >>> import tempfile, ptq
     >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
@@ -528,14 +528,14 @@ def tune(
     >>> result.qdq_path.name, result.qdq_target
     ('efficientnet_lite0.tuned.qdq.onnx', 'ort-cpu')
     """
-    from ptq.adjusted_model import save_adjusted
-    from ptq.atomic import refuse_to_overwrite
+    from ptq.adjust.adjusted_model import save_adjusted
+    from ptq.core.atomic import refuse_to_overwrite
     from ptq.core.graph import load_model
-    from ptq.qdq_output import export_checked, sample_feeds, write_model
-    from ptq.quant_table import save_quant_table
-    from ptq.tuning import tune as run_tuning
-    from ptq.views import VIEWS
-    from reports.image_source import ImageSet
+    from ptq.qdq.output import export_checked, sample_feeds, write_model
+    from ptq.table.quant_table import save_quant_table
+    from ptq.tuning.tuner import tune as run_tuning
+    from ptq.data.views import VIEWS
+    from ptq.data.image_source import ImageSet
 
     opts = _options("tune", options, labels=False)
     if not 0 < target_cosine <= 1:
@@ -595,7 +595,7 @@ class ExportResult:
     wide_tensors: list[str]
 
     def summary(self) -> str:
-        from ptq.qdq_output import summary_lines
+        from ptq.qdq.output import summary_lines
 
         lines = summary_lines(self.path, self.target, self.check)
         if self.float_nodes:
@@ -630,14 +630,14 @@ def export_table(
     >>> result.path.name, result.target, result.check.samples, result.float_nodes
     ('again.qdq.onnx', 'ort-cpu', 2, {})
     """
-    from ptq.adjusted_model import load_model_for_table, resolve_adjusted
-    from ptq.atomic import refuse_to_overwrite
+    from ptq.adjust.adjusted_model import load_model_for_table, resolve_adjusted
+    from ptq.core.atomic import refuse_to_overwrite
     from ptq.core.graph import load_model
-    from ptq.executor import table_float_nodes
-    from ptq.qdq_export import check_table_matches
-    from ptq.qdq_output import export_checked, sample_feeds, write_model
-    from ptq.quant_table import load_quant_table
-    from reports.image_source import ImageSet
+    from ptq.engine.executor import table_float_nodes
+    from ptq.qdq.export import check_table_matches
+    from ptq.qdq.output import export_checked, sample_feeds, write_model
+    from ptq.table.quant_table import load_quant_table
+    from ptq.data.image_source import ImageSet
 
     quiet = bool(options.get("quiet", False))
     opts = _options("export_table", options, labels=False) if set(options) - {"quiet"} else None

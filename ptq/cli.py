@@ -10,7 +10,7 @@ import warnings
 from typing import Optional
 
 from ptq import __version__
-from ptq.notes import Note
+from ptq.core.notes import Note
 
 # Each module defines `add_arguments(parser)` and `run(args) -> int`, and a one-line `HELP`.
 SUBCOMMANDS = ("calibrate", "run", "ops", "report", "debug", "dsp-report", "tune", "table")
@@ -23,7 +23,7 @@ class UserError(Exception):
 class CommandParser(argparse.ArgumentParser):
     """An ArgumentParser whose epilog may be a function, called when the help is printed: building the parser
     (which every command does) imports only the small modules holding the options' choices and defaults
-    (`ptq.option_defaults`), never what the help merely lists (the calibrators)."""
+    (`ptq.core.option_defaults`), never what the help merely lists (the calibrators)."""
 
     def format_help(self) -> str:
         if callable(self.epilog):
@@ -55,7 +55,7 @@ def one_blas_thread() -> None:
 
 
 def print_notes(command: str):
-    """A `warnings.showwarning` that prints a `ptq.notes.Note` as one line, `ptq CMD: note: ...`, and any other
+    """A `warnings.showwarning` that prints a `ptq.core.notes.Note` as one line, `ptq CMD: note: ...`, and any other
     warning as Python does."""
     python_way = warnings.showwarning
 

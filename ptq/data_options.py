@@ -14,10 +14,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Optional, Sequence, Union
 
-from ptq.images import Preprocess
+from ptq.data.images import Preprocess
 
-if TYPE_CHECKING:  # ptq.samples loads onnx: not needed to build the command line
-    from ptq.samples import SampleSource
+if TYPE_CHECKING:  # ptq.data.samples loads onnx: not needed to build the command line
+    from ptq.data.samples import SampleSource
 
 PREPROCESSING = ("config", "mean", "std", "resize", "crop_ratio", "bgr", "layout")
 
@@ -29,7 +29,7 @@ class DataOptions:
     """The shared options, named as the flags (`--crop-ratio` is `crop_ratio`)."""
 
     images: Optional[Location] = None  # image files: a folder (searched recursively), a file, or a list of files
-    data: Optional[Location] = None  # .npy/.npz files of model inputs (ptq.samples)
+    data: Optional[Location] = None  # .npy/.npz files of model inputs (ptq.data.samples)
     config: Optional[Union[str, Path]] = None
     mean: Optional[Union[str, float, Sequence[float]]] = None
     std: Optional[Union[str, float, Sequence[float]]] = None
@@ -42,7 +42,7 @@ class DataOptions:
     seed: int = 0
     batch_size: int = 8
     quiet: bool = False
-    workers: Optional[int] = 1  # None: `ptq.parallel.choose_workers` picks (the CLI's default)
+    workers: Optional[int] = 1  # None: `ptq.parallel.workers.choose_workers` picks (the CLI's default)
     ray: Optional[str] = None
 
     def __post_init__(self):
@@ -70,7 +70,7 @@ class DataOptions:
 
     def sharded(self, samples: int) -> bool:
         """Whether `samples` samples go to workers: --ray, or more than one worker (`choose_workers`)."""
-        from ptq.parallel import choose_workers
+        from ptq.parallel.workers import choose_workers
 
         return choose_workers(self.workers, samples) > 1 or self.ray is not None
 
@@ -90,7 +90,7 @@ class DataOptions:
 
     def source(self, recorded_preprocess: Optional[dict] = None) -> "SampleSource":
         """Where the samples come from and how they are read."""
-        from ptq.samples import ArrayFormat, ImageFormat, SampleSource
+        from ptq.data.samples import ArrayFormat, ImageFormat, SampleSource
 
         if self.data is not None:
             return SampleSource(_location(self.data), ArrayFormat())

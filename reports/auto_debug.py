@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from ptq.core.graph import Graph
-from ptq.executor import prepare
-from ptq.quant_table import QuantTable
+from ptq.engine.executor import prepare
+from ptq.table.quant_table import QuantTable
 from reports.build import build_report
 from reports.evaluate import evaluate
 from reports.evaluation import Evaluation

@@ -25,9 +25,9 @@ from dsp.packing import CodeRange
 from dsp.plan import plan_dot
 from ops.backend import NumpyBackend
 from ptq.core.graph import Graph
-from ptq.executor import prepare
-from ptq.option_defaults import DEFAULT_CLOCK_MHZ, DEFAULT_DSPS
-from ptq.quant_table import QuantTable
+from ptq.engine.executor import prepare
+from ptq.core.option_defaults import DEFAULT_CLOCK_MHZ, DEFAULT_DSPS
+from ptq.table.quant_table import QuantTable
 
 SCHEMES = ("int8", "int4")
 

@@ -8,8 +8,8 @@ from typing import Sequence, Union
 import numpy as np
 
 from ptq.core.graph import Graph
-from ptq.executor import prepare
-from ptq.quant_table import QuantTable
+from ptq.engine.executor import prepare
+from ptq.table.quant_table import QuantTable
 from reports.float_reference import float_reference
 from reports.layer_specs import layer_specs
 from reports.layers import qparams_summary

@@ -18,15 +18,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Optional, Sequence, Union
 
 from ptq.core.graph import Graph
-from ptq.executor import IntegerGraph, prepare
-from ptq.float_run import FloatRunner
-from ptq.clip_ranges import folded_ranges
-from ptq.quant_table import QuantTable
+from ptq.engine.executor import IntegerGraph, prepare
+from ptq.engine.float_run import FloatRunner
+from ptq.engine.clip_ranges import folded_ranges
+from ptq.table.quant_table import QuantTable
 from reports.evaluation import Evaluation
 from reports.float_reference import GoalReference, float_reference
 from reports.grid import grid_bounds
 from reports.image_run import ImageRun
-from reports.image_source import ArraySamples, ImageSet
+from ptq.data.image_source import ArraySamples, ImageSet
 from reports.inline import background
 from reports.layer_specs import layer_specs
 from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreement
@@ -66,7 +66,7 @@ def evaluate(
     `layers=False` measures the graph outputs only (cheaper: debug passes); `isolated=False` skips the
     isolated runs; `isolated_images=N` runs them on the first N images only (they cost a second integer
     pass; 0: on none of them). `float_nodes` are node names, tensor names or op types run in float inside the integer graph.
-    `backend` (a `DotBackend` or a `ptq.backends` name) computes the integer graph's dot products.
+    `backend` (a `DotBackend` or a `ptq.engine.backends` name) computes the integer graph's dot products.
     `accumulator`: the `SimilarityAccumulator` class (a sharded run records each sample's sums).
     `reference(graph, tensors)`: the float runner (a worker reuses one session for all its shards).
     `goal`: the user's model when `graph` holds adjusted weights: the graph outputs are compared with its

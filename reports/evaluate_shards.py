@@ -5,7 +5,7 @@ The similarity sums are floating point, so their totals depend on the order they
 worker records every sample's sums (a few floats per tensor and image, `RecordingAccumulator`) and the
 driver adds them up in image order, as one process would. Counts (clipped values, accumulator overflows,
 top-k agreement, value histograms) are integers and merge exactly. The isolated metrics go to the first N
-images of the whole run (`Shard.isolated`). Shards and unreadable images: `ptq.parallel`.
+images of the whole run (`Shard.isolated`). Shards and unreadable images: `ptq.parallel.workers`.
 
 `ShardedEvaluator` keeps its pool for several calls (`ptq debug`, `ptq tune`): a worker loads the model once,
 prepares the integer graph once per call and keeps its float reference session from shard to shard.
@@ -22,20 +22,20 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import onnx
 
 from ptq.core.graph import Graph
-from ptq.executor import IntegerGraph, prepare
-from ptq.float_run import FloatRunner
-from ptq.images import ImageLog
-from ptq.parallel import (
+from ptq.engine.executor import IntegerGraph, prepare
+from ptq.engine.float_run import FloatRunner
+from ptq.data.images import ImageLog
+from ptq.parallel.workers import (
     CallRunner, QuietLog, Shard, ShardResult, ShardRunner, ShippedModel, choose_workers, guided_shard_batches,
     load_shipped_model, make_runner, run_sharded, ship_model, usable_cores,
 )
-from ptq.quant_table import QuantTable
-from ptq.samples import SampleFormat
+from ptq.table.quant_table import QuantTable
+from ptq.data.samples import SampleFormat
 from reports.evaluate import evaluate
 from reports.evaluation import Evaluation
 from reports.float_reference import float_reference
-from reports.image_source import ImageSet
-from reports.labels import LabelResolver
+from ptq.data.image_source import ImageSet
+from ptq.data.labels import LabelResolver
 from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreement
 from reports.value_histogram import ValueHistogram
 
@@ -229,7 +229,7 @@ def evaluate_on(runner: ShardRunner, workers: int, table: QuantTable, images: Im
     from tqdm import tqdm
 
     if backend is not None and not isinstance(backend, str):
-        raise ValueError("workers take the backend by name (ptq.backends)")
+        raise ValueError("workers take the backend by name (ptq.engine.backends)")
     if isolated and not layers:
         raise ValueError("isolated metrics need layers=True")
     call = wrap(EvaluateCall(uuid.uuid4().hex, table, tuple(float_nodes), backend, layers, isolated))
@@ -253,7 +253,7 @@ def worker_threads(workers: int, ray: Optional[str]) -> bool:
 
 def choose_evaluator(graph: Graph, table: QuantTable, images: ImageSet, *, workers: Optional[int],
                      ray: Optional[str] = None):
-    """A context manager giving `reports.evaluate.evaluate` when `ptq.parallel.choose_workers` picks one
+    """A context manager giving `reports.evaluate.evaluate` when `ptq.parallel.workers.choose_workers` picks one
     process (and no Ray), else a `ShardedEvaluator` whose workers serve every call (`ptq debug`, `ptq tune`)."""
     workers = choose_workers(workers, images.expected)
     if workers == 1 and ray is None:

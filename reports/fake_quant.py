@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ptq.core.graph import Graph
-from ptq.executor import prepare
-from ptq.quant_table import QuantTable
+from ptq.engine.executor import prepare
+from ptq.table.quant_table import QuantTable
 from reports.evaluate import evaluate
 from reports.evaluation import Evaluation
 from reports.layer_nodes import float_node_names, resolve_layer

@@ -1,4 +1,4 @@
-"""The float run the reports compare against: `ptq.float_run.FloatRunner` on the original model, with every
+"""The float run the reports compare against: `ptq.engine.float_run.FloatRunner` on the original model, with every
 reported tensor as an extra output, one intra-op thread.
 
 One thread: onnxruntime's default pool keeps spinning after each run and takes the cores the integer graph runs
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ptq.core.graph import Graph
-from ptq.float_run import FloatRunner
+from ptq.engine.float_run import FloatRunner
 
 REPORT_FLOAT_THREADS = 1
 
@@ -23,7 +23,7 @@ def float_reference(graph: Graph, tensors: Sequence[str]) -> FloatRunner:
 
 @dataclass
 class GoalReference:
-    """The float reference of a graph with adjusted weights (`ptq.adjusted_model`): the layers' tensors from
+    """The float reference of a graph with adjusted weights (`ptq.adjust.adjusted_model`): the layers' tensors from
     the adjusted model, whose tensors the table's grids were fitted on (equalization rescales channels), and
     the graph outputs from the user's own model, which the integer outputs are meant to match: bias
     correction moves the adjusted model's outputs away from it on purpose (bundled model, per-channel with bias

@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from ptq.executor import IntegerGraph, Step
+from ptq.engine.executor import IntegerGraph, Step
 from reports.evaluation import Evaluation
 from reports.grid import dequantize32
 from reports.layer_specs import LayerSpec

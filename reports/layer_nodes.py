@@ -1,5 +1,5 @@
 """A layer name (tensor or node, as in the report) resolved to the nodes of the model that compute it, on a
-prepared integer graph (`ptq.fused_layers` on its rewritten graph).
+prepared integer graph (`ptq.engine.fused_layers` on its rewritten graph).
 
 Floating a Conv or Gemm also floats the BatchNormalization and the Relu/Clip/LeakyRelu the executor fused into
 it, so the whole fused layer runs in float. A name a rewrite removed (a Conv's raw output before the Clip fused
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ptq import fused_layers
-from ptq.executor import IntegerGraph
-from ptq.fused_layers import ResolvedLayer
+from ptq.engine import fused_layers
+from ptq.engine.executor import IntegerGraph
+from ptq.engine.fused_layers import ResolvedLayer
 
 
 def absorbed_names(prepared: IntegerGraph) -> dict[str, str]:
@@ -21,7 +21,7 @@ def absorbed_names(prepared: IntegerGraph) -> dict[str, str]:
 
 
 def resolve_layer(prepared: IntegerGraph, layer: str) -> ResolvedLayer:
-    """The node computing `layer` (`ptq.fused_layers.resolve_layer` on the integer graph)."""
+    """The node computing `layer` (`ptq.engine.fused_layers.resolve_layer` on the integer graph)."""
     return fused_layers.resolve_layer(prepared.graph, prepared.rewrites, layer)
 
 

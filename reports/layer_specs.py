@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from ptq.executor import IntegerGraph, NodeKind
+from ptq.engine.executor import IntegerGraph, NodeKind
 
 INPUT_OP = "Input"
 

@@ -10,7 +10,7 @@ from typing import Iterable
 import numpy as np
 
 from ptq.core.qparams import QParams, compute_qparams
-from ptq.quant_table import QuantTable, TensorEntry
+from ptq.table.quant_table import QuantTable, TensorEntry
 
 
 def _entry(table: QuantTable, name: str) -> TensorEntry:

@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from ptq.adaround import learn_rounding, sample_patches
+from ptq.adjust.adaround import learn_rounding, sample_patches
 from ptq.core.graph import Node
 
 
@@ -57,7 +57,7 @@ def test_patches_are_the_zero_padded_windows_of_the_output_positions():
 
 
 def test_layer_weights_land_on_the_table_grid_and_an_underdetermined_gemm_is_skipped():
-    from ptq.adaround import adaround
+    from ptq.adjust.adaround import adaround
     from ptq.core.graph import load_model
     from tests.test_bias_correction import coarse_table, random_grouped_conv_gemm
 

@@ -10,12 +10,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from scipy import integrate, stats
 
-from ptq.analytic_bias_correction import clipped_mean, correct_biases_analytic, relu_mean
-from ptq.batchnorm_stats import batchnorm_statistics, fold_batchnorms
+from ptq.adjust.analytic_bias_correction import clipped_mean, correct_biases_analytic, relu_mean
+from ptq.adjust.batchnorm_stats import batchnorm_statistics, fold_batchnorms
 from ptq.core.graph import load_model
 from ptq.core.qparams import compute_qparams
-from ptq.pipeline import calibrate
-from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry
+from ptq.calibration.pipeline import calibrate
+from ptq.table.quant_table import CalibrationOptions, QuantTable, TensorEntry
 from tests.test_bias_correction import with_weights
 from tests.tiny_models import make_model
 
@@ -135,7 +135,7 @@ def test_calibrate_folds_batchnorm_and_records_the_option(tmp_path):
 def test_statistics_move_with_equalization():
     """Folded, then equalized (conv0 -> Relu -> conv1 is a pair): the rescaled statistics are those of the
     equalized Conv's output on the data the BatchNorm describes."""
-    from ptq.adjust import batchnorm_folded, equalized
+    from ptq.calibration.adjustments import batchnorm_folded, equalized
 
     rng = np.random.default_rng(3)
     gamma, beta = np.array([0.05, 1.0, 4.0, 1.5]), np.array([0.2, 1.0, -0.5, 0.8])

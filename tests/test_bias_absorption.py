@@ -7,9 +7,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ptq.bias_absorption import output_lower_bound
+from ptq.adjust.bias_absorption import output_lower_bound
 from ptq.core.graph import load_model
-from ptq.equalize import equalize
+from ptq.adjust.equalize import equalize
 from tests.test_bias_correction import run as run_with_outputs
 from tests.tiny_models import make_model
 

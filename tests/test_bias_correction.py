@@ -7,10 +7,10 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from ptq.bias_correction import correct_biases, mean_patches, recorrected_biases
+from ptq.adjust.bias_correction import correct_biases, mean_patches, recorrected_biases
 from ptq.core.graph import load_model
 from ptq.core.qparams import compute_qparams
-from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry
+from ptq.table.quant_table import CalibrationOptions, QuantTable, TensorEntry
 from tests.tiny_models import make_model
 
 

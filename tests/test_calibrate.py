@@ -10,11 +10,11 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 from PIL import Image
 
-from ptq.pipeline import calibrate
+from ptq.calibration.pipeline import calibrate
 from ptq.cli import main
-from ptq.images import InputSpec, Preprocess, load_image
-from ptq.qdq_export import export_qdq
-from ptq.quant_table import load_quant_table
+from ptq.data.images import InputSpec, Preprocess, load_image
+from ptq.qdq.export import export_qdq
+from ptq.table.quant_table import load_quant_table
 from tiny_models import conv_relu_gemm, write_tiny_case
 
 RAW = Preprocess(mean=0, std=255, crop_ratio=1.0)  # 8x8 images into an 8x8 input: no resize, x = pixel / 255
@@ -256,9 +256,9 @@ def test_models_ptq_cannot_feed_images_to_are_clear_errors(tiny, tmp_path):
 def test_every_calibrator_gives_a_runnable_qdq_efficientnet(model_path, calib_dir):
     """Statistics collected once (4 photos) for every calibrator; each table exports a QDQ model that runs."""
     from calibrators import required_stats
-    from ptq.pipeline import build_table, collect_image_statistics
+    from ptq.calibration.pipeline import build_table, collect_image_statistics
     from ptq.core.graph import load_model
-    from ptq.quant_table import CalibrationOptions
+    from ptq.table.quant_table import CalibrationOptions
 
     names = ["extrema", "mean", "3std", "99.99percentile", "kld", "mse"]
     pre = Preprocess(mean=127, std=128)

@@ -1,5 +1,5 @@
 """What the command line imports before a command runs: `import ptq`, `ptq --help` and every `ptq CMD --help`
-build the parser from small modules (`ptq.option_defaults`, `ptq.qdq_targets`, `ptq.backends`), never the
+build the parser from small modules (`ptq.core.option_defaults`, `ptq.qdq.targets`, `ptq.engine.backends`), never the
 machinery a command runs (numpy, onnx, onnxruntime, numba, the op registry). Each check runs in a fresh
 interpreter, since this test process has imported everything already."""
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""`ptq.compile_notice`: the first integer run of a process that takes long says the kernels are compiling."""
+"""`ptq.engine.compile_notice`: the first integer run of a process that takes long says the kernels are compiling."""
 import logging
 import threading
 import time
 
 import pytest
 
-from ptq import compile_notice
+from ptq.engine import compile_notice
 from ptq.cli import main
 
 

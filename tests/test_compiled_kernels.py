@@ -15,7 +15,7 @@ import pytest
 from op_testing import context, random_codes, random_qparams, ref_requant
 from ops import get_op
 from ops.backend import CompiledBackend, NumpyBackend
-from ptq.backends import get_backend
+from ptq.engine.backends import get_backend
 from ops.linear import AccumulatorPlan, finish_accumulator, output_stage
 from ops.registry import IntRuntime
 from ptq.core.graph import Node

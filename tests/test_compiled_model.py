@@ -8,9 +8,9 @@ import pytest
 from ops.backend import NumpyBackend
 from ptq.cli import main as cli_main
 from ptq.core.graph import load_model
-from ptq.executor import prepare
-from ptq.images import ImageLog, Preprocess, load_image, select_files
-from ptq.pipeline import calibrate, input_spec
+from ptq.engine.executor import prepare
+from ptq.data.images import ImageLog, Preprocess, load_image, select_files
+from ptq.calibration.pipeline import calibrate, input_spec
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The conformance harness (ptq/conformance.py): every registered op has a case; each case's integer run is
+"""The conformance harness (ptq/opdocs/conformance.py): every registered op has a case; each case's integer run is
 within its op's `lsb_bound` of the float reference (onnxruntime on the dequantized inputs for ONNX ops,
 forward_float -- itself checked against a numpy formula -- for ai.ptq ops), index and bool outputs equal;
 docs/operators.md is what the generator writes from these results."""
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from ops import REGISTRY
-from ptq.conformance import CASES, KNOWN_OUT_OF_BOUND, Result, run_case, uncovered_ops
-from ptq.operators_doc import render
+from ptq.opdocs.conformance import CASES, KNOWN_OUT_OF_BOUND, Result, run_case, uncovered_ops
+from ptq.opdocs.operators_doc import render
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "operators.md"
 _RESULTS: dict[tuple[str, str], Result] = {}
@@ -51,5 +51,5 @@ def test_integer_run_is_within_the_ops_lsb_bound(case):
 def test_operators_doc_is_up_to_date():
     want = render([_result(c) for c in CASES])
     assert DOC.read_text(encoding="utf-8") == want, (
-        "docs/operators.md is stale: run `python -m ptq.conformance --write docs/operators.md`")
+        "docs/operators.md is stale: run `python -m ptq.opdocs.conformance --write docs/operators.md`")
     assert "79 of 79 whitepaper chapter-4 operators implemented." in want

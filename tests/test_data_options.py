@@ -12,10 +12,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ptq
-import ptq.samples
+import ptq.data.samples
 from ptq.cli import main
-from ptq.images import Preprocess
-from ptq.samples import ArrayFormat
+from ptq.data.images import Preprocess
+from ptq.data.samples import ArrayFormat
 from tiny_models import conv_relu_gemm, make_model, write_images
 
 FLAGS = ["--mean", "10,20,30", "--std", "2,3,4", "--resize", "9", "--crop-ratio", "1.0", "--bgr", "--layout", "NCHW"]
@@ -26,13 +26,13 @@ FLAGGED = Preprocess(mean=(10, 20, 30), std=(2, 3, 4), resize=9, crop_ratio=1.0,
 def loader_spy(monkeypatch):
     """Every Preprocess the image loader is called with (one process: the commands run without workers)."""
     seen: list[Preprocess] = []
-    real = ptq.samples.load_image
+    real = ptq.data.samples.load_image
 
     def spy(path, pre, spec):
         seen.append(pre)
         return real(path, pre, spec)
 
-    monkeypatch.setattr(ptq.samples, "load_image", spy)
+    monkeypatch.setattr(ptq.data.samples, "load_image", spy)
     return seen
 
 
@@ -276,7 +276,7 @@ def test_progress_bars_on_a_terminal_and_quiet_silences_them(command, tiny, tmp_
         assert main(argv + (["--quiet"] if quiet else [])) == 0
         monkeypatch.undo()
         # a bar over the 3 images ("0/3 [00:00<?, ?img/s]"); tune reaching its target at once: over the 7 views
-        # (ptq.views) of its 1 validation image
+        # (ptq.data.views) of its 1 validation image
         bars = "/3 [" in terminal.text or (command == "tune" and "/7 [" in terminal.text)
         assert bars != quiet, terminal.text
     capsys.readouterr()

@@ -4,17 +4,17 @@ import json
 import numpy as np
 import pytest
 
-from ptq.pipeline import calibrate
+from ptq.calibration.pipeline import calibrate
 from ptq.cli import main
-from ptq.executor import NodeKind, prepare
+from ptq.engine.executor import NodeKind, prepare
 from ptq.core.graph import load_model
-from ptq.images import Preprocess
-from ptq.quant_table import load_quant_table
+from ptq.data.images import Preprocess
+from ptq.table.quant_table import load_quant_table
 from reports.auto_debug import auto_debug
 from reports.build import build_report
 from reports.evaluate import evaluate
 from reports.fake_quant import fake_quant
-from reports.image_source import ImageSet
+from ptq.data.image_source import ImageSet
 from reports.layer_nodes import layer_nodes
 from reports.output_metrics import OutputMetrics
 from reports.tables import scale_range, with_bits
@@ -141,7 +141,7 @@ def test_suggestion_rules():
 
 
 def test_mixed_table_round_trips_and_runs(setup, tmp_path):
-    from ptq.quant_table import save_quant_table
+    from ptq.table.quant_table import save_quant_table
 
     graph, table, images, mid, _ = setup
     name = mid.node.outputs[0]

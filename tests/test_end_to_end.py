@@ -28,16 +28,16 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ptq.pipeline import calibrate, input_spec
+from ptq.calibration.pipeline import calibrate, input_spec
 from ptq.cli import main as cli_main
 from tiny_models import conv_relu_gemm
 from ops.registry import QuantizeOptions, bias_role
-from ptq.executor import ExecutorOptions, prepare
+from ptq.engine.executor import ExecutorOptions, prepare
 from ptq.core.graph import load_model
-from ptq.images import ImageLog, Preprocess, load_image, select_files
+from ptq.data.images import ImageLog, Preprocess, load_image, select_files
 from ptq.core.qparams import compute_qparams
-from ptq.quant_table import QuantTable, TensorEntry
-from reports.labels import label_from_filename
+from ptq.table.quant_table import QuantTable, TensorEntry
+from ptq.data.labels import label_from_filename
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -100,7 +100,7 @@ def test_efficientnet_every_layer_matches_onnxruntime_qdq_in_isolation(effnet):
     ptq's exporter keeps them), reproduces onnxruntime's output codes: codes differ by at most one LSB, in at
     most 0.5% of a layer's outputs and 0.1% over the network (15-bit multipliers, round half up, against
     onnxruntime's float32 rescale; measured 0.02% overall)."""
-    from ptq.executor import NodeKind
+    from ptq.engine.executor import NodeKind
 
     prepared, x = effnet.prepared, effnet.samples[0]
     qdq = onnx.load(str(effnet.result.qdq_path))
@@ -350,7 +350,7 @@ def test_se_net_mixed_precision_bits_come_from_the_table(se_net, wide):
 def test_cli_run_skips_undecodable_images(se_net, tmp_path, capsys):
     from PIL import Image
 
-    from ptq.quant_table import save_quant_table
+    from ptq.table.quant_table import save_quant_table
 
     model, table, _ = se_net
     onnx.save(model, str(tmp_path / "se.onnx"))
@@ -393,12 +393,12 @@ def test_integer_graph_and_qdq_export_quantize_every_bias_identically(effnet):
 
 def test_ctrl_c_prints_one_line_and_exits_130(tmp_path, capsys, monkeypatch):
     """Ctrl-C anywhere in a command: one line on stderr, exit status 130, no traceback, no output written."""
-    import ptq.pipeline
+    import ptq.calibration.pipeline
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ptq.pipeline, "calibrate", interrupted)
+    monkeypatch.setattr(ptq.calibration.pipeline, "calibrate", interrupted)
     model = tmp_path / "m.onnx"
     onnx.save(conv_relu_gemm(), str(model))
     code = cli_main(["calibrate", str(model), "--images", str(tmp_path), "--out", str(tmp_path / "out")])

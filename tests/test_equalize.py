@@ -10,13 +10,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ptq.adjusted_model import load_model_for_table
+from ptq.adjust.adjusted_model import load_model_for_table
 from ptq.core.graph import load_model
-from ptq.equalize import equalize
-from ptq.executor import prepare
-from ptq.images import Preprocess
-from ptq.pipeline import calibrate
-from ptq.quant_table import QuantTableError, load_quant_table
+from ptq.adjust.equalize import equalize
+from ptq.engine.executor import prepare
+from ptq.data.images import Preprocess
+from ptq.calibration.pipeline import calibrate
+from ptq.table.quant_table import QuantTableError, load_quant_table
 from tests.tiny_models import make_model, write_images
 
 RAW = Preprocess(mean=0, std=1)

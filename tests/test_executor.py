@@ -11,10 +11,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ops.registry import get_op
-from ptq.executor import ExecutorError, ExecutorOptions, IntRunResult, NodeKind, prepare, run_int
+from ptq.engine.executor import ExecutorError, ExecutorOptions, IntRunResult, NodeKind, prepare, run_int
 from ptq.core.graph import load_model
 from ptq.core.qparams import QParams
-from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
+from ptq.table.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
 
 OPSET = 18
 
@@ -287,7 +287,7 @@ def test_cli_run_preprocessing_comes_from_the_table_and_flags_override(tmp_path)
 
 
 def test_unknown_custom_op_fails_at_prepare_naming_the_node():
-    from ptq.float_fallback import FloatFallbackError
+    from ptq.engine.float_fallback import FloatFallbackError
 
     node = helper.make_node("Frobnicate", ["x"], ["y"], name="frob", domain="my.ops")
     graph_proto = helper.make_graph(

@@ -5,12 +5,12 @@ import numpy as np
 import onnx
 
 import ptq
-from ptq.adjusted_model import load_model_for_table
+from ptq.adjust.adjusted_model import load_model_for_table
 from ptq.core.graph import load_model
-from ptq.executor import prepare
-from ptq.images import Preprocess
-from ptq.quant_table import load_quant_table
-from reports.image_source import ImageSet
+from ptq.engine.executor import prepare
+from ptq.data.images import Preprocess
+from ptq.table.quant_table import load_quant_table
+from ptq.data.image_source import ImageSet
 from tests.test_equalize import chain
 from tests.tiny_models import write_images
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ptq.images import (
+from ptq.data.images import (
     ImageLog,
     InputSpec,
     Preprocess,
@@ -56,7 +56,7 @@ def test_non_image_and_corrupt_files_are_skipped_counted_and_warned(tmp_path, ca
     (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
     (tmp_path / "empty.png").write_bytes(b"")
     log = ImageLog()
-    with caplog.at_level(logging.WARNING, logger="ptq.images"):
+    with caplog.at_level(logging.WARNING, logger="ptq.data.images"):
         candidates = select_files(tmp_path, log)
         samples = list(iter_images(candidates, RAW, InputSpec("NCHW", 3, 4, 4), log))
     assert len(samples) == 1 and log.used == [good]

@@ -1,4 +1,4 @@
-"""The int4-dsp scheme (ptq/int4_dsp.py, `calibrate --scheme int4-dsp`) on a small residual model: WP521's
+"""The int4-dsp scheme (ptq/calibration/int4_dsp.py, `calibrate --scheme int4-dsp`) on a small residual model: WP521's
 equation-1 power-of-two scales, ShareQuantize groups over chained Adds, Requantize edges into the 4-bit
 convolutions, shift-only requantization, the same integers through `dsp:int4`, and the CLI."""
 from __future__ import annotations
@@ -12,10 +12,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ptq.cli import main
 from ptq.core.graph import load_model
-from ptq.executor import NodeKind, prepare
-from ptq.int4_dsp import share_groups, tqt_qparams, tqt_scale, wide_tensors, with_requantize
-from ptq.pipeline import calibrate
-from ptq.quant_table import load_quant_table
+from ptq.engine.executor import NodeKind, prepare
+from ptq.calibration.int4_dsp import share_groups, tqt_qparams, tqt_scale, wide_tensors, with_requantize
+from ptq.calibration.pipeline import calibrate
+from ptq.table.quant_table import load_quant_table
 from tiny_models import make_model, write_images
 
 

@@ -1,6 +1,9 @@
-"""The layering of the project (docs/architecture.md): `ptq.core` is the ground floor and imports nothing else
-of the project; `lut`, `calibrators`, `ops` and `dsp` stand on it (ops also on lut); `reports` and the rest of `ptq`
-stand on all of them. This test walks every import statement of the lower layers and fails on any other arrow.
+"""The layering of the project (docs/architecture.md): floors, each importing only itself and the floors below.
+`ptq.core` is the ground floor; `lut`, `calibrators`, `ops` and `dsp` stand on it; then, inside `ptq`, the quant
+table, the engine (prepare and run the integer graph, the float runs), the data (samples, images, labels), the
+workers, the QDQ export, `reports`, the adjustments, calibration, the tuner, the op docs, and at the top the API
+and the command line (`ptq/api.py`, `ptq/cli.py`, `ptq/data_options.py`, `ptq/commands`). A linear order of
+floors has no circle. This test walks every import statement of every package and fails on any other arrow.
 """
 from __future__ import annotations
 
@@ -12,13 +15,22 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = ("ptq", "ops", "lut", "calibrators", "reports", "dsp")
 
+GROUND = ("ptq.core",)
+KERNELS = GROUND + ("lut", "calibrators", "ops", "dsp")
+# `ptq/__init__.py` imports nothing at module level: its `__version__` may be read from any floor above the kernels
+FLOORS = ("ptq.table", "ptq.engine", "ptq.data", "ptq.parallel", "ptq.qdq", "reports", "ptq.adjust",
+          "ptq.calibration", "ptq.tuning", "ptq.opdocs")
+TOP = ("ptq/commands",)
+
 # package (as a path prefix) -> the project modules it may import (a module matches itself and its submodules)
 ALLOWED = {
-    "ptq/core": ("ptq.core",),
-    "lut": ("lut", "ptq.core"),
-    "calibrators": ("calibrators", "ptq.core"),
-    "ops": ("ops", "lut", "ptq.core"),
-    "dsp": ("dsp", "ptq.core"),
+    "ptq/core": GROUND,
+    "lut": ("lut",) + GROUND,
+    "calibrators": ("calibrators",) + GROUND,
+    "ops": ("ops", "lut") + GROUND,
+    "dsp": ("dsp",) + GROUND,
+    **{floor.replace(".", "/"): KERNELS + ("ptq.__version__",) + FLOORS[:i + 1] for i, floor in enumerate(FLOORS)},
+    **{top: PROJECT for top in TOP},
 }
 
 
@@ -60,12 +72,20 @@ def test_lower_layers_import_only_what_stands_below(layer):
 def test_the_check_catches_an_upward_import(tmp_path):
     """The walker itself: upward arrows planted in a fake tree are reported, allowed ones are not."""
     (tmp_path / "ops").mkdir()
-    (tmp_path / "ops" / "bad.py").write_text("import numpy as np\nfrom ptq.executor import prepare\n"
+    (tmp_path / "ops" / "bad.py").write_text("import numpy as np\nfrom ptq.engine.executor import prepare\n"
                                              "from ptq.core.qparams import QParams\nfrom ptq import core\n"
                                              "import reports.html\n")
     (tmp_path / "ptq" / "core").mkdir(parents=True)
     (tmp_path / "ptq" / "core" / "bad.py").write_text("from ops.registry import get_op\nfrom . import graph\n")
     assert layer_violations(tmp_path, "ops", ALLOWED["ops"]) == [
-        "ops/bad.py:2: imports ptq.executor", "ops/bad.py:5: imports reports.html"]
+        "ops/bad.py:2: imports ptq.engine.executor", "ops/bad.py:5: imports reports.html"]
     assert layer_violations(tmp_path, "ptq/core", ALLOWED["ptq/core"]) == [
         "ptq/core/bad.py:1: imports ops.registry", "ptq/core/bad.py:2: relative import '.'"]
+
+
+def test_every_package_has_a_rule():
+    """A new subpackage (or top-level package) gets its floor here before it lands."""
+    packages = {str(init.parent.relative_to(ROOT)) for name in PROJECT for init in (ROOT / name).rglob("__init__.py")}
+    ruled = {package for package in packages if any(package == rule or package.startswith(rule + "/")
+                                                   for rule in ALLOWED)}
+    assert packages - ruled == {"ptq"}  # the root package: the API and the command line, above every floor

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from reports.labels import LabelResolver, label_from_filename, load_labels
+from ptq.data.labels import LabelResolver, label_from_filename, load_labels
 from reports.metrics import SimilarityAccumulator, TopKAgreement, sqnr_db
 
 
@@ -153,7 +153,7 @@ def test_clip_accumulator_counts_values_beyond_half_an_lsb():
 
 def test_file_name_labels_only_when_every_image_has_one(tmp_path):
     """A folder of unlabelled photos where one file happens to end in `_512` has no labels at all."""
-    from reports.labels import LabelResolver
+    from ptq.data.labels import LabelResolver
 
     mixed = [tmp_path / "holiday.jpg", tmp_path / "scan_512.jpg"]
     resolver = LabelResolver.from_option(None, mixed)

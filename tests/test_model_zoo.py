@@ -15,8 +15,8 @@ import zoo_models
 from ops.registry import get_op
 from ptq.cli import main as cli_main
 from ptq.core.graph import load_model
-from ptq.executor import prepare
-from ptq.quant_table import load_quant_table
+from ptq.engine.executor import prepare
+from ptq.table.quant_table import load_quant_table
 from tiny_models import write_images
 
 SMALL_MODELS = {

@@ -1,4 +1,4 @@
-"""Sharded runs (`--workers N`, `ptq.parallel`) give the one-process result bit for bit: tables, skipped
+"""Sharded runs (`--workers N`, `ptq.parallel.workers`) give the one-process result bit for bit: tables, skipped
 images, reports; a worker that dies has its shard re-run."""
 import hashlib
 import json
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from ptq.calibration_shards import CalibrationJob
+from ptq.calibration.shards import CalibrationJob
 from ptq.cli import main
-from ptq.images import ImageLog, Preprocess
-from ptq.parallel import LocalPool, optimistic_used, plan_shards, run_sharded
-from ptq.samples import ImageFormat
+from ptq.data.images import ImageLog, Preprocess
+from ptq.parallel.workers import LocalPool, optimistic_used, plan_shards, run_sharded
+from ptq.data.samples import ImageFormat
 from tiny_models import write_tiny_case
 
 RAW_FLAGS = ["--mean", "0", "--std", "255", "--crop-ratio", "1", "-q"]
@@ -39,7 +39,7 @@ def test_plan_is_whole_batches_in_order_with_the_isolated_prefix():
 
 
 def test_guided_shards_shrink_to_one_batch_and_keep_their_images_when_the_plan_changes_further_on():
-    from ptq.parallel import guided_shard_batches
+    from ptq.parallel.workers import guided_shard_batches
 
     sizes = guided_shard_batches(200, 1, 2)
     assert sum(sizes) == 200 and sizes[0] == 50 and sizes[-3:] == [1, 1, 1]
@@ -78,7 +78,7 @@ def tiny_with_bad_files(tmp_path):
 @pytest.mark.parametrize("limit", [None, 9])
 def test_unreadable_images_skipped_and_counted_as_in_one_process(tiny_with_bad_files, limit):
     """A bad file inside a shard shifts every later batch: the driver re-plans and re-runs those shards."""
-    from ptq.pipeline import calibrate
+    from ptq.calibration.pipeline import calibrate
 
     model, images = tiny_with_bad_files
     results = [calibrate(model, images, None, calibrator="mean", batch_size=3, num_images=limit, seed=1,
@@ -193,7 +193,7 @@ def test_a_worker_that_dies_mid_run_has_its_shard_rerun_with_the_same_result(tmp
 
     from calibrators import required_stats
     from ptq.core.graph import load_model
-    from ptq.pipeline import collect_image_statistics
+    from ptq.calibration.pipeline import collect_image_statistics
 
     model, images, files = write_tiny_case(tmp_path, 12)
     pre, needs = Preprocess(mean=0, std=255, crop_ratio=1.0), required_stats(list(NEEDS))
@@ -299,7 +299,7 @@ def test_ctrl_c_stops_the_workers_and_writes_nothing(model_path, calib_dir, quan
 
 
 def test_default_workers_are_the_usable_cores_one_per_50_images(monkeypatch):
-    from ptq import parallel
+    from ptq.parallel.workers import workers as parallel
     from ptq.cli import build_parser
 
     monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
@@ -314,7 +314,7 @@ def test_default_workers_are_the_usable_cores_one_per_50_images(monkeypatch):
 
 
 def test_report_workers_run_helper_threads_only_beside_idle_cores(monkeypatch):
-    from ptq import parallel
+    from ptq.parallel.workers import workers as parallel
     from reports.evaluate_shards import worker_threads
 
     monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
@@ -339,11 +339,11 @@ def test_debug_with_two_workers_writes_the_one_process_results(model_path, eval_
 
 
 def test_fake_quant_on_workers_gives_the_one_process_result(model_path, eval_dir, quant_table):
-    from ptq.adjusted_model import load_model_for_table
-    from ptq.quant_table import load_quant_table
+    from ptq.adjust.adjusted_model import load_model_for_table
+    from ptq.table.quant_table import load_quant_table
     from reports.evaluate_shards import ShardedEvaluator
     from reports.fake_quant import fake_quant
-    from reports.image_source import ImageSet
+    from ptq.data.image_source import ImageSet
 
     table = load_quant_table(quant_table)
     graph = load_model_for_table(model_path, table, quant_table)

@@ -4,12 +4,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ptq.pipeline import build_table, calibrate
-from ptq.float_run import collect_statistics
+from ptq.calibration.pipeline import build_table, calibrate
+from ptq.engine.float_run import collect_statistics
 from ptq.core.graph import load_model
-from ptq.qdq_export import MS_DOMAIN, export_qdq
+from ptq.qdq.export import MS_DOMAIN, export_qdq
 from ptq.core.qparams import QParams
-from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry
+from ptq.table.quant_table import CalibrationOptions, QuantTable, TensorEntry
 from calibrators import required_stats
 from tiny_models import conv_relu_gemm, make_model
 from test_graph import shape_subgraph_model, vi

@@ -1,4 +1,4 @@
-"""The check of the exported QDQ model in onnxruntime (ptq.qdq_check) and how `ptq calibrate` reports it."""
+"""The check of the exported QDQ model in onnxruntime (ptq.qdq.check) and how `ptq calibrate` reports it."""
 from __future__ import annotations
 
 import logging
@@ -8,11 +8,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-import ptq.qdq_output
+import ptq.qdq.output
 from ptq.cli import main
-from ptq.pipeline import calibrate
-from ptq.qdq_check import CHECK_SAMPLES, TOLERANCE, QDQCheck, QDQCheckError, check_qdq
-from ptq.qdq_export import export_qdq
+from ptq.calibration.pipeline import calibrate
+from ptq.qdq.check import CHECK_SAMPLES, TOLERANCE, QDQCheck, QDQCheckError, check_qdq
+from ptq.qdq.export import export_qdq
 from tiny_models import conv_relu_gemm, write_tiny_case
 
 RAW_FLAGS = ["--mean", "0", "--std", "255", "--crop-ratio", "1"]
@@ -103,7 +103,7 @@ def test_cli_no_check_and_quiet_skip_the_check(tiny, tmp_path, capsys, monkeypat
     def refuse(*args, **kwargs):
         raise AssertionError("the check ran")
 
-    monkeypatch.setattr(ptq.qdq_output, "check_qdq", refuse)
+    monkeypatch.setattr(ptq.qdq.output, "check_qdq", refuse)
     assert main(["calibrate", str(model_path), "--images", str(images), "--out", str(tmp_path / "o"),
                  *RAW_FLAGS, flag]) == 0
     assert "QDQ model in onnxruntime" not in capsys.readouterr().out
@@ -111,7 +111,7 @@ def test_cli_no_check_and_quiet_skip_the_check(tiny, tmp_path, capsys, monkeypat
 
 def test_cli_target_none_writes_int8_weights_and_a_gap_is_a_warning(tiny, tmp_path, caplog, monkeypatch):
     model_path, images = tiny
-    monkeypatch.setattr(ptq.qdq_output, "check_qdq", lambda float_model, qdq, feeds, target, source:
+    monkeypatch.setattr(ptq.qdq.output, "check_qdq", lambda float_model, qdq, feeds, target, source:
                         QDQCheck(target, len(feeds), 0.99, 0.9))
     with caplog.at_level(logging.WARNING, logger="ptq"):
         assert main(["calibrate", str(model_path), "--images", str(images), "--out", str(tmp_path / "o"),
@@ -136,7 +136,7 @@ def test_a_failing_check_is_a_warning_not_an_error(tiny, tmp_path, caplog, monke
     def fail(*args, **kwargs):
         raise QDQCheckError("onnxruntime has no CPUExecutionProvider")
 
-    monkeypatch.setattr(ptq.qdq_output, "check_qdq", fail)
+    monkeypatch.setattr(ptq.qdq.output, "check_qdq", fail)
     with caplog.at_level(logging.WARNING, logger="ptq"):
         result = calibrate(model_path, images, tmp_path / "o", check_qdq=True)
     assert result.qdq_check is None and result.qdq_path.exists()

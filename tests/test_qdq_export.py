@@ -1,6 +1,6 @@
 """The QDQ export of what a tuned or edited table holds besides 8-bit integers: layers the table marks float
 (`"float": true`) and 16-bit tensors. The reference is `ptq run`'s integer graph on the same table
-(`ptq.executor.prepare`), against which onnxruntime runs the exported model, with graph optimizations off (the
+(`ptq.engine.executor.prepare`), against which onnxruntime runs the exported model, with graph optimizations off (the
 QDQ graph's own arithmetic) and at its default (fused kernels, what a user deploying the model gets)."""
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from onnx import helper, numpy_helper
 
 from ptq.cli import main
 from ptq.core.graph import load_model
-from ptq.executor import prepare
-from ptq.pipeline import calibrate
-from ptq.qdq_export import MS_DOMAIN, check_table_matches, export_qdq
-from ptq.quant_table import load_quant_table
-from ptq.table_edit import edit_entry, with_float
+from ptq.engine.executor import prepare
+from ptq.calibration.pipeline import calibrate
+from ptq.qdq.export import MS_DOMAIN, check_table_matches, export_qdq
+from ptq.table.quant_table import load_quant_table
+from ptq.table.edit import edit_entry, with_float
 from test_graph import vi
 from tiny_models import conv_relu_gemm, make_model
 
@@ -207,8 +207,8 @@ def test_a_table_that_does_not_match_the_model_is_a_one_line_error(tiny):
 
 def test_efficientnet_edited_table_exports_a_qdq_model_that_agrees_with_ptq_run(model_path, calib_dir, eval_dir,
                                                                                  tmp_path, capsys):
-    from ptq.images import ImageLog, Preprocess, load_image, select_files
-    from ptq.pipeline import input_spec
+    from ptq.data.images import ImageLog, Preprocess, load_image, select_files
+    from ptq.calibration.pipeline import input_spec
 
     assert main(["calibrate", str(model_path), "--images", str(calib_dir), "--out", str(tmp_path), "-q",
                  "--num-images", "4", "--no-check"]) == 0

@@ -1,4 +1,4 @@
-"""QDQ export targets (ptq.qdq_export.QDQ_TARGETS): how 8-bit weights are stored, and what onnxruntime's fused
+"""QDQ export targets (ptq.qdq.export.QDQ_TARGETS): how 8-bit weights are stored, and what onnxruntime's fused
 kernels make of each storage.
 
 The fused-kernel tests feed activations whose uint8 codes are 230-255 (onnxruntime turns int8 activations into
@@ -18,9 +18,9 @@ from onnx import helper, numpy_helper
 
 from ptq.core.graph import load_model
 from ptq.core.qparams import QParams
-from ptq.qdq_export import export_qdq
-from ptq.qdq_targets import DEFAULT_TARGET, QDQ_TARGETS, get_target
-from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry
+from ptq.qdq.export import export_qdq
+from ptq.qdq.targets import DEFAULT_TARGET, QDQ_TARGETS, get_target
+from ptq.table.quant_table import CalibrationOptions, QuantTable, TensorEntry
 from test_graph import vi
 from tiny_models import make_model
 

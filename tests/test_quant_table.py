@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ptq.atomic
-from ptq.notes import Note
-from ptq.atomic import atomic_write_text
+import ptq.core.atomic
+from ptq.core.notes import Note
+from ptq.core.atomic import atomic_write_text
 from ptq.core.qparams import QParams
-from ptq.quant_table import (
+from ptq.table.quant_table import (
     CalibrationOptions,
     QuantTable,
     QuantTableError,
@@ -19,7 +19,7 @@ from ptq.quant_table import (
     load_quant_table,
     save_quant_table,
 )
-from ptq.table_edit import edit_entry
+from ptq.table.edit import edit_entry
 
 
 def sample_table() -> QuantTable:
@@ -137,7 +137,7 @@ def test_atomic_write_replaces_and_keeps_the_old_file_on_failure(tmp_path, monke
     def fail(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ptq.atomic.os, "replace", fail)
+    monkeypatch.setattr(ptq.core.atomic.os, "replace", fail)
     with pytest.raises(OSError, match="disk full"):
         atomic_write_text(path, "three")
     assert path.read_text() == "two"

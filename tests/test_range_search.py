@@ -9,10 +9,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from calibrators import required_stats
 from ptq.core.graph import load_model
-from ptq.float_run import collect_statistics
-from ptq.pipeline import calibrate
-from ptq.quant_table import CalibrationOptions
-from ptq.range_search import candidate_entries, search_ranges
+from ptq.engine.float_run import collect_statistics
+from ptq.calibration.pipeline import calibrate
+from ptq.table.quant_table import CalibrationOptions
+from ptq.calibration.range_search import candidate_entries, search_ranges
 from tests.tiny_models import make_model
 
 CANDIDATES = ("extrema", "mse")

@@ -189,11 +189,11 @@ def test_float_reference_returns_every_listed_tensor_of_one_sample_on_one_thread
 
 @pytest.mark.parametrize("threads", [True, False], ids=["helper-threads", "one-thread"])
 def test_isolated_vs_cumulative_on_toy_graph(threads):
-    from ptq.pipeline import calibrate
+    from ptq.calibration.pipeline import calibrate
     from ptq.core.graph import load_model
     from reports.build import build_report
     from reports.evaluate import evaluate
-    from reports.image_source import ArraySamples
+    from ptq.data.image_source import ArraySamples
     from reports.tables import scale_range
 
     model = _toy_model()

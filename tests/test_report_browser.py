@@ -31,10 +31,10 @@ def page():
 def report():
     """A real report of the tiny conv model with two ranges shrunk: the input and the Conv output clip."""
     from ptq.core.graph import load_model
-    from ptq.pipeline import calibrate
+    from ptq.calibration.pipeline import calibrate
     from reports.build import build_report
     from reports.evaluate import evaluate
-    from reports.image_source import ArraySamples
+    from ptq.data.image_source import ArraySamples
     from reports.tables import scale_range
 
     model = conv_relu_gemm(batch=1)

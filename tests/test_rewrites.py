@@ -7,9 +7,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ptq.float_fallback import NodeFloatEvaluator, node_proto
+from ptq.engine.float_fallback import NodeFloatEvaluator, node_proto
 from ptq.core.graph import Graph, load_model
-from ptq.rewrites import apply_rewrites, copy_graph, fold_batchnorm, fold_static, fuse_activations
+from ptq.engine.rewrites import apply_rewrites, copy_graph, fold_batchnorm, fold_static, fuse_activations
 
 OPSET = 18
 IR_VERSION = 9  # onnxruntime 1.x reads IR <= 13; onnx 1.23 would write 14

@@ -3,9 +3,9 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from ptq.pipeline import calibrate
-from ptq.executor import prepare
-from ptq.qdq_export import export_qdq
+from ptq.calibration.pipeline import calibrate
+from ptq.engine.executor import prepare
+from ptq.qdq.export import export_qdq
 from tiny_models import make_model
 
 

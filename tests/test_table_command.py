@@ -8,11 +8,11 @@ import pytest
 
 from ptq.cli import main
 from ptq.core.graph import load_model
-from ptq.executor import ExecutorError, prepare
-from ptq.images import Preprocess
-from ptq.notes import Note
-from ptq.pipeline import calibrate
-from ptq.quant_table import load_quant_table, save_quant_table
+from ptq.engine.executor import ExecutorError, prepare
+from ptq.data.images import Preprocess
+from ptq.core.notes import Note
+from ptq.calibration.pipeline import calibrate
+from ptq.table.quant_table import load_quant_table, save_quant_table
 from reports.layer_nodes import float_node_names
 from tiny_models import write_tiny_case
 
@@ -156,7 +156,7 @@ def test_export_writes_the_qdq_model_of_an_edited_table_beside_it_and_onnxruntim
     optimizations computes what `ptq run` computes on the edited table."""
     import onnxruntime as ort
 
-    from ptq.images import InputSpec, load_image
+    from ptq.data.images import InputSpec, load_image
 
     model, images, table_path = tiny
     assert cli(capsys, "table", "set", table_path, "act", "--float")[0] == 0

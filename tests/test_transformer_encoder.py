@@ -12,8 +12,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ptq.executor import NodeKind, prepare
-from ptq.pipeline import calibrate
+from ptq.engine.executor import NodeKind, prepare
+from ptq.calibration.pipeline import calibrate
 from test_transformer_rewrites import decomposed_layer_norm
 
 T, D, H, FF, VOCAB = 8, 32, 4, 64, 50

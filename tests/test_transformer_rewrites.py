@@ -1,4 +1,4 @@
-"""Transformer rewrites (ptq.rewrites.fuse_transformer): each decomposed pattern, built with onnx.helper,
+"""Transformer rewrites (ptq.engine.rewrites.fuse_transformer): each decomposed pattern, built with onnx.helper,
 becomes one node that keeps the pattern's output tensor name; the rewritten graph computes the original in
 float (1e-5, against onnxruntime on the original model), and the calibrated integer run agrees with float."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ptq.core.graph import Graph, load_model
-from ptq.executor import NodeKind, prepare
-from ptq.float_fallback import NodeFloatEvaluator
-from ptq.pipeline import calibrate
-from ptq.rewrites import apply_rewrites
+from ptq.engine.executor import NodeKind, prepare
+from ptq.engine.float_fallback import NodeFloatEvaluator
+from ptq.calibration.pipeline import calibrate
+from ptq.engine.rewrites import apply_rewrites
 
 SQRT2 = float(np.sqrt(2.0))
 

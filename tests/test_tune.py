@@ -11,13 +11,13 @@ import pytest
 
 from ptq.cli import main
 from ptq.core.graph import load_model
-from ptq.executor import prepare
-from ptq.images import Preprocess
-from ptq.pipeline import calibrate
-from ptq.quant_table import load_quant_table
-from ptq.tuning import tune
-from ptq.tune_data import Score, split_samples
-from reports.image_source import ArraySamples, ImageSet
+from ptq.engine.executor import prepare
+from ptq.data.images import Preprocess
+from ptq.calibration.pipeline import calibrate
+from ptq.table.quant_table import load_quant_table
+from ptq.tuning.tuner import tune
+from ptq.tuning.data import Score, split_samples
+from ptq.data.image_source import ArraySamples, ImageSet
 from tests.test_equalize import chain
 from tests.tiny_models import write_images, write_tiny_case
 
@@ -25,7 +25,7 @@ RAW = Preprocess(mean=0, std=1)
 
 
 def cosine_of(graph, table, images):
-    """Mean per-image cosine of the integer graph against onnxruntime (independent of ptq.tuning)."""
+    """Mean per-image cosine of the integer graph against onnxruntime (independent of ptq.tuning.tuner)."""
     import onnxruntime as ort
 
     sess = ort.InferenceSession(graph.model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -116,8 +116,8 @@ def test_the_cli_writes_the_tuned_qdq_model_from_the_tuned_weights_and_onnxrunti
     import onnxruntime as ort
     from onnx import numpy_helper
 
-    from ptq.adjusted_model import load_model_for_table
-    from ptq.images import InputSpec, load_image
+    from ptq.adjust.adjusted_model import load_model_for_table
+    from ptq.data.images import InputSpec, load_image
 
     raw = Preprocess(mean=0, std=255, crop_ratio=1.0)
     model, images, paths = write_tiny_case(tmp_path, 9)
@@ -173,9 +173,9 @@ def test_float_layers_are_marked_in_the_tuned_table_which_reproduces_the_cosine(
 
 def test_recalibrated_ranges_keep_the_float_flags(tmp_path):
     from calibrators import required_stats
-    from ptq.pipeline import collect_image_statistics
-    from ptq.table_edit import with_float
-    from ptq.tuning import recalibrated
+    from ptq.calibration.pipeline import collect_image_statistics
+    from ptq.table.edit import with_float
+    from ptq.tuning.tuner import recalibrated
 
     model_path, table_path = setup(tmp_path)
     table, graph = load_quant_table(table_path), load_model(model_path)
@@ -188,7 +188,7 @@ def test_recalibrated_ranges_keep_the_float_flags(tmp_path):
 def tuned_with_bias_correction(tmp_path):
     """The chain model calibrated per-tensor at 6 bits with bias correction (so that the per-channel and
     16-bit weight steps re-correct biases, and the graph the tuner measures changes), 9 images."""
-    from ptq.adjusted_model import load_model_for_table
+    from ptq.adjust.adjusted_model import load_model_for_table
 
     model_path = tmp_path / "chain.onnx"
     onnx.save(chain(), model_path)
@@ -232,8 +232,8 @@ def test_tuning_on_workers_is_the_one_process_tuning(tmp_path, ray):
 
 
 def test_a_graph_travels_to_the_workers_as_its_changed_initializers(tmp_path):
-    from ptq.adjust import with_initializers
-    from ptq.tune_shards import GraphVersion
+    from ptq.calibration.adjustments import with_initializers
+    from ptq.tuning.shards import GraphVersion
     from tests.tiny_models import conv_relu_gemm
 
     graph = load_model(chain())
@@ -247,8 +247,8 @@ def test_a_graph_travels_to_the_workers_as_its_changed_initializers(tmp_path):
 
 
 def test_a_worker_rebuilds_each_version_once_and_keeps_the_two_latest():
-    from ptq.adjust import with_initializers
-    from ptq.tune_shards import GraphVersion, TuneContext
+    from ptq.calibration.adjustments import with_initializers
+    from ptq.tuning.shards import GraphVersion, TuneContext
 
     graph = load_model(chain())
     context = TuneContext({"": graph})
@@ -266,8 +266,8 @@ def test_a_worker_rebuilds_each_version_once_and_keeps_the_two_latest():
 
 def test_16_bit_activations_take_their_extrema_range_not_the_clipped_one(tmp_path):
     from calibrators import required_stats
-    from ptq.pipeline import collect_image_statistics
-    from ptq.tuning import wide_activations
+    from ptq.calibration.pipeline import collect_image_statistics
+    from ptq.tuning.tuner import wide_activations
     from reports.tables import scale_range
 
     model_path, table_path = setup(tmp_path)
@@ -293,7 +293,7 @@ def test_16_bit_activations_take_their_extrema_range_not_the_clipped_one(tmp_pat
 
 
 def test_by_ranking_puts_ranked_layers_first_a_weight_at_its_layers_place():
-    from ptq.tuning import by_ranking
+    from ptq.tuning.tuner import by_ranking
 
     graph = load_model(chain())
     # the ranking names layers by the tensor they write once fused: conv1 -> a1 (through its Clip), project -> c3
@@ -315,7 +315,7 @@ class _Known:
 
 def _tuner_with_16_bits(graph, table, check, names):
     """A tuner on `check` whose current table has `names` in 16 bits, as the 16-bit steps leave it."""
-    from ptq.tuning import _State, _Tuner
+    from ptq.tuning.tuner import _State, _Tuner
     from reports.tables import with_bits
 
     tuner = _Tuner(graph, table, None, check, 0.998, 2.0, 1e-5)
@@ -327,7 +327,7 @@ def _tuner_with_16_bits(graph, table, check, names):
 
 @pytest.mark.parametrize("needed", [0, 1, 3, 7])
 def test_minimize_finds_the_shortest_head_of_the_ranking_that_reaches_by_bisection(tmp_path, needed):
-    from ptq.tuning import by_ranking
+    from ptq.tuning.tuner import by_ranking
     from reports.tables import with_bits
 
     model_path, table_path = setup(tmp_path)
@@ -371,7 +371,7 @@ class _Counting:
 
 
 def test_minimize_keeps_the_layers_when_they_need_fewer_16_bit_tensors(tmp_path):
-    from ptq.tuning import _State, _Tuner, layer_units
+    from ptq.tuning.tuner import _State, _Tuner, layer_units
     from reports.tables import with_bits
 
     model_path, table_path = setup(tmp_path)

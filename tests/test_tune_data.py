@@ -1,4 +1,4 @@
-"""`ptq.tune_data`: the score averages each photo's views and takes its standard error over photos (known
+"""`ptq.tuning.data`: the score averages each photo's views and takes its standard error over photos (known
 answers), and the validation samples of image files are the views of each photo, scored against the float
 model run by onnxruntime."""
 from __future__ import annotations
@@ -8,13 +8,13 @@ import onnx
 import pytest
 
 from ptq.core.graph import load_model
-from ptq.executor import prepare
-from ptq.images import decode_image, preprocess_array
-from ptq.pipeline import calibrate, input_spec
-from ptq.quant_table import load_quant_table
-from ptq.tune_data import Score, Validation
-from ptq.views import views
-from reports.image_source import ArraySamples, ImageSet
+from ptq.engine.executor import prepare
+from ptq.data.images import decode_image, preprocess_array
+from ptq.calibration.pipeline import calibrate, input_spec
+from ptq.table.quant_table import load_quant_table
+from ptq.tuning.data import Score, Validation
+from ptq.data.views import views
+from ptq.data.image_source import ArraySamples, ImageSet
 from tests.test_equalize import chain
 from tests.test_tune import RAW
 from tests.tiny_models import write_images

@@ -1,11 +1,11 @@
-"""`ptq.views`: each view is the stated deterministic change of the photo, checked on arrays whose result is
+"""`ptq.data.views`: each view is the stated deterministic change of the photo, checked on arrays whose result is
 known pixel by pixel."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ptq.views import VIEWS, views
+from ptq.data.views import VIEWS, views
 
 
 def photo(h=10, w=20, seed=0):
@@ -48,6 +48,6 @@ def test_all_views_in_order_and_unknown_names_rejected():
 
 
 def test_tune_uses_every_view_by_default():
-    from ptq.tune_defaults import DEFAULT_VIEWS
+    from ptq.tuning.defaults import DEFAULT_VIEWS
 
     assert DEFAULT_VIEWS == tuple(VIEWS)

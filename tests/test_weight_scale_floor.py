@@ -4,12 +4,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ptq.pipeline import calibrate
-from ptq.executor import NodeKind, prepare
-from ptq.qdq_export import export_qdq
+from ptq.calibration.pipeline import calibrate
+from ptq.engine.executor import NodeKind, prepare
+from ptq.qdq.export import export_qdq
 from ptq.core.qparams import compute_qparams
 from ptq.core.requant import INT32_MAX
-from ptq.weight_scale_floor import MIN_REQUANT_FACTOR
+from ptq.engine.weight_scale_floor import MIN_REQUANT_FACTOR
 from tiny_models import make_model
 
 

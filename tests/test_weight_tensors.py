@@ -1,13 +1,13 @@
-"""ptq.weight_tensors: the weights a table quantizes, a weight computed from initializers included (torch's
+"""ptq.engine.weight_tensors: the weights a table quantizes, a weight computed from initializers included (torch's
 exporter without constant folding writes nn.Linear as MatMul(x, Transpose(W)))."""
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from ptq.core.graph import load_model
-from ptq.executor import ExecutorOptions, prepare
-from ptq.pipeline import calibrate
-from ptq.weight_tensors import weight_tensors
+from ptq.engine.executor import ExecutorOptions, prepare
+from ptq.calibration.pipeline import calibrate
+from ptq.engine.weight_tensors import weight_tensors
 from tiny_models import make_model
 
 

@@ -1,4 +1,4 @@
-"""ptq.whitepaper: the 79 chapter-4 sections, the ops' `section` attributes mapped onto them, and the count
+"""ptq.opdocs.whitepaper: the 79 chapter-4 sections, the ops' `section` attributes mapped onto them, and the count
 `ptq ops` prints."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from ops import get_op
-from ptq.whitepaper import SECTIONS, implemented_summary, ops_by_section, sections_of
+from ptq.opdocs.whitepaper import SECTIONS, implemented_summary, ops_by_section, sections_of
 
 SEED = Path("/work/shared/seeds/002_cc45d858d73c34f6.txt")
 

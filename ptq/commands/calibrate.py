@@ -10,7 +10,7 @@ HELP = "calibrate a model on images or --data samples; write <stem>.quant.json a
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ptq.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
+    from ptq.core.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = epilog  # a function: the calibrators are imported only when the help is printed

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from ptq.option_defaults import LAYOUTS
-from ptq.parallel import add_parallel_arguments
+from ptq.core.option_defaults import LAYOUTS
+from ptq.parallel.workers import add_parallel_arguments
 
 PARALLEL = ("workers", "ray")
 

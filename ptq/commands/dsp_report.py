@@ -16,7 +16,7 @@ HELP = "per-layer packed-DSP48E2 cost (int8 and int4 side by side), layers ranke
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ptq.option_defaults import DEFAULT_CLOCK_MHZ, DEFAULT_DSPS
+    from ptq.core.option_defaults import DEFAULT_CLOCK_MHZ, DEFAULT_DSPS
 
     parser.add_argument("model", help="the float ONNX model")
     parser.add_argument("--quant", required=True, help="the quantization table (.quant.json) from `ptq calibrate`")
@@ -31,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ptq.adjusted_model import load_model_for_table
-    from ptq.quant_table import load_quant_table
+    from ptq.adjust.adjusted_model import load_model_for_table
+    from ptq.table.quant_table import load_quant_table
     from reports.dsp_resources import DspArray, accuracy_ranks, dsp_report, report_text
 
     if args.top <= 0:

@@ -1,5 +1,5 @@
 """`ptq ops`: the operator registry as a table (op, domain, integer types, granularity, whitepaper section), then
-how many of the whitepaper's 79 chapter-4 operators the registry implements (`ptq.whitepaper`)."""
+how many of the whitepaper's 79 chapter-4 operators the registry implements (`ptq.opdocs.whitepaper`)."""
 from __future__ import annotations
 
 import argparse
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("no op is registered" if args.domain is None else f"no registered op in domain {args.domain!r}")
     print(format_table(rows))
     print(f"\n{len(rows)} op(s)")
-    from ptq.whitepaper import implemented_summary
+    from ptq.opdocs.whitepaper import implemented_summary
 
     print(implemented_summary())
     return 0

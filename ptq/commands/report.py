@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from ptq.option_defaults import DEFAULT_ISOLATED_IMAGES
+from ptq.core.option_defaults import DEFAULT_ISOLATED_IMAGES
 from ptq.commands.data_options import add_data_arguments, data_kwargs
 
 HELP = "compare the integer graph with the float model layer by layer and rank the bottlenecks"
@@ -47,8 +47,8 @@ def add_strict_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_backend_argument(parser: argparse.ArgumentParser) -> None:
-    """--backend: the dot product under Conv, ConvTranspose, Gemm and MatMul (`ptq.backends`)."""
-    from ptq.backends import BACKEND_NAMES, DEFAULT_BACKEND_NAME
+    """--backend: the dot product under Conv, ConvTranspose, Gemm and MatMul (`ptq.engine.backends`)."""
+    from ptq.engine.backends import BACKEND_NAMES, DEFAULT_BACKEND_NAME
 
     parser.add_argument("--backend", choices=BACKEND_NAMES, default=DEFAULT_BACKEND_NAME,
                         help="integer kernels: compiled (numba, the default), numpy (the reference; same codes), or "

@@ -3,7 +3,7 @@
 
 `show` prints every entry as one row (per-channel entries summarized), or the named tensors' entries in full
 (per channel, with the real range their grid covers). `set` changes one tensor's entry the way a hand edit of
-the JSON does (`ptq.table_edit`): a new range or bit width recomputes scale and zero point with the table's
+the JSON does (`ptq.table.edit`): a new range or bit width recomputes scale and zero point with the table's
 options, a scale / zero point is taken as given, `--float` runs the layer computing the tensor in float; then
 it writes the table atomically (to the same path, or `--out`) and prints what changed.
 
@@ -122,8 +122,8 @@ def entry_text(name: str, entry) -> str:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from ptq.quant_table import load_quant_table
-    from ptq.table_edit import table_entry
+    from ptq.table.quant_table import load_quant_table
+    from ptq.table.edit import table_entry
 
     table = load_quant_table(args.table)
     if args.tensors:
@@ -144,8 +144,8 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_set(args: argparse.Namespace) -> int:
-    from ptq.quant_table import load_quant_table, save_quant_table
-    from ptq.table_edit import edit_entry, entry_changes
+    from ptq.table.quant_table import load_quant_table, save_quant_table
+    from ptq.table.edit import edit_entry, entry_changes
 
     table = load_quant_table(args.table)
     edited = edit_entry(table, args.tensor, bits=args.bits, value_range=args.value_range, scale=args.scale,

@@ -1,5 +1,5 @@
 """`ptq tune MODEL --images DIR --quant TABLE --target-cosine 0.995 [--budget-int16 N] [--allow-float N]`:
-change the table step by step (`ptq.tuning`) until the logits cosine on the samples reaches the target; write
+change the table step by step (`ptq.tuning.tuner`) until the logits cosine on the samples reaches the target; write
 `<stem>.tuned.quant.json` (and the adjusted weights the table uses, beside it), its QDQ model
 `<stem>.tuned.qdq.onnx` (`--qdq-target`, checked in onnxruntime unless --no-check or -q, as `ptq calibrate`
 does) and `<stem>.tune.json` with what each step changed and bought. Decisions are taken on a validation part of the images (or on
@@ -18,7 +18,7 @@ HELP = ("reach a target logits cosine: per-channel weights, better ranges, 16-bi
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ptq.tune_defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
+    from ptq.tuning.defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = qdq_targets_epilog

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from dsp.backend import DspBackend
-from ptq.backends import BACKEND_NAMES, get_backend
+from ptq.engine.backends import BACKEND_NAMES, get_backend
 
 SHAPES = [
     ((5, 7), (7, 9)),  # odd rows and columns

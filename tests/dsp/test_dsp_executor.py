@@ -6,9 +6,9 @@ import pytest
 
 from ptq.cli import main
 from ptq.core.graph import load_model
-from ptq.executor import prepare, run_int
-from ptq.images import Preprocess
-from ptq.pipeline import calibrate
+from ptq.engine.executor import prepare, run_int
+from ptq.data.images import Preprocess
+from ptq.calibration.pipeline import calibrate
 from reports.evaluate import ImageSet
 
 IMAGES = 2

@@ -10,8 +10,8 @@ from dsp.packing import CodeRange
 from dsp.plan import plan_dot
 from ptq.cli import main
 from ptq.core.graph import load_model
-from ptq.images import Preprocess
-from ptq.pipeline import calibrate
+from ptq.data.images import Preprocess
+from ptq.calibration.pipeline import calibrate
 from reports.dsp_resources import DspArray, dsp_report, report_text
 from tiny_models import conv_relu_gemm, write_images
 

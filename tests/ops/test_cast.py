@@ -93,8 +93,8 @@ def test_index_to_index_cast_is_not_quantized_and_bad_targets_are_named():
 
 def test_cast_to_int64_runs_in_integers_in_a_graph():
     """A Cast of an activation to int64 is an integer step with an unquantized index output."""
-    from ptq.executor import NodeKind, prepare
-    from ptq.pipeline import calibrate
+    from ptq.engine.executor import NodeKind, prepare
+    from ptq.calibration.pipeline import calibrate
     from tiny_models import make_model
 
     nodes = [helper.make_node("Mul", ["x", "x"], ["sq"], name="mul"),

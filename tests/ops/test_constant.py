@@ -86,8 +86,8 @@ def test_value_attributes_are_required_once():
 def test_a_constant_node_in_a_loaded_graph_runs_in_integers():
     """load_model folds Constant nodes; a graph edited afterwards may hold one: it runs as an integer step."""
     from ptq.core.graph import load_model
-    from ptq.executor import NodeKind, prepare
-    from ptq.pipeline import calibrate
+    from ptq.engine.executor import NodeKind, prepare
+    from ptq.calibration.pipeline import calibrate
     from tiny_models import make_model
 
     rng = np.random.default_rng(4)

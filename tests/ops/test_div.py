@@ -103,8 +103,8 @@ def test_a_graph_with_div_runs_in_integers_end_to_end():
     from onnx import TensorProto, helper, numpy_helper
     import onnxruntime as ort
 
-    from ptq.executor import NodeKind, prepare
-    from ptq.pipeline import calibrate
+    from ptq.engine.executor import NodeKind, prepare
+    from ptq.calibration.pipeline import calibrate
     from tiny_models import make_model
 
     rng = np.random.default_rng(5)

@@ -186,8 +186,8 @@ def test_both_constant_comparison_is_refused():
 def test_greater_not_where_run_in_integers_in_a_graph():
     """Greater on an activation runs its integer forward (an index output, no qparams); Not, reading only bools,
     stays a shape step; Where selects in integers; the result matches onnxruntime."""
-    from ptq.executor import NodeKind, prepare
-    from ptq.pipeline import calibrate
+    from ptq.engine.executor import NodeKind, prepare
+    from ptq.calibration.pipeline import calibrate
     from tiny_models import make_model
 
     rng = np.random.default_rng(3)

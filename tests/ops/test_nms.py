@@ -137,8 +137,8 @@ def test_nms_runs_in_integers_in_a_graph():
     is int64, is an integer step and selects what the Python-integer NMS selects on the graph's own codes."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from ptq.executor import NodeKind, prepare
-    from ptq.pipeline import calibrate
+    from ptq.engine.executor import NodeKind, prepare
+    from ptq.calibration.pipeline import calibrate
     from tiny_models import make_model
 
     rng = np.random.default_rng(4)
@@ -178,8 +178,8 @@ def test_detection_head_runs_with_zero_float_nodes():
     from onnx import TensorProto, helper, numpy_helper
     import onnxruntime as ort
 
-    from ptq.executor import prepare
-    from ptq.pipeline import calibrate
+    from ptq.engine.executor import prepare
+    from ptq.calibration.pipeline import calibrate
     from tiny_models import make_model
 
     rng = np.random.default_rng(12)

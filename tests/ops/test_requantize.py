@@ -13,7 +13,7 @@ from ops import get_op
 from ops.requantize import shift_multiplier
 from ptq.core.graph import Node
 from ptq.core.qparams import QParams
-from ptq.int4_dsp import requantize_function
+from ptq.calibration.int4_dsp import requantize_function
 
 PTQ = "ai.ptq"
 MBITS = 15

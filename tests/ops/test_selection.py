@@ -159,8 +159,8 @@ def test_index_outputs_run_in_integers_end_to_end():
     the indices equal those of the integer graph's own codes, the values its gathered codes."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from ptq.executor import NodeKind, prepare
-    from ptq.pipeline import calibrate
+    from ptq.engine.executor import NodeKind, prepare
+    from ptq.calibration.pipeline import calibrate
     from tiny_models import make_model
 
     rng = np.random.default_rng(5)

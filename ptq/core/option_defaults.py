@@ -1,0 +1,17 @@
+"""The choices and defaults of the command line's options, in a module that imports nothing: building the
+parser (`ptq --help`, `ptq CMD --help`, and every command before it runs) must not load the machinery that
+uses them. The modules that own these values import them from here (`ptq.calibration.pipeline`, `ptq.calibration.int4_dsp`,
+`ptq.api`, `ptq.data.images`, `reports.dsp_resources`)."""
+
+DEFAULT_CALIBRATOR = "extrema"
+DEFAULT_WEIGHT_CALIBRATOR = "extrema"
+DEFAULT_SCHEME = "default"
+INT4_DSP_SCHEME = "int4-dsp"  # Xilinx WP521's 4-bit scheme (`ptq.calibration.int4_dsp`)
+SCHEMES = (DEFAULT_SCHEME, INT4_DSP_SCHEME)
+
+LAYOUTS = ("NCHW", "NHWC")  # input layouts of --images
+
+DEFAULT_ISOLATED_IMAGES = 2  # images the report's isolated metrics cover by default
+
+DEFAULT_DSPS = 2520  # every DSP48E2 slice of the ZCU102's XCZU9EG (the WP521 evaluation board)
+DEFAULT_CLOCK_MHZ = 300.0  # WP521's 4-bit XDPU clock

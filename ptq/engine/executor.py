@@ -1,0 +1,496 @@
+"""The integer executor: run a calibrated model the way an integer accelerator computes it.
+
+`prepare(graph, table)` rewrites a copy of the graph (`ptq.engine.rewrites`: shape and weight subgraphs folded,
+BatchNormalization folded into Conv, Relu/Clip/LeakyRelu fused into Conv/Gemm), then quantizes every node in
+topological order through its op's `quantize` rule: input qparams are the *final* qparams of the upstream
+tensors (what the producing op's rule decided), output proposals come from the quant table, weights use the
+table's per-channel weight qparams. `IntegerGraph.run(inputs)` quantizes the graph inputs
+(x_q = clamp(round_half_even(x_f / scale) + zp)), runs every node's `forward_int` on integer arrays and
+dequantizes the graph outputs (x_f = (x_q - zp) * scale).
+
+Weights changed by BN folding: the table's weight qparams were computed on the unfolded weight, so they no
+longer fit. Unless the table has an entry for the folded weight's own name, its qparams are recomputed here:
+symmetric (zp 0), scale from `max|W'_c|` per output channel (per tensor if the original weight was calibrated
+per tensor), with the bit width and narrow flag of the original weight's table entry (which must exist).
+
+Float fallback: a node whose op is not registered, or that the caller marks float (by node name, output
+tensor name or op type), runs as dequantize inputs -> float op (the op's `forward_float`, else onnx.reference)
+-> quantize outputs with the table's qparams. A tensor the quant table marks float (`"float": true`) has the
+layer computing it run so: its producing node plus the BatchNormalization and Relu/Clip the rewrites would have
+folded or fused into it (`ptq.engine.fused_layers`; the layer `ptq debug --fake-quant TENSOR` floats), kept apart from
+its neighbours. Such nodes are listed in every run's summary. Nodes that
+compute only shapes/indices (non-float outputs) at run time are evaluated in float and never quantized,
+except a registered op with index outputs (`OpDef.index_outputs`: Equal, Cast to int64) that reads a quantized
+activation: it runs its `forward_int` on the codes, and its index outputs pass on unquantized.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Optional, Union
+
+import numpy as np
+import onnx
+
+from ops.registry import (
+    DotBackend,
+    IntRuntime,
+    OpDef,
+    QuantizationError,
+    QuantizeContext,
+    QuantizedNode,
+    QuantizeOptions,
+    check_quantized,
+    get_op,
+    node_label,
+)
+from ptq.engine.compile_notice import first_run_notice
+from ptq.engine.float_fallback import NodeFloatEvaluator
+from ptq.engine.fused_layers import layer_nodes
+from ptq.core.graph import Graph, Node, load_model
+from ptq.core.qparams import QParams, compute_qparams
+from ptq.table.quant_table import QuantTable, load_quant_table
+from ptq.engine.rewrites import RewriteLog, apply_rewrites
+from ptq.engine.weight_scale_floor import floor_folded_weight
+from ops.registry import bias_role, weight_role
+
+
+class ExecutorError(ValueError):
+    """The model, the quant table or the inputs do not allow an integer run (the message says why)."""
+
+
+class NodeKind(enum.Enum):
+    INTEGER = "integer"  # the op's forward_int
+    FLOAT = "float"  # float fallback: dequantize -> float op -> quantize
+    SHAPE = "shape"  # computes shapes/indices only (non-float outputs), in float, never quantized
+
+
+@dataclass(frozen=True)
+class ExecutorOptions:
+    """How `prepare` builds the integer graph: the rewrites it applies, and the options every op's quantize
+    rule receives as they are (multiplier width, accumulator width, standalone BatchNormalization weight bits)."""
+
+    quantize: QuantizeOptions = field(default_factory=QuantizeOptions)
+    fold_batchnorm: bool = True
+    fuse_activations: bool = True
+    strict: bool = False  # every node in integers: a float fallback is an error instead of a notice
+
+
+@dataclass(frozen=True)
+class FloatNode:
+    name: str
+    op_type: str
+    reason: str  # "not registered", "marked float", "float in the quant table (<tensor>)", "cannot quantize: <why>"
+
+
+@dataclass
+class Step:
+    """One node of the prepared graph and how it runs."""
+
+    node: Node
+    kind: NodeKind
+    in_qparams: list[Optional[QParams]]  # how integer inputs dequantize (FLOAT/SHAPE), None for raw inputs
+    out_qparams: list[Optional[QParams]]
+    op: Optional[OpDef] = None
+    quantized: Optional[QuantizedNode] = None  # INTEGER steps only
+    reason: str = ""
+
+
+@dataclass
+class IntRunResult:
+    outputs: dict[str, np.ndarray]  # graph outputs, dequantized to float32 (non-float outputs as computed)
+    tensors: dict[str, np.ndarray]  # integer codes (and run-time shape tensors) by tensor name
+    qparams: dict[str, QParams]  # final qparams of every quantized tensor (activations and weights)
+    overflows: dict[str, int]  # node name -> int32 accumulator values saturated in this run
+    float_nodes: list[FloatNode]
+
+    def summary(self) -> str:
+        lines = []
+        if self.float_nodes:
+            lines.append(f"{len(self.float_nodes)} node(s) ran in float (dequantize -> float op -> quantize):")
+            lines += [f"  {f.name} ({f.op_type}): {f.reason}" for f in self.float_nodes]
+        else:
+            lines.append("every node ran in integers")
+        if self.overflows:
+            lines.append(f"{len(self.overflows)} node(s) saturated their int32 accumulator:")
+            lines += [f"  {name}: {count} value(s)" for name, count in sorted(self.overflows.items())]
+        else:
+            lines.append("no int32 accumulator overflow")
+        return "\n".join(lines)
+
+
+def _resolve_float_nodes(graph: Graph, specs: Iterable[str]) -> frozenset:
+    """Node names selected by `specs` (each a node name, an output tensor name or an op type)."""
+    by_output = {out: node.name for node in graph.nodes for out in node.outputs if out}
+    names = {node.name for node in graph.nodes}
+    selected = set()
+    for spec in specs:
+        if spec in names:
+            selected.add(spec)
+        elif spec in by_output:
+            selected.add(by_output[spec])
+        else:
+            matches = {node.name for node in graph.nodes if node.op_type == spec}
+            if not matches:
+                raise ExecutorError(f"float node {spec!r} is neither a node name, a tensor name nor an op type of the model")
+            selected |= matches
+    return frozenset(selected)
+
+
+def _folded_weight_qparams(weight: np.ndarray, original: QParams, axis: int) -> QParams:
+    """Symmetric qparams of a BN-folded weight, with the bits, narrow flag and granularity of the original's."""
+    if original.axis is None:
+        amax = np.abs(weight).max()
+        return compute_qparams(-amax, amax, original.bits, symmetric=True, signed=True, narrow=original.narrow)
+    amax = np.abs(np.moveaxis(weight, axis, 0).reshape(weight.shape[axis], -1)).max(axis=1)
+    return compute_qparams(-amax, amax, original.bits, symmetric=True, signed=True, narrow=original.narrow, axis=axis)
+
+
+@dataclass
+class IntegerGraph:
+    """A rewritten, quantized graph, ready to run on integer inputs."""
+
+    graph: Graph  # the rewritten copy
+    steps: list[Step]
+    qparams: dict[str, QParams]  # final qparams by tensor name (activations and weights)
+    rewrites: RewriteLog
+    backend: DotBackend
+    node_float: NodeFloatEvaluator  # float fallback and shape nodes
+    last_use: dict[str, int] = field(default_factory=dict)  # tensor -> index of the last step reading it
+
+    @property
+    def float_nodes(self) -> list[FloatNode]:
+        return [FloatNode(s.node.name, s.node.op_type, s.reason) for s in self.steps if s.kind is NodeKind.FLOAT]
+
+    def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
+        expected, given = set(self.graph.inputs), set(inputs)
+        if expected != given:
+            raise ExecutorError(
+                f"inputs must be exactly {sorted(expected)}; missing {sorted(expected - given)}, "
+                f"unexpected {sorted(given - expected)}"
+            )
+        for name in self.graph.inputs:
+            value, info = inputs[name], self.graph.tensors[name]
+            if not isinstance(value, np.ndarray):
+                raise ExecutorError(f"input {name!r} must be a numpy array, got {type(value).__name__}")
+            if info.dtype is not None and value.dtype != info.dtype:
+                raise ExecutorError(f"input {name!r} has dtype {value.dtype}, the model expects {info.dtype}")
+            shape = info.shape
+            if shape is not None and (
+                len(shape) != value.ndim or any(d and d != v for d, v in zip(shape, value.shape))
+            ):
+                raise ExecutorError(f"input {name!r} has shape {value.shape}, the model expects {shape}")
+            if np.issubdtype(value.dtype, np.floating) and not np.all(np.isfinite(value)):
+                raise ExecutorError(f"input {name!r} contains NaN or Inf")
+
+    def run(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        keep_all: bool = True,
+        on_tensor: Optional[Callable[[str, np.ndarray], None]] = None,
+    ) -> IntRunResult:
+        """Run in integers. `keep_all=False` drops each intermediate as soon as its last consumer ran.
+        `on_tensor(name, codes)` is called for every quantized graph input and every step output as soon as it
+        exists (reports fold each tensor into their metrics while it is in cache, without keeping it)."""
+        self.check_inputs(inputs)
+        with first_run_notice():  # the kernels compile on their first use after installation
+            return self._run(inputs, keep_all, on_tensor)
+
+    def _run(self, inputs: Mapping[str, np.ndarray], keep_all: bool,
+             on_tensor: Optional[Callable[[str, np.ndarray], None]]) -> IntRunResult:
+        values: dict[str, np.ndarray] = {}
+        kept: dict[str, np.ndarray] = {}
+        for name in self.graph.inputs:
+            qp = self.qparams.get(name)
+            values[name] = qp.quantize(inputs[name]) if qp is not None else inputs[name]
+            if on_tensor is not None:
+                on_tensor(name, values[name])
+        if keep_all:
+            kept.update(values)
+        runtime = IntRuntime(backend=self.backend)
+        constants = self.graph.initializers
+        outputs = set(self.graph.outputs)
+        for index, step in enumerate(self.steps):
+            node = step.node
+            args = [(values[i] if i in values else constants[i]) if i else None for i in node.inputs]
+            results = self._execute(step, args, runtime)
+            for name, value in zip(node.outputs, results):
+                if name:
+                    values[name] = value
+                    if keep_all:
+                        kept[name] = value
+                    if on_tensor is not None:
+                        on_tensor(name, value)
+            if not keep_all:
+                for name in node.inputs:
+                    if name and self.last_use.get(name) == index and name not in outputs:
+                        values.pop(name, None)
+        float_out = {}
+        for name in self.graph.outputs:
+            value = values[name] if name in values else constants[name]
+            qp = self.qparams.get(name)
+            float_out[name] = qp.dequantize(value) if qp is not None and name not in constants else value
+            kept.setdefault(name, value)
+        return IntRunResult(float_out, kept, dict(self.qparams), dict(runtime.overflows), self.float_nodes)
+
+    def _execute(self, step: Step, args: list, runtime: IntRuntime) -> list[np.ndarray]:
+        node = step.node
+        if step.kind is NodeKind.INTEGER:
+            for index, (name, value, qp) in enumerate(zip(node.inputs, args, step.in_qparams)):
+                if qp is not None and name not in self.graph.initializers and not np.issubdtype(value.dtype, np.integer):
+                    raise ExecutorError(f"{node_label(node)}: input {index} {name!r} must be integer codes, "
+                                        f"got {value.dtype}")
+            try:
+                results = step.op.forward_int(step.quantized, args, runtime)
+            except (ValueError, TypeError) as exc:
+                raise type(exc)(f"{node_label(node)}: {exc}") from exc
+            for name, value, qp in zip(node.outputs, results, step.out_qparams):
+                if name and qp is not None and value.dtype != qp.dtype:
+                    raise ExecutorError(
+                        f"{node.op_type} {node.name!r}: forward_int returned {value.dtype} for {name!r}, "
+                        f"its qparams say {qp.dtype}"
+                    )
+            return results
+        floats = [qp.dequantize(a) if qp is not None and a is not None else a for a, qp in zip(args, step.in_qparams)]
+        results = self.node_float.run(node, floats)
+        if step.kind is NodeKind.SHAPE:
+            return results
+        quantized = []
+        for name, value, qp in zip(node.outputs, results, step.out_qparams):
+            if qp is None:
+                quantized.append(value)
+                continue
+            if np.any(np.isnan(value)):
+                raise ExecutorError(f"float fallback {node.op_type} {node.name!r} produced NaN in {name!r}")
+            quantized.append(qp.quantize(value))
+        return quantized
+
+    def run_step(self, step: Step, args: list, runtime: Optional[IntRuntime] = None) -> list[np.ndarray]:
+        """Run one step alone. `args` align with `step.node.inputs`: integer codes for quantized tensors,
+        raw arrays for constants, None for omitted inputs (reports run a layer on its quantized float inputs)."""
+        return self._execute(step, args, runtime if runtime is not None else IntRuntime(backend=self.backend))
+
+class _Quantizer:
+    """Walks the rewritten graph once, choosing each node's kind and running its quantize rule."""
+
+    def __init__(self, graph: Graph, table: QuantTable, rewrites: RewriteLog, marked: Mapping[str, str],
+                 options: ExecutorOptions):
+        self.graph, self.table, self.marked = graph, table, marked
+        self.folded = rewrites.folded_weights
+        self.qparams: dict[str, QParams] = {}
+        self.quantize_options = options.quantize
+        self.strict = options.strict
+
+    def _table_qparams(self, name: str) -> Optional[QParams]:
+        return self.table.qparams(name)
+
+    def _require(self, name: str, what: str) -> QParams:
+        qp = self._table_qparams(name)
+        if qp is None:
+            raise ExecutorError(f"{what} {name!r} has no qparams in the quant table (was the table calibrated on this model?)")
+        return qp
+
+    def _weight_qparams(self, node: Node, index: int, axis: Optional[int]) -> QParams:
+        name = node.inputs[index]
+        own = self._table_qparams(name)
+        if own is not None:
+            weight = self.graph.initializers[name]
+            if own.axis is not None and (own.axis >= weight.ndim or own.scale.size != weight.shape[own.axis]):
+                channels = f"{weight.shape[own.axis]} channels along axis {own.axis}" if own.axis < weight.ndim \
+                    else f"no axis {own.axis} (shape {weight.shape})"
+                raise ExecutorError(f"quant table: tensor {name!r}: 'scale' has {own.scale.size} values but the "
+                                    f"weight has {channels}; give one scale, zero_point, min and max per channel")
+            return own
+        source = self.folded.get(name, name)
+        original = self._table_qparams(source)
+        if original is None:
+            raise ExecutorError(f"weight {source!r} of {node.op_type} {node.name!r} has no qparams in the quant table")
+        weight = self.graph.initializers[name]
+        folded = _folded_weight_qparams(weight, original, axis % weight.ndim)
+        return floor_folded_weight(node, self.graph, self.table.tensors, folded)
+
+    def _input_qparams(self, node: Node) -> list[Optional[QParams]]:
+        wrole, brole = weight_role(node), bias_role(node)
+        result: list[Optional[QParams]] = []
+        for index, name in enumerate(node.inputs):
+            if not name or name in self.graph.shape_tensors:
+                result.append(None)
+            elif name in self.qparams:
+                result.append(self.qparams[name])
+            elif name not in self.graph.initializers:
+                raise ExecutorError(f"{node.op_type} {node.name!r}: input {name!r} has no qparams")
+            elif wrole is not None and index == wrole.input_index:
+                qp = self._weight_qparams(node, index, wrole.channel_axis if wrole.channel_axis is not None else 0)
+                self.qparams[name] = qp
+                result.append(qp)
+            elif brole is not None and index == brole.input_index:
+                result.append(None)
+            else:
+                result.append(self._table_qparams(name))
+        return result
+
+    def _kind(self, node: Node, op: Optional[OpDef]) -> tuple[NodeKind, str]:
+        float_outputs = [o for o in node.outputs if o and o not in self.graph.shape_tensors]
+        if not float_outputs and not self._indexes_activations(node, op):
+            return NodeKind.SHAPE, ""
+        if node.name in self.marked:
+            return NodeKind.FLOAT, self.marked[node.name]
+        if op is None:
+            return NodeKind.FLOAT, "not registered"
+        return NodeKind.INTEGER, ""
+
+    def _indexes_activations(self, node: Node, op: Optional[OpDef]) -> bool:
+        """An op with index outputs (Equal, ArgMax) reading a quantized activation runs on its integer codes."""
+        return op is not None and bool(op.index_outputs(node)) and any(i in self.qparams for i in node.inputs if i)
+
+    def step(self, node: Node) -> Step:
+        """How `node` runs: its op's integer forward, or float with the reason (not registered, marked by the
+        user, or a quantize rule that cannot handle this node), or as a shape computation."""
+        op = get_op(node.op_type, node.domain)
+        kind, reason = self._kind(node, op)
+        if kind is NodeKind.INTEGER:
+            in_qp = self._input_qparams(node)
+            try:
+                return self._integer_step(node, op, in_qp)
+            except QuantizationError as exc:
+                if self.strict:
+                    raise QuantizationError(f"{node_label(node)}: {exc}") from exc
+                kind, reason = NodeKind.FLOAT, f"cannot quantize: {exc}"
+        # float and shape nodes take constants as they are; only run-time tensors get dequantized
+        in_qp = [self.qparams.get(name) if name not in self.graph.initializers else None for name in node.inputs]
+        if kind is NodeKind.SHAPE:
+            return Step(node, kind, in_qp, [None] * len(node.outputs))
+        if self.strict and node.name not in self.marked:
+            raise ExecutorError(f"{node_label(node)} would run in float ({reason}); strict mode wants every "
+                                "node in integers")
+        out_qp = [
+            self._require(o, f"output of float node {node.name!r}: tensor") if o and o not in self.graph.shape_tensors else None
+            for o in node.outputs
+        ]
+        self._record(node, out_qp)
+        return Step(node, kind, in_qp, out_qp, reason=reason)
+
+    def _integer_step(self, node: Node, op: OpDef, in_qp: list[Optional[QParams]]) -> Step:
+        """Run the op's quantize rule; QuantizationError (unprefixed) when the rule cannot handle the node."""
+        proposal = [self._table_qparams(o) if o else None for o in node.outputs]
+        constants = {i: self.graph.initializers[n] for i, n in enumerate(node.inputs) if n in self.graph.initializers}
+        ctx = QuantizeContext(node, in_qp, proposal, constants, self.quantize_options)
+        try:
+            q = op.quantize(ctx)
+            check_quantized(q)
+        except Exception as exc:  # whatever the rule raised: the node falls back to float, or strict fails
+            raise QuantizationError(str(exc)) from exc
+        self._record(node, q.out_qparams)
+        return Step(node, NodeKind.INTEGER, in_qp, list(q.out_qparams), op=op, quantized=q)
+
+    def _record(self, node: Node, out_qparams: list[Optional[QParams]]) -> None:
+        for name, qp in zip(node.outputs, out_qparams):
+            if name and qp is not None:
+                self.qparams[name] = qp
+
+    def graph_inputs(self) -> None:
+        for name in self.graph.inputs:
+            if self.graph.tensors[name].is_float:
+                self.qparams[name] = self._require(name, "graph input")
+
+
+def _rewriter(graph: Graph, node_float: NodeFloatEvaluator, options: ExecutorOptions):
+    """`apply_rewrites` on `graph` with `options`, leaving the nodes it is given (`protected`) apart."""
+
+    def rewrite(protected: Iterable[str]) -> tuple[Graph, RewriteLog]:
+        return apply_rewrites(graph, node_float, fold_bn=options.fold_batchnorm, fuse=options.fuse_activations,
+                              can_host=lambda node: get_op(node.op_type, node.domain) is not None,
+                              protected=frozenset(protected))
+
+    return rewrite
+
+
+def _table_float_layers(table: QuantTable, rewrite, protected: Iterable[str]) -> dict[str, str]:
+    """Node name -> the tensor marked float in `table` whose layer it belongs to. Which nodes make up each
+    marked layer shows once the rewrites ran without them protected (`protected`: nodes floated otherwise)."""
+    table_float = table.float_tensors()
+    if not table_float:
+        return {}
+    probe, probe_log = rewrite(protected)
+    layers: dict[str, str] = {}
+    for tensor in table_float:
+        try:
+            nodes = layer_nodes(probe, probe_log, tensor)
+        except ValueError as exc:
+            raise ExecutorError(f"quant table: tensor {tensor!r} is marked float, but {exc}; remove its "
+                                "'float' flag") from exc
+        for name in nodes:
+            layers.setdefault(name, tensor)
+    return layers
+
+
+def table_float_nodes(graph: Graph, table: QuantTable, options: Optional[ExecutorOptions] = None) -> dict[str, str]:
+    """The nodes of `graph` that `prepare(graph, table)` runs in float because the table marks a tensor float
+    (the layer computing it), each with that tensor: node name -> tensor name."""
+    options = options or ExecutorOptions()
+    return _table_float_layers(table, _rewriter(graph, NodeFloatEvaluator(graph.opset), options), ())
+
+
+def prepare(
+    graph: Graph,
+    quant_table: QuantTable,
+    *,
+    float_nodes: Iterable[str] = (),
+    backend: Union[str, DotBackend, None] = None,
+    options: Optional[ExecutorOptions] = None,
+) -> IntegerGraph:
+    """Rewrite a copy of `graph` and quantize every node with `quant_table` (see the module docstring).
+
+    `float_nodes`: node names, output tensor names or op types to run in float (fake-quant debugging), besides
+    the layers computing the tensors the table marks float.
+    `backend`: the dot product under Conv, Gemm and MatMul, a `DotBackend` or a name of `ptq.engine.backends`.
+    """
+    from ptq.engine.backends import get_backend
+
+    options = options or ExecutorOptions()
+    backend = get_backend(backend)  # None: the default; a name; or a backend object as it is
+    marked = dict.fromkeys(_resolve_float_nodes(graph, float_nodes), "marked float")
+    node_float = NodeFloatEvaluator(graph.opset)
+    rewrite = _rewriter(graph, node_float, options)
+    for name, tensor in _table_float_layers(quant_table, rewrite, marked).items():
+        marked.setdefault(name, f"float in the quant table ({tensor!r})")
+    rewritten, log = rewrite(marked)
+    quantizer = _Quantizer(rewritten, quant_table, log, marked, options)
+    quantizer.graph_inputs()
+    steps = [quantizer.step(node) for node in rewritten.nodes]
+    for step in steps:
+        if step.kind is not NodeKind.INTEGER and get_op(step.node.op_type, step.node.domain) is None:
+            node_float.reference_evaluator(step.node)  # fail now, not in the middle of a run, if nothing can run it
+    last_use = {name: index for index, step in enumerate(steps) for name in step.node.inputs if name}
+    return IntegerGraph(rewritten, steps, quantizer.qparams, log, backend, node_float, last_use)
+
+
+def _as_graph(model: Union[str, Path, onnx.ModelProto, Graph], inputs: Mapping[str, np.ndarray]) -> Graph:
+    if isinstance(model, Graph):
+        return model
+    graph = load_model(model)
+    dynamic = {
+        name: tuple(np.shape(inputs[name]))
+        for name in graph.inputs
+        if name in inputs and any(d is None or d == 0 for d in (graph.tensors[name].shape or ()))
+    }
+    return load_model(model, input_shapes=dynamic) if dynamic else graph
+
+
+def run_int(
+    model: Union[str, Path, onnx.ModelProto, Graph],
+    quant_table: Union[str, Path, QuantTable],
+    inputs: Mapping[str, np.ndarray],
+    *,
+    float_nodes: Iterable[str] = (),
+    keep_all: bool = True,
+    options: Optional[ExecutorOptions] = None,
+    backend: Union[str, DotBackend, None] = None,
+) -> IntRunResult:
+    """Prepare and run `model` in integers once. `quant_table` is a QuantTable or a `.quant.json` path;
+    `backend` as for `prepare`."""
+    table = quant_table if isinstance(quant_table, QuantTable) else load_quant_table(quant_table)
+    graph = _as_graph(model, inputs)
+    prepared = prepare(graph, table, float_nodes=float_nodes, backend=backend, options=options)
+    return prepared.run(inputs, keep_all=keep_all)

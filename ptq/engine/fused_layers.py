@@ -1,0 +1,64 @@
+"""A layer name (tensor or node name) resolved, on a rewritten graph (`ptq.engine.rewrites`), to the nodes of the
+original model that compute it.
+
+Floating a Conv or Gemm also floats the BatchNormalization and the Relu/Clip/LeakyRelu the rewrites fused into
+it, so the whole fused layer runs in float. A name a rewrite removed (a Conv's raw output before the Clip fused
+into it, or the fused activation / folded BatchNormalization node) resolves to the node that absorbed it, with a
+note. Used by the executor (tensors a quant table marks float) and by `reports.layer_nodes` (debug, tune).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ptq.core.graph import Graph
+from ptq.engine.rewrites import RewriteLog
+
+
+@dataclass(frozen=True)
+class ResolvedLayer:
+    """A layer name resolved to the node of the rewritten graph that computes it."""
+
+    node: str
+    note: Optional[str] = None  # set when the name was removed by a rewrite: which node absorbed it
+
+
+def absorbed_names(rewrites: RewriteLog) -> dict[str, str]:
+    """Names the rewrites removed -> the node of the rewritten graph that absorbed them: a BatchNormalization
+    folded into its Conv and a Relu/Clip/LeakyRelu fused into its Conv/Gemm, each by the removed node's name
+    and by the tensor the host produced before (e.g. a Conv's raw output, now internal to Conv+Clip)."""
+    hosts = {}
+    for fold in rewrites.batchnorm_folds:
+        hosts[fold.batchnorm] = hosts[fold.removed_tensor] = fold.conv
+    for fusion in rewrites.fusions:
+        hosts[fusion.activation] = hosts[fusion.removed_tensor] = fusion.host
+    return hosts
+
+
+def resolve_layer(graph: Graph, rewrites: RewriteLog, layer: str) -> ResolvedLayer:
+    """The node of the rewritten `graph` computing `layer`: a node name, the producer of a tensor name, or, for
+    a name a rewrite removed, the node that absorbed it (with a note saying so)."""
+    nodes = {node.name: node for node in graph.nodes}
+    producer = {out: node.name for node in graph.nodes for out in node.outputs if out}
+    if layer in nodes:
+        return ResolvedLayer(layer)
+    if layer in producer:
+        return ResolvedLayer(producer[layer])
+    if layer in graph.inputs:
+        raise ValueError(f"{layer!r} is a graph input: it has no layer to run in float")
+    host = absorbed_names(rewrites).get(layer)
+    if host is None:
+        raise ValueError(f"{layer!r} is neither a tensor nor a node of the integer graph")
+    node = nodes[host]
+    outputs = ", ".join(repr(o) for o in node.outputs if o)
+    return ResolvedLayer(host, f"{layer!r} is not in the integer graph: a rewrite fused it into {node.op_type} node "
+                               f"{host!r} (output {outputs}); that node runs in float")
+
+
+def layer_nodes(graph: Graph, rewrites: RewriteLog, layer: str) -> list[str]:
+    """The original node names that make up a layer: its producing node in the rewritten `graph` plus whatever
+    the rewrites folded or fused into it."""
+    node = resolve_layer(graph, rewrites, layer).node
+    extra = [f.activation for f in rewrites.fusions if f.host == node]
+    extra += [f.batchnorm for f in rewrites.batchnorm_folds if f.conv == node]
+    return [node] + extra

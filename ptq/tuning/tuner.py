@@ -1,0 +1,550 @@
+"""`tune`: change a quant table step by step until the logits cosine on *validation* samples reaches a target.
+
+The tuning samples are split (`ptq.tuning.data`): what is estimated from data (activation statistics, bias
+correction's mean input patches, the bottleneck ranking) comes from the fit part; every decision (keep a
+step, stop, prune) is taken on the validation part, against the user's float model, each validation photo
+with its label-free views (`ptq.data.views`). The target is reached when the validation mean minus `z` standard
+errors over the photos is at least `target + margin` (`ptq.tuning.data`: what that bound estimates and why
+over photos). Candidates, in order of expected gain per cost, each kept only if it raises the validation
+mean by at least `min_gain`:
+
+1. per-channel weights (when the table is per-tensor): free at run time on most accelerators;
+2. a better activation range: every activation recalibrated with each of `range_calibrators` on the fit
+   samples (one statistics pass), then each activation's own choice by the per-tensor search
+   (`ptq.calibration.range_search`, with `range_search`), the best kept. No percentile for the whole graph: a tail
+   fitted to a few images clips others;
+3. 16 bits, within `budget_int16` tensors (activations and weights count alike; None: no limit, as the
+   fewest that keep the target are searched once it is reached, item 5), groups first: the outputs
+   of all depthwise Convs, then every activation, then the weights of all depthwise Convs, then every other
+   weight (measured on the bundled model, 7 validation photos with their views: every activation in 16
+   bits 0.9958 -> 0.9984, every weight 0.9965 -> 0.9983, both 0.99996; `minimize` then keeps the fewest of
+   them, by tensors or by whole layers, so the order decides little but the first feasible set); then, when
+   a group does not fit the budget, single activations in the order of the report's bottleneck ranking. A
+   16-bit activation takes its extrema range on the fit samples (`wide_activations`), not the range step's
+   clipped one;
+4. float, a layer at a time in the ranking's order, only with `allow_float` > 0 (the last resort); the tuned
+   table marks the kept ones float (`"float": true`), so it runs them in float by itself;
+5. once the target is reached, the fewest 16-bit tensors that keep it (`minimize`), by two routes, the one
+   with fewer 16-bit tensors kept: (a) the tensors the steps moved, ordered by the bottleneck ranking of the
+   8-bit layers (isolated errors on the fit samples: the layers that lose most first), the shortest head of
+   that order that still reaches the goal, the others back at their 8-bit entries; (b) from every layer in
+   16 bits (its output and its weight), the shortest head of the layers in the ranking's order. A head is
+   found by bisection on its length: log2(n) validation passes rather than n, and the shortest one when
+   reaching the goal is monotone in the length (more 16-bit tensors, less error; otherwise a head that
+   reaches, not always the shortest). The unit that ends a head is needed (the head without it did not
+   reach) whatever its rank, so the bisection is run again with it moved first (`shortest_head`, up to
+   `REFINE_ROUNDS` times): a ranking that misplaces one needed layer costs a few passes, not every layer
+   ranked before it. Route (b) helps when the error left is the weights' rounding (16-bit weights on the
+   layers that lose most may do with fewer tensors than every activation).
+
+A table calibrated with bias correction has biases corrected for its weight grids; a step that changes a
+weight's grid (per-channel, 16 bits, and the undoing in `minimize`) re-corrects that layer's bias for the new
+grid (`ptq.adjust.bias_correction.recorrected_biases`), so the tuned graph is returned with the tuned table.
+
+The passes over samples (the statistics, the ranking, each candidate's validation cosines) run in this
+process, or with `workers` > 1 or `ray` on a pool (`ptq.tuning.shards`) with the same result bit for bit.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ptq.calibration.adjustments import with_initializers
+from ptq.core.graph import Graph, load_model
+from ptq.engine.executor import prepare
+from ptq.qdq.check import QDQCheck
+from ptq.qdq.output import summary_lines
+from ptq.table.quant_table import QuantTable
+from ptq.calibration.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
+from ptq.calibration.range_search import candidate_entries, search_ranges
+from ptq.table.edit import with_float
+from ptq.tuning.defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
+from ptq.tuning.data import Samples, Score, Validation, split_samples
+from ptq.engine.weight_scale_floor import floor_weight_scales
+from reports.build import build_report
+from reports.evaluate import evaluate
+from reports.layer_nodes import float_node_names
+from reports.tables import with_bits
+
+logger = logging.getLogger("ptq.tune")
+
+DEFAULT_RANGE_CALIBRATORS = ("mse", "kld")
+RANKING_IMAGES = 8  # images of the isolated per-layer pass that ranks the bottlenecks
+REFINE_ROUNDS = 2  # bisections again with a needed unit moved first (`_Tuner.shortest_head`)
+
+
+@dataclass
+class TuneStep:
+    change: str  # what was tried, e.g. "per-channel weights", "int16: <tensor>"
+    cosine: float  # the validation cosine measured with the change
+    gain: float  # over the cosine before it
+    kept: bool
+    int16: list[str] = field(default_factory=list)  # tensors this step moved to 16 bits
+    float_layers: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class TuneResult:
+    table: QuantTable
+    graph: Graph  # the graph the table runs with (biases re-corrected when weight grids changed)
+    baseline: Score
+    score: Score  # on the validation samples
+    target: float
+    margin: float
+    z: float
+    validation_samples: int  # photos (or samples), each with `views` views
+    steps: list[TuneStep]
+    int16_tensors: list[str]
+    float_nodes: list[str]
+    table_path: Optional[Path] = None  # where `ptq.tune` wrote the tuned table and the record of the steps
+    record_path: Optional[Path] = None
+    qdq_path: Optional[Path] = None  # the QDQ model `ptq.tune` exported from the tuned table and graph
+    qdq_target: Optional[str] = None
+    qdq_check: Optional[QDQCheck] = None  # its onnxruntime check (None: not run)
+    views: list[str] = field(default_factory=list)  # of each validation photo (`ptq.data.views`); none: samples as read
+
+    @property
+    def cosine(self) -> float:
+        return self.score.mean
+
+    @property
+    def reached(self) -> bool:
+        return self.score.bound(self.z) >= self.target + self.margin
+
+    @property
+    def int16_activations(self) -> list[str]:
+        return [n for n in self.int16_tensors if self.table.tensors[n].kind == "activation"]
+
+    def to_dict(self) -> dict:
+        return {"target_cosine": self.target, "margin": self.margin, "z": self.z,
+                "validation_samples": self.validation_samples, "views": self.views,
+                "baseline_cosine": self.baseline.mean,
+                "cosine": self.cosine, "cosine_sem": self.score.sem, "reached": self.reached,
+                "int16_tensors": self.int16_tensors, "float_nodes": self.float_nodes,
+                "steps": [s.to_dict() for s in self.steps]}
+
+    def summary(self) -> str:
+        goal = f"mean - {self.z:g} sem {self.score.bound(self.z):.5f} vs target {self.target}"
+        if self.margin:
+            goal += f" + margin {self.margin}"
+        held = (f"{self.validation_samples} held-out photos x {len(self.views)} views" if self.views
+                else f"{self.validation_samples} held-out samples")
+        lines = [f"validation cosine ({held}) {self.baseline.mean:.5f} -> "
+                 f"{self.cosine:.5f} +- {self.score.sem:.5f} ({goal}: {'reached' if self.reached else 'NOT reached'})"]
+        for s in self.steps:
+            lines.append(f"  {'kept   ' if s.kept else 'dropped'} {s.change}: {s.cosine:.5f} ({s.gain:+.5f})")
+        acts = len(self.int16_activations)
+        lines.append(f"{len(self.int16_tensors)} tensor(s) in 16 bits ({acts} activations, "
+                     f"{len(self.int16_tensors) - acts} weights), {len(self.float_nodes)} node(s) in float")
+        return "\n".join(lines + summary_lines(self.qdq_path, self.qdq_target, self.qdq_check))
+
+
+def per_channel_weights(graph: Graph, table: QuantTable) -> QuantTable:
+    """The table with every weight recalibrated per output channel (activations untouched)."""
+    from ptq.calibration.pipeline import weight_entries
+
+    options = dataclasses.replace(table.options, per_channel=True)
+    tensors = dict(table.tensors)
+    tensors.update(weight_entries(graph, options))
+    floor_weight_scales(graph, tensors, options)
+    return dataclasses.replace(table, options=options, tensors=tensors)
+
+
+def recalibrated(graph: Graph, table: QuantTable, stats, calibrator: str) -> QuantTable:
+    """The table with every activation's range from `calibrator` on `stats` (16-bit tensors stay 16-bit)."""
+    from ptq.calibration.pipeline import activation_entries
+
+    options = dataclasses.replace(table.options, calibrator=calibrator)
+    entries = activation_entries(graph, stats, options)
+    tensors = dict(table.tensors)
+    wide = [n for n, e in table.tensors.items() if e.kind == "activation" and e.qparams.bits != options.bits]
+    tensors.update(entries)
+    result = with_bits(dataclasses.replace(table, tensors=tensors), wide, 16) if wide else \
+        dataclasses.replace(table, tensors=tensors)
+    return with_float(result, table.float_tensors())
+
+
+def fit_statistics(graph: Graph, samples: Samples, calibrators: Sequence[str]) -> dict:
+    """Activation statistics of `graph` over the fit samples, for every calibrator listed."""
+    from calibrators import required_stats
+    from ptq.engine.float_run import collect_statistics
+
+    batches = (x for _, x, _ in samples.samples(graph))
+    return collect_statistics(graph, batches, graph.activations, required_stats(calibrators))
+
+
+class InProcess:
+    """The passes over samples run here (`sample_passes`); `ptq.tuning.shards.TunePool` is the pool's."""
+
+    scorer = None  # the validation cosines: `Validation.cosines` itself
+
+    @staticmethod
+    def statistics(graph: Graph, fit: Samples, calibrators: Sequence[str]) -> dict:
+        return fit_statistics(graph, fit, calibrators)
+
+    @staticmethod
+    def evaluate(graph: Graph, table: QuantTable, samples: Samples, **kwargs):
+        return evaluate(graph, table, samples, **kwargs)
+
+
+def sample_passes(graph: Graph, table: QuantTable, fit: Samples, validation: Validation, *, workers: int = 1,
+                  ray: Optional[str] = None):
+    """A context manager giving the passes over samples: `InProcess`, or with `workers` > 1 or `ray` a pool
+    whose workers serve every pass (`ptq.tuning.shards.TunePool`)."""
+    if workers == 1 and ray is None:
+        return contextlib.nullcontext(InProcess())
+    from ptq.tuning.shards import TunePool
+
+    return TunePool(graph, fit, validation, table.options.input_shapes, workers=workers, ray=ray)
+
+
+def searched_table(state: _State, stats: dict, fit: Samples) -> QuantTable:
+    """The table with each 8-bit activation's range from the per-tensor search (`ptq.calibration.range_search`) on the fit
+    samples."""
+    candidates = candidate_entries(state.graph, stats, state.table.options)
+    chosen, _ = search_ranges(state.graph, candidates, (x for _, x, _ in fit.samples(state.graph)))
+    tensors = dict(state.table.tensors)
+    tensors.update({n: e for n, e in chosen.items() if tensors[n].qparams.bits == state.table.options.bits})
+    return dataclasses.replace(state.table, tensors=tensors)
+
+
+def _depthwise(graph: Graph) -> list:
+    return [n for n in graph.nodes if n.op_type == "Conv" and int(n.attr("group", 1)) > 1]
+
+
+def depthwise_outputs(graph: Graph) -> list[str]:
+    """The tensors the depthwise Convs write once fused: through a single-consumer Relu/Clip to its output."""
+    consumers = graph.consumers()
+    out = []
+    for node in _depthwise(graph):
+        name = node.outputs[0]
+        users = consumers.get(name, [])
+        if len(users) == 1 and users[0].op_type in ("Relu", "Clip") and name not in graph.outputs:
+            name = users[0].outputs[0]
+        out.append(name)
+    return out
+
+
+def depthwise_weights(graph: Graph) -> list[str]:
+    return [n.inputs[1] for n in _depthwise(graph) if len(n.inputs) > 1 and n.inputs[1] in graph.initializers]
+
+
+def with_weight_bits(graph: Graph, table: QuantTable, weights: Sequence[str], bits: int) -> QuantTable:
+    """The table with the listed weights recalibrated at `bits` (same calibrator, granularity, symmetry)."""
+    from ptq.calibration.pipeline import weight_entries
+
+    options = dataclasses.replace(table.options, weight_bits=bits)
+    entries = weight_entries(graph, options)
+    tensors = dict(table.tensors)
+    tensors.update({w: entries[w] for w in weights})
+    floor_weight_scales(graph, tensors, table.options)
+    return dataclasses.replace(table, tensors=tensors)
+
+
+def wide_activations(graph: Graph, table: QuantTable, stats: dict, names: Sequence[str], bits: int = 16) -> QuantTable:
+    """The table with the listed activations at `bits` on their extrema range over `stats`: a range fitted to
+    clip for 8 bits (mse, kld, the search) would keep its clipping error at 16 bits, where rounding costs
+    256 times less and clipping values no fit image reached is the only error left."""
+    from ptq.calibration.pipeline import activation_entries
+
+    options = dataclasses.replace(table.options, calibrator="extrema")
+    entries = activation_entries(graph, stats, options)
+    tensors = dict(table.tensors)
+    tensors.update({n: entries[n] for n in names})
+    return with_bits(dataclasses.replace(table, tensors=tensors), names, bits)
+
+
+def layer_outputs(graph: Graph) -> dict[str, str]:
+    """Weight -> the tensor its layer writes once fused (through a single-consumer Relu/Clip), the name the
+    bottleneck ranking gives the layer."""
+    consumers = graph.consumers()
+    out = {}
+    for node in graph.nodes:
+        for w in node.inputs[1:2]:
+            if w not in graph.initializers:
+                continue
+            name = node.outputs[0]
+            users = consumers.get(name, [])
+            if len(users) == 1 and users[0].op_type in ("Relu", "Clip") and name not in graph.outputs:
+                name = users[0].outputs[0]
+            out[w] = name
+    return out
+
+
+def by_ranking(names: Sequence[str], ranking: Sequence[str], graph: Graph) -> list[str]:
+    """`names` most useful in 16 bits first: by the ranking's position of the tensor (a weight: of its layer's
+    output), activations before weights at equal position, the unranked last in their given order."""
+    position = {n: k for k, n in enumerate(ranking)}
+    layer = layer_outputs(graph)
+
+    def key(item):
+        k, name = item
+        return (position.get(layer.get(name, name), len(position)), name in layer, k)
+
+    return [n for _, n in sorted(enumerate(names), key=key)]
+
+
+def layer_units(graph: Graph, table: QuantTable, ranking: Sequence[str]) -> list[list[str]]:
+    """The layers as 16-bit units, the ranking's order (the unranked last, in graph order): each the tensor
+    the layer writes (its name in the ranking) with the weight of the layer, those of them in `table`."""
+    weight_of = {out: w for w, out in layer_outputs(graph).items()
+                 if w in table.tensors and table.tensors[w].kind == "weight"}
+    names = list(dict.fromkeys(list(ranking) + [n for n, e in table.tensors.items() if e.kind == "activation"]))
+    units = []
+    for name in names:
+        unit = [n for n in (name, weight_of.get(name)) if n is not None and n in table.tensors]
+        if unit:
+            units.append(unit)
+    return units
+
+
+@dataclass
+class _State:
+    table: QuantTable
+    graph: Graph
+    score: Score
+    int16: list[str] = field(default_factory=list)
+    float_layers: list[str] = field(default_factory=list)
+
+
+class _Tuner:
+    """The search of the module docstring over one graph, table and split of the samples."""
+
+    def __init__(self, graph: Graph, table: QuantTable, fit: Samples, validation: Validation, goal: float, z: float,
+                 min_gain: float, passes=None):
+        self.fit, self.validation, self.goal, self.z, self.min_gain = fit, validation, goal, z, min_gain
+        self.passes = passes or InProcess()  # where the passes over the fit samples run (`sample_passes`)
+        self.original = table
+        self.steps: list[TuneStep] = []
+        self._patches: Optional[dict] = None
+        self.stats: Optional[dict] = None  # activation statistics of the fit samples, once collected
+        self.saved: dict = {}  # the entry each 16-bit tensor had before it was widened
+        self.state = _State(table, graph, self.measure(graph, table))
+
+    def measure(self, graph: Graph, table: QuantTable, float_layers: Sequence[str] = ()) -> Score:
+        nodes = float_node_names(prepare(graph, table), list(float_layers)) if float_layers else []
+        return self.validation.cosine(graph, table, nodes)
+
+    def reaches(self, score: Score) -> bool:
+        return score.bound(self.z) >= self.goal
+
+    def done(self) -> bool:
+        return self.reaches(self.state.score)
+
+    def graph_for(self, table: QuantTable, weights: Sequence[str]) -> Graph:
+        """The current graph, its biases re-corrected for `weights` moving to `table`'s grids."""
+        if not weights or not self.original.options.bias_correction:
+            return self.state.graph
+        from ptq.adjust.bias_correction import mean_patches, recorrected_biases
+
+        graph = self.state.graph
+        if self._patches is None:  # the layers' mean input patches on the fit samples, once
+            layers = [n for n in graph.nodes if n.op_type in ("Conv", "Gemm") and len(n.inputs) > 1
+                      and n.inputs[1] in self.original.tensors]
+            self._patches = mean_patches(graph, layers, (x for _, x, _ in self.fit.samples(graph)))
+        biases = recorrected_biases(graph, self.state.table, table, weights, self._patches)
+        return load_model(with_initializers(graph.model, biases), table.options.input_shapes) if biases else graph
+
+    def attempt(self, change: str, table: QuantTable, int16: Sequence[str] = (), float_layers: Sequence[str] = (),
+                weights: Sequence[str] = ()) -> bool:
+        """Measure `table` (whose grids differ from the current one's for `weights`); keep it if it gains."""
+        state = self.state
+        graph = self.graph_for(table, weights)
+        score = self.measure(graph, table, state.float_layers + list(float_layers))
+        gain = score.mean - state.score.mean
+        kept = gain >= self.min_gain
+        self.steps.append(TuneStep(change, score.mean, gain, kept, list(int16), list(float_layers)))
+        logger.info("%s: %.5f (%+.5f)%s", change, score.mean, gain, "" if kept else ", dropped")
+        if kept:
+            self.state = _State(table, graph, score, state.int16 + list(int16), state.float_layers + list(float_layers))
+        return kept
+
+    def widened(self, names: Sequence[str]) -> tuple[QuantTable, list[str]]:
+        """The current table with `names` in 16 bits (activations on their extrema range, see
+        `wide_activations`), and the weights among them."""
+        acts = [n for n in names if self.original.tensors[n].kind == "activation"]
+        weights = [n for n in names if self.original.tensors[n].kind == "weight"]
+        table = self.state.table
+        for n in names:
+            self.saved.setdefault(n, table.tensors[n])
+        if acts:
+            if self.stats is None:
+                self.stats = self.passes.statistics(self.state.graph, self.fit, ["extrema"])
+            table = wide_activations(self.state.graph, table, self.stats, acts)
+        if weights:
+            table = with_weight_bits(self.state.graph, table, weights, 16)
+        return table, weights
+
+    def narrowed(self, names: Sequence[str]) -> tuple[QuantTable, list[str]]:
+        """The current table with `names` back at the entries they had before they were widened, and the
+        weights among them."""
+        tensors = dict(self.state.table.tensors)
+        tensors.update({n: self.saved[n] for n in names})
+        weights = [n for n in names if self.original.tensors[n].kind == "weight"]
+        return dataclasses.replace(self.state.table, tensors=tensors), weights
+
+    def undo(self, label: str, names: list[str]) -> bool:
+        """Put `names` back to the original widths if the validation cosine stays at the goal."""
+        table, weights = self.narrowed(names)
+        graph = self.graph_for(table, weights)
+        score = self.measure(graph, table, self.state.float_layers)
+        kept = self.reaches(score)
+        bits = f"{self.original.options.bits}/{self.original.options.weight_bits}"
+        self.steps.append(TuneStep(f"back to {bits} bits: {label}", score.mean, score.mean - self.state.score.mean, kept))
+        logger.info("%s: %.5f%s", self.steps[-1].change, score.mean, "" if kept else ", kept in 16 bits")
+        if kept:
+            self.state = _State(table, graph, score, [n for n in self.state.int16 if n not in names],
+                                self.state.float_layers)
+        return kept
+
+    def bisect(self, units: Sequence[Sequence[str]], label: str) -> int:
+        """The shortest head of `units` (groups of 16-bit tensors, most useful first) that keeps the goal, the
+        rest back at their entries before widening, by bisection on its length (`high` units reach it, `low`
+        do not: try the middle); returns its length. The current state has every unit in 16 bits; without
+        float layers, no unit did not reach."""
+        low, high = (-1 if self.state.float_layers else 0), len(units)
+        while high - low > 1:
+            mid = (low + high) // 2
+            names = [n for unit in units[mid:high] for n in unit]
+            if self.undo(f"all but the {mid} most useful of {len(units)} {label}", names):
+                high = mid
+            else:
+                low = mid
+        return high
+
+    def shortest_head(self, units: Sequence[Sequence[str]], label: str) -> None:
+        """`bisect`, then up to `REFINE_ROUNDS` times again with the head's last unit moved to the front (after
+        those moved before): with the head one shorter the goal was not reached, so that unit is needed
+        more than its rank says, and a head led by it may be shorter. Each round keeps the state it ends in,
+        which reaches the goal; the rounds stop when the head does not shrink."""
+        units = list(units)
+        high = self.bisect(units, label)
+        for pinned in range(REFINE_ROUNDS):
+            if high - pinned < 2:
+                return
+            order = units[:pinned] + [units[high - 1]] + units[pinned:high - 1]
+            shorter = self.bisect(order, f"{label}, {pinned + 1} moved first")
+            if shorter >= high:
+                return
+            units, high = order, shorter
+
+    def minimize(self, ranking: Sequence[str]) -> None:
+        """Module docstring, item 5: the tensors the steps moved, and the layers, each bisected in the
+        ranking's order; the fewer 16-bit tensors kept."""
+        graph = self.state.graph
+        self.shortest_head([[n] for n in by_ranking(self.state.int16, ranking, graph)], "16-bit tensors")
+        kept = self.state
+        units = layer_units(graph, self.original, ranking)
+        rest = [n for unit in units for n in unit if n not in kept.int16]
+        if len(units) < 2 or not rest:
+            return
+        table, weights = self.widened(rest)
+        graph16 = self.graph_for(table, weights)
+        score = self.measure(graph16, table, kept.float_layers)
+        self.steps.append(TuneStep(f"int16: every layer ({len(units)}), to remove layer by layer", score.mean,
+                                   score.mean - kept.score.mean, self.reaches(score), list(rest)))
+        logger.info("%s: %.5f", self.steps[-1].change, score.mean)
+        if not self.reaches(score):
+            return
+        self.state = _State(table, graph16, score, kept.int16 + rest, kept.float_layers)
+        self.shortest_head(units, "16-bit layers")
+        if len(self.state.int16) >= len(kept.int16):
+            self.state = kept
+            self.steps.append(TuneStep(f"back to the {len(kept.int16)} 16-bit tensors before the layers: fewer",
+                                       kept.score.mean, 0.0, True))
+
+
+def tune(graph: Graph, table: QuantTable, images: Samples, target: float, *, budget_int16: Optional[int] = None,
+         allow_float: int = 0, validation: Optional[Samples] = None, reference: Optional[Graph] = None,
+         validation_fraction: float = DEFAULT_VALIDATION_FRACTION, margin: float = DEFAULT_MARGIN, z: float = DEFAULT_Z,
+         range_calibrators: Sequence[str] = DEFAULT_RANGE_CALIBRATORS, range_search: bool = True,
+         min_gain: float = 1e-5, views: Sequence[str] = DEFAULT_VIEWS, progress: bool = False, workers: int = 1,
+         ray: Optional[str] = None) -> TuneResult:
+    """See the module docstring. `images`: the tuning samples, split into fit and validation parts unless
+    `validation` is given (then all of `images` is fitted on). `reference`: the float model the cosine is
+    measured against (default `graph`; pass the user's model when `graph` holds adjusted weights). `views`: the
+    views (`ptq.data.views`) each validation image enters with (`ptq.tuning.data`: image files only). `progress`: a
+    progress bar per pass over the samples. `workers`, `ray`: where the passes over samples run
+    (`sample_passes`)."""
+    if validation is None:
+        fit, validation = split_samples(images, validation_fraction)
+    else:
+        fit = images
+    check = Validation.create(reference or graph, validation, progress=progress, views=views)
+    with sample_passes(graph, table, fit, check, workers=workers, ray=ray) as passes:
+        return _search(graph, table, fit, dataclasses.replace(check, scorer=passes.scorer), passes, target,
+                       budget_int16=len(table.tensors) if budget_int16 is None else budget_int16,
+                       allow_float=allow_float, margin=margin, z=z,
+                       range_calibrators=range_calibrators, range_search=range_search, min_gain=min_gain,
+                       views=views, progress=progress)
+
+
+def _search(graph: Graph, table: QuantTable, fit: Samples, check: Validation, passes, target: float, *,
+            budget_int16: int, allow_float: int, margin: float, z: float, range_calibrators: Sequence[str],
+            range_search: bool, min_gain: float, views: Sequence[str], progress: bool) -> TuneResult:
+    """`tune` once the samples are split and the passes over them placed."""
+    tuner = _Tuner(graph, table, fit, check, target + margin, z, min_gain, passes)
+    baseline = tuner.state.score
+    logger.info("validation cosine on %d samples (%d photos): %.5f +- %.5f (goal: mean - %g sem >= %.5f)", len(check),
+                check.photos,
+                baseline.mean, baseline.sem, z, tuner.goal)
+    if not tuner.done() and not table.options.per_channel:
+        weights = [n for n, e in table.tensors.items() if e.kind == "weight"]
+        tuner.attempt("per-channel weights", per_channel_weights(graph, tuner.state.table), weights=weights)
+    if not tuner.done() and (range_calibrators or range_search):
+        searched = list(RANGE_SEARCH_CANDIDATES) if range_search else []
+        stats = passes.statistics(tuner.state.graph, fit, list(range_calibrators) + searched + ["extrema"])
+        tuner.stats = stats  # also the extrema ranges of 16-bit activations
+        for name in range_calibrators:
+            if tuner.done():
+                break
+            tuner.attempt(f"activation ranges: {name}", recalibrated(tuner.state.graph, tuner.state.table, stats, name))
+        if range_search and not tuner.done():
+            tuner.attempt("activation ranges: per-tensor search", searched_table(tuner.state, stats, fit))
+    activations = [n for n, e in table.tensors.items() if e.kind == "activation"]
+    weights = [n for n, e in table.tensors.items() if e.kind == "weight"]
+    ranking = []
+    if not tuner.done() and (budget_int16 > 0 or allow_float > 0):  # of the 8-bit layers, on the fit samples
+        ev = passes.evaluate(tuner.state.graph, tuner.state.table, fit, isolated=True,
+                             isolated_images=RANKING_IMAGES, desc="ranking", progress=progress)
+        ranking = [b.name for b in build_report(ev, "", "").bottlenecks]
+
+    def room(names: Sequence[str]) -> bool:
+        return bool(names) and len(tuner.state.int16) + len(names) <= budget_int16 and not tuner.done()
+
+    def widen(label: str, names: Sequence[str]) -> None:
+        table16, moved = tuner.widened(names)
+        tuner.attempt(label, table16, int16=names, weights=moved)
+
+    depthwise = set(depthwise_weights(graph))
+    for label, group in (("all depthwise outputs", [t for t in depthwise_outputs(graph) if t in activations]),
+                         ("every activation", activations),
+                         ("weights of all depthwise Convs", [w for w in weights if w in depthwise]),
+                         ("every other weight", weights)):
+        names = [n for n in group if n not in tuner.state.int16]
+        if room(names):
+            widen(f"int16: {label} ({len(names)})", names)
+    for name in ranking:
+        if tuner.done() or len(tuner.state.int16) >= budget_int16:
+            break
+        if name in activations and name not in tuner.state.int16:
+            widen(f"int16: {name}", [name])
+    for name in ranking:
+        if tuner.done() or len(tuner.state.float_layers) >= allow_float:
+            break
+        if name not in tuner.state.float_layers and name not in graph.inputs:
+            tuner.attempt(f"float: {name}", tuner.state.table, float_layers=[name])
+    if tuner.done() and tuner.state.int16:
+        tuner.minimize(ranking)
+    state = tuner.state
+    nodes = float_node_names(prepare(state.graph, state.table), state.float_layers) if state.float_layers else []
+    tuned = with_float(state.table, state.float_layers)  # the table runs its float layers by itself
+    return TuneResult(tuned, state.graph, baseline, state.score, target, margin, z, check.photos, tuner.steps,
+                      list(state.int16), nodes, views=list(views) if check.groups is not None else [])
