@@ -23,7 +23,6 @@ from ptq.core.qparams import QParams
 from ptq.core.requant import DEFAULT_MBITS
 from ptq.core.roles import BiasRole, WeightRole
 
-from ops.index import OP_MODULES
 
 # `constant(i)`: the value of input i of a node when it is a constant, else None (see OpDef.clip_range)
 ConstantLookup = Callable[[int], Optional[np.ndarray]]
@@ -146,6 +145,14 @@ class OpDef:
         raise NotImplementedError
 
 
+def _op_modules() -> dict[tuple[str, str], str]:
+    # imported on first use, not at the top: `python -m ops.index --write` must run that module fresh, and it is
+    # imported by `ops/__init__.py` through this module otherwise
+    from ops.index import OP_MODULES
+
+    return OP_MODULES
+
+
 class OpRegistry(Mapping):
     """The registered ops by (domain, op_type). Looking an op up imports the module that defines it
     (`ops.index.OP_MODULES`); iterating imports every module of the package first. A model's run thus imports
@@ -163,8 +170,8 @@ class OpRegistry(Mapping):
 
     def __getitem__(self, key: tuple[str, str]) -> OpDef:
         op = self._ops.get(key)
-        if op is None and key in OP_MODULES:
-            importlib.import_module(OP_MODULES[key])
+        if op is None and key in _op_modules():
+            importlib.import_module(_op_modules()[key])
             op = self._ops.get(key)
         if op is None:
             raise KeyError(key)
@@ -207,7 +214,7 @@ def absorbable_ops() -> list[str]:
 
 def is_absorbable(op_type: str) -> bool:
     """`op_type` is one of `absorbable_ops()` (importing only the modules of the ops of that type)."""
-    return any(REGISTRY[key].absorbable for key in OP_MODULES if key[1] == op_type)
+    return any(REGISTRY[key].absorbable for key in _op_modules() if key[1] == op_type)
 
 
 def op_of(node: Node) -> Optional[OpDef]:
