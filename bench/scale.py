@@ -73,7 +73,7 @@ def make_images(folder: Path, count: int) -> Path:
 def one(argv: list[str]) -> None:
     """One configuration in this process: prints a JSON line."""
     kind, images, table, workers, ray, variant = argv[0], argv[1], argv[2], int(argv[3]), argv[4] or None, argv[5]
-    from ptq.parallel.workers import workers as parallel
+    from ptq.parallel import workers as parallel
     from reports import evaluate_shards
 
     if variant in ("threads", "lean"):  # the report workers' helper threads forced on or off (forked workers see it)
