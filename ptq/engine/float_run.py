@@ -19,6 +19,7 @@ import onnx
 from onnx import helper
 
 from ptq.core.graph import Graph, ModelError, Node
+from ptq.engine.threads import session_options
 
 if TYPE_CHECKING:
     from calibrators import TensorStatistics
@@ -68,7 +69,8 @@ class FloatRunner:
     @classmethod
     def create(cls, graph: Graph, tensors: Sequence[str], providers: Optional[list[str]] = None,
                intra_op_threads: Optional[int] = None) -> "FloatRunner":
-        """`intra_op_threads`: onnxruntime's intra-op pool size (None: its default, one thread per core)."""
+        """`intra_op_threads`: onnxruntime's intra-op pool size (None: the usable cores; no spinning either
+        way, `ptq.engine.threads`)."""
         import onnxruntime as ort  # imported lazily: it is slow to import
 
         fixed = None
@@ -80,10 +82,8 @@ class FloatRunner:
                                  "dynamic batch")
             fixed = fixed or batch_dim or None
         tensors = list(dict.fromkeys(tensors))
-        options = ort.SessionOptions()
+        options = session_options(intra_op_threads)
         options.log_severity_level = 3
-        if intra_op_threads is not None:
-            options.intra_op_num_threads = intra_op_threads
         try:
             session = ort.InferenceSession(
                 stats_model(graph, tensors).SerializeToString(),

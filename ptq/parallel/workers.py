@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Protocol, Sequence, Union
 
 from ptq.data.image_log import ImageLog
+from ptq.engine.threads import usable_cores
 
 DEFAULT_POOL_RESTARTS = 3
 # small shards balance the load (the run ends when the last shard does) and re-run little after a crash; a
@@ -386,13 +387,6 @@ def make_runner(job: ShardJob, workers: int, ray: Optional[str] = None):
 
         return RayPool(job, ray)
     return LocalPool(job, workers)
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the OS has one), at least 1."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
 
 
 def choose_workers(requested: Optional[int], images: int) -> int:

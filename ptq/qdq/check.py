@@ -15,6 +15,8 @@ from typing import Optional, Sequence
 import numpy as np
 import onnx
 
+from ptq.engine.threads import session_options
+
 CHECK_SAMPLES = 8  # calibration samples the check runs: enough to see a kernel's saturation, cheap
 TOLERANCE = 0.002
 
@@ -67,7 +69,7 @@ def _ort_errors() -> tuple[type, ...]:
 def _session(model: onnx.ModelProto, optimize: bool):
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
+    options = session_options()
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
