@@ -66,6 +66,12 @@ class QuantizeContext:
     out_qparams: list[Optional[QParams]]  # the calibrated proposal from the quant table, per output
     constants: dict[int, np.ndarray]  # float (or index) values of the constant inputs, by input position
     options: QuantizeOptions = field(default_factory=QuantizeOptions)
+    # static shapes of the inputs, as far as shape inference knows them (None: unknown rank or missing; an
+    # unknown dimension is None): limits a rule can check at prepare (a softmax row's length)
+    in_shapes: list[Optional[tuple]] = field(default_factory=list)
+
+    def in_shape(self, index: int) -> Optional[tuple]:
+        return self.in_shapes[index] if index < len(self.in_shapes) else None
 
 
 @dataclass
