@@ -44,7 +44,7 @@ from ops.linear import (
 )
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.bias import bias_scale, quantize_bias
-from ptq.core.roles import BiasRole, WeightRole
+from ptq.core.roles import BiasRole, BiasSlot, WeightRole
 
 
 @dataclass
@@ -103,6 +103,10 @@ class Gemm(OpDef):
     def bias_role(self, node):
         """C, when present: c_q = beta * c_f / (s_A * s_B[n])."""
         return BiasRole(2, 0, 1) if len(node.inputs) > 2 and node.inputs[2] else None
+
+    def bias_slot(self, node):
+        """C along the output's columns, when beta = 1 (a constant added after the Gemm is then C's share)."""
+        return BiasSlot(2, 1) if float(node.attr("beta", 1.0)) == 1.0 else None
 
     def forward_float(self, node, inputs):
         a, b = (np.asarray(v, dtype=np.float32) for v in inputs[:2])

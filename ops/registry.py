@@ -21,7 +21,7 @@ import numpy as np
 from ptq.core.graph import Node
 from ptq.core.qparams import QParams
 from ptq.core.requant import DEFAULT_MBITS
-from ptq.core.roles import BiasRole, WeightRole
+from ptq.core.roles import BiasRole, BiasSlot, WeightRole
 
 from ops.index import OP_MODULES
 
@@ -100,6 +100,9 @@ class OpDef:
     - `keeps_input_qparams`: the output takes input 0's qparams by rule (data movement, max pooling);
     - `sums_inputs`: the output is an elementwise sum of the inputs (Add, Sub), so inputs and output on one
       scale make the op a plain integer add (the int4-dsp scheme's ShareQuantize, `ptq.int4_dsp`);
+      `sum_signs` the sign each input takes in it ((1, 1) for Add, (1, -1) for Sub);
+    - `bias_slot(node)`: where the op can take a constant per-output-channel bias (Conv, ConvTranspose; Gemm
+      with beta = 1): a constant added after it folds into that bias (`ptq.bias_add_fold`);
     - `is_noop(node)`: the output holds exactly the input's codes (Identity, inference Dropout, a Cast between
       float types): reports name the layer the node feeds instead of giving it a row of its own;
     - `index_outputs(node)`: the outputs that are indices or booleans (int64/bool as in ONNX: Equal, Cast to
@@ -121,12 +124,16 @@ class OpDef:
     absorbs_batchnorm: ClassVar[bool] = False
     keeps_input_qparams: ClassVar[bool] = False
     sums_inputs: ClassVar[bool] = False
+    sum_signs: ClassVar[Optional[tuple[int, ...]]] = None
     lsb_bound: ClassVar[Optional[float]] = None
 
     def weight_role(self, node: Node) -> Optional[WeightRole]:
         return None
 
     def bias_role(self, node: Node) -> Optional[BiasRole]:
+        return None
+
+    def bias_slot(self, node: Node) -> Optional[BiasSlot]:
         return None
 
     def index_outputs(self, node: Node) -> frozenset[int]:
@@ -231,6 +238,12 @@ def bias_role(node: Node) -> Optional[BiasRole]:
     """The int32 bias input of a node, as its op declares it."""
     op = op_of(node)
     return op.bias_role(node) if op is not None else None
+
+
+def bias_slot(node: Node) -> Optional[BiasSlot]:
+    """Where a node can take a constant per-output-channel bias, as its op declares it."""
+    op = op_of(node)
+    return op.bias_slot(node) if op is not None else None
 
 
 def node_label(node: Node) -> str:

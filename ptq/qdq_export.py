@@ -7,7 +7,9 @@
 - Weights are stored quantized (`w_quantized`, integer initializer) + `DequantizeLinear` (with `axis` when
   per-channel) writing `w`.
 - Conv/ConvTranspose/Gemm biases are stored as int32 with `scale = s_in * s_w[c]` (float32 product, as
-  onnxruntime computes it), zero point 0: `b_q = clamp(round_half_even(b / scale), int32)`.
+  onnxruntime computes it), zero point 0: `b_q = clamp(round_half_even(b / scale), int32)`. A per-channel
+  constant added after such a layer is folded into its bias first, as the integer executor does
+  (`ptq.bias_add_fold`): the exported layer has the int32 bias and writes the Add's tensor, the Add is gone.
 
 Float layers: a tensor the table marks float (`"float": true`) has the layer computing it run in float by the
 integer executor: the nodes `ptq.executor.table_float_nodes` names (its producer plus the BatchNormalization
@@ -51,7 +53,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, version_converter
 
+from ptq.bias_add_fold import fold_bias_adds
 from ptq.core.graph import Graph, ModelError
+from ptq.rewrites import copy_graph
 from ptq.executor import table_float_nodes
 from ptq.core.qparams import QParams
 from ptq.quant_table import QuantTable
@@ -265,11 +269,44 @@ def _without_unread_dequantize(nodes: list[onnx.NodeProto], reread: set[str], ou
     return [n for n in nodes if not (n.op_type == "DequantizeLinear" and n.output[0] in reread - read)]
 
 
+def _with_bias_adds_folded(graph: Graph, protected: Container[str]) -> Graph:
+    """A copy of `graph` (IR and model) with the constant adds after its layers folded into their biases, as
+    the integer executor's rewrites fold them (`ptq.bias_add_fold`); nodes in `protected` take no part."""
+    folded = copy_graph(graph)
+    folds = fold_bias_adds(folded, frozenset(protected))
+    if not folds:
+        return graph
+    model = onnx.ModelProto()
+    model.CopyFrom(graph.model)
+    nodes = {node.name: node for node in folded.nodes}
+    adders = {fold.adder for fold in folds}
+    kept = []
+    for proto in model.graph.node:
+        if proto.name in adders:
+            continue
+        if proto.name in nodes and any(f.host == proto.name for f in folds):
+            del proto.input[:]
+            proto.input.extend(nodes[proto.name].inputs)
+            del proto.output[:]
+            proto.output.extend(nodes[proto.name].outputs)
+        kept.append(proto)
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    model.graph.initializer.extend(numpy_helper.from_array(folded.initializers[f.bias], f.bias) for f in folds)
+    removed = {f.removed_tensor for f in folds}
+    info = [v for v in model.graph.value_info if v.name not in removed]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(info)
+    folded.model = model
+    return folded
+
+
 def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = DEFAULT_TARGET) -> onnx.ModelProto:
     """The QDQ model of `graph` with the QParams of `table`, its codes stored for `target` (a name of
     `QDQ_TARGETS`; see the module docstring)."""
     target = get_target(target)
     float_nodes = table_float_nodes(graph, table)
+    graph = _with_bias_adds_folded(graph, float_nodes)
     nodes_by_name = {node.name: node for node in graph.nodes}
     float_weighted = {name for name in float_nodes  # (a node a rewrite created has no weights of the model)
                       if name in nodes_by_name and weight_role(nodes_by_name[name]) is not None}
