@@ -101,6 +101,8 @@ class OpDef:
     - `sums_inputs`: the output is an elementwise sum of the inputs (Add, Sub), so inputs and output on one
       scale make the op a plain integer add (the int4-dsp scheme's ShareQuantize, `ptq.int4_dsp`);
       `sum_signs` the sign each input takes in it ((1, 1) for Add, (1, -1) for Sub);
+    - `joins_along(node)`: the axis along which the op joins its inputs into its output (Concat), None for
+      other ops; calibration gives a join of widely different ranges one grid per part (`ptq.joined_ranges`);
     - `bias_slot(node)`: where the op can take a constant per-output-channel bias (Conv, ConvTranspose; Gemm
       with beta = 1): a constant added after it folds into that bias (`ptq.bias_add_fold`);
     - `is_noop(node)`: the output holds exactly the input's codes (Identity, inference Dropout, a Cast between
@@ -134,6 +136,9 @@ class OpDef:
         return None
 
     def bias_slot(self, node: Node) -> Optional[BiasSlot]:
+        return None
+
+    def joins_along(self, node: Node) -> Optional[int]:
         return None
 
     def index_outputs(self, node: Node) -> frozenset[int]:
