@@ -34,6 +34,7 @@ from ptq.qdq_export import DEFAULT_TARGET, get_target
 from ptq.qdq_output import export_checked, summary_lines, write_model
 from ptq.core.qparams import compute_qparams
 from ptq.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
+from ptq.joined_ranges import separate_joined_parts
 from ptq.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
 from ptq.weight_scale_floor import floor_weight_scales
 from ptq.weight_tensors import weight_tensors
@@ -152,7 +153,8 @@ def collect_image_statistics(
 def activation_entries(
     graph: Graph, stats: dict[str, TensorStatistics], options: CalibrationOptions
 ) -> dict[str, TensorEntry]:
-    """Table entries of the activations from their statistics."""
+    """Table entries of the activations from their statistics; a join of widely different ranges that ends in
+    a graph output keeps one grid per part (`ptq.joined_ranges`)."""
     calibrator = get_calibrator(options.calibrator).for_grid(options.symmetric)
     bounds = folded_ranges(graph) if options.fold_clip else {}
     entries = {}
@@ -167,6 +169,8 @@ def activation_entries(
         qp = compute_qparams(rmin, rmax, options.bits, symmetric=options.symmetric, narrow=options.narrow,
                              pow2=options.pow2)
         entries[name] = TensorEntry("activation", calibrator.spelling, rmin, rmax, qp)
+    for join in separate_joined_parts(graph, entries, options):
+        logging.getLogger("ptq.pipeline").info("%s", join.why)
     return entries
 
 
@@ -210,7 +214,7 @@ def align_with_integer_graph(graph: Graph, table: QuantTable) -> list[str]:
         qp = final.get(name)
         if entry.kind == "activation" and qp is not None and qp != entry.qparams:
             lo, hi = qp.real_range()
-            table.tensors[name] = TensorEntry("activation", entry.calibrator, lo, hi, qp)
+            table.tensors[name] = TensorEntry("activation", entry.calibrator, lo, hi, qp, why=entry.why)
             changed.append(name)
     return changed
 

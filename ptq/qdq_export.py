@@ -1,7 +1,8 @@
 """Export a QDQ ONNX model from a graph and its quantization table (onnxruntime runs it).
 
 - Every activation `t` in the table: the producer now writes `t_prequant`, then
-  `QuantizeLinear -> DequantizeLinear` writes `t` again, so downstream nodes and graph outputs keep their
+  `QuantizeLinear -> DequantizeLinear` (per axis for a per-channel entry: a join of widely different ranges,
+  `ptq.joined_ranges`) writes `t` again, so downstream nodes and graph outputs keep their
   names and see the fake-quantized value `DQ(Q(t))`. A graph input gets its chain at the start and its
   consumers are rewired to `t_dq`.
 - Weights are stored quantized (`w_quantized`, integer initializer) + `DequantizeLinear` (with `axis` when
@@ -133,8 +134,9 @@ class _Builder:
                                 domain=self.domain(qp_dtype), **kwargs)
 
     def qdq_chain(self, source: str, out: str, qp: QParams, stored: QParams) -> list[onnx.NodeProto]:
-        """[Clip ->] QuantizeLinear -> DequantizeLinear from `source` to `out` (per-tensor activation on the grid
-        `qp`, stored as `stored`: the same codes up to a shift, so the Clip is decided on `qp`)."""
+        """[Clip ->] QuantizeLinear -> DequantizeLinear from `source` to `out` (an activation on the grid `qp`,
+        per tensor or per axis, stored as `stored`: the same codes up to a shift, so the Clip is decided on `qp`;
+        a per-axis grid fills its container, so it needs no Clip)."""
         nodes = []
         scale, zp = self.scale_zp(out, stored)
         x = source
@@ -145,9 +147,10 @@ class _Builder:
             x = self.name(f"{out}_clipped")
             nodes.append(helper.make_node("Clip", [source, lo_name, hi_name], [x], name=self.name(f"{out}_Clip")))
         quantized = self.name(f"{out}_quantized")
+        axis = {} if stored.axis is None else {"axis": int(stored.axis)}
         nodes.append(helper.make_node("QuantizeLinear", [x, scale, zp], [quantized],
-                                      name=self.name(f"{out}_QuantizeLinear"), domain=self.domain(stored.dtype)))
-        nodes.append(self.dequantize(quantized, scale, zp, out, stored.dtype, None))
+                                      name=self.name(f"{out}_QuantizeLinear"), domain=self.domain(stored.dtype), **axis))
+        nodes.append(self.dequantize(quantized, scale, zp, out, stored.dtype, stored.axis))
         self.chains[out] = (quantized, stored)
         return nodes
 
@@ -324,8 +327,9 @@ def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = 
     for name, qp in activations.items():
         if graph.tensors[name].dtype != np.float32:
             raise ModelError(f"QDQ export supports float32 activations; {name!r} is {graph.tensors[name].dtype}")
-        if qp.axis is not None:
-            raise ModelError(f"activation {name!r} has per-channel QParams; QDQ export quantizes activations per tensor")
+        if qp.axis is not None and (qp.qmin, qp.qmax) != _container_range(qp):
+            raise ModelError(f"activation {name!r} has per-channel QParams narrower than their container; QDQ "
+                             "export quantizes such activations per tensor only")
     stored = {name: stored_qparams(qp, target.unsigned_activations) for name, qp in activations.items()}
 
     head, input_rename = list(weight_nodes), {}
