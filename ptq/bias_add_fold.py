@@ -7,7 +7,8 @@ is left (the layer's raw output no longer exists).
     ->  z = host(x, W, b'),  b'[k] = b[k] + sign * c[k]     (b = 0 when the host has none)
 
 when the host can take a bias (`OpDef.bias_slot`: the bias input and the output axis its values run along,
-channel axis 1 for Conv/ConvTranspose, columns for a Gemm with beta = 1), the adder is an op whose
+channel axis 1 for Conv/ConvTranspose, columns for a Gemm with beta = 1, the last axis for a MatMul, whose
+bias input exists only in ptq's integer graph) and has a constant weight, the adder is an op whose
 `sum_signs` give y the sign +1 (Add, Sub), `c` is a constant whose broadcast to y's shape varies only along the
 bias axis (shapes [C,1,1], [1,C,1,1], [1] for a Conv's NCHW output; [N], [1,N] for a Gemm's; a [C] on a 4-D
 output broadcasts along W and is no bias), and y feeds nothing else and is no graph output. Exact in float
@@ -22,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from ops.registry import bias_slot, op_of
+from ops.registry import bias_slot, op_of, weight_role
 from ptq.core.graph import Graph, Node
 from ptq.graph_edit import drop_activation, make_constant, single_consumer, unique_name
 
@@ -75,6 +76,9 @@ def bias_add_after(graph: Graph, host: Node, consumers: dict[str, list[Node]]) -
     if slot is None or not host.outputs or not single_consumer(graph, consumers, host.outputs[0]):
         return None
     if "activation" in host.attrs:  # a fused activation comes after the bias: c would land after the clamp
+        return None
+    role = weight_role(host)  # a bias is quantized on s_x * s_w: the layer needs a constant weight
+    if role is None or len(host.inputs) <= role.input_index or host.inputs[role.input_index] not in graph.initializers:
         return None
     present = len(host.inputs) > slot.input_index and host.inputs[slot.input_index]
     if present and host.inputs[slot.input_index] not in graph.initializers:

@@ -60,7 +60,7 @@ from ptq.rewrites import copy_graph
 from ptq.executor import table_float_nodes
 from ptq.core.qparams import QParams
 from ptq.quant_table import QuantTable
-from ops.registry import bias_role, weight_role
+from ops.registry import bias_role, bias_slot, weight_role
 from ptq.core.bias import bias_scale, quantize_bias
 from ptq.qdq_targets import DEFAULT_TARGET, QDQTarget, get_target
 
@@ -274,7 +274,9 @@ def _without_unread_dequantize(nodes: list[onnx.NodeProto], reread: set[str], ou
 
 def _with_bias_adds_folded(graph: Graph, protected: Container[str]) -> Graph:
     """A copy of `graph` (IR and model) with the constant adds after its layers folded into their biases, as
-    the integer executor's rewrites fold them (`ptq.bias_add_fold`); nodes in `protected` take no part."""
+    the integer executor's rewrites fold them (`ptq.bias_add_fold`); nodes in `protected` take no part. A
+    layer whose ONNX op has no bias input (MatMul) keeps an Add of its int32 bias right after it, with no
+    Q/DQ pair between: the sum the integer graph computes in its accumulator."""
     folded = copy_graph(graph)
     folds = fold_bias_adds(folded, frozenset(protected))
     if not folds:
@@ -282,12 +284,19 @@ def _with_bias_adds_folded(graph: Graph, protected: Container[str]) -> Graph:
     model = onnx.ModelProto()
     model.CopyFrom(graph.model)
     nodes = {node.name: node for node in folded.nodes}
-    adders = {fold.adder for fold in folds}
+    by_host = {fold.host: fold for fold in folds}
+    by_adder = {fold.adder: fold for fold in folds if bias_slot(nodes[fold.host]).in_onnx}
+    unfused = {fold.adder: fold for fold in folds if not bias_slot(nodes[fold.host]).in_onnx}
     kept = []
     for proto in model.graph.node:
-        if proto.name in adders:
+        if proto.name in by_adder:
             continue
-        if proto.name in nodes and any(f.host == proto.name for f in folds):
+        if proto.name in unfused:  # host(x) + bias: the adder now adds the folded int32 bias
+            fold = unfused[proto.name]
+            proto.op_type = "Add"
+            del proto.input[:]
+            proto.input.extend([fold.removed_tensor, fold.bias])
+        elif proto.name in by_host and proto.name not in {f.host for f in unfused.values()}:
             del proto.input[:]
             proto.input.extend(nodes[proto.name].inputs)
             del proto.output[:]

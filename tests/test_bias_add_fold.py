@@ -176,3 +176,48 @@ def test_qdq_export_writes_the_folded_layer():
     x = _samples(1)
     integer = prepare(graph, result.table).run({"x": x}).outputs["y"]
     np.testing.assert_allclose(_ort(qdq, {"x": x})[0], integer, atol=2 * float(result.table.qparams("y").scale[0]))
+
+
+def _matmul_add(c_shape, adder="Add"):
+    """x [1, T, 16] @ W [16, C] + c: a linear layer over a sequence (a recognizer's classifier)."""
+    rng = np.random.default_rng(5)
+    init = {"W": rng.normal(0, 0.3, (16, C)), "c": rng.uniform(-1, 1, c_shape)}
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"], name="matmul"),
+             helper.make_node(adder, ["mm", "c"], ["y"], name="add")]
+    return _model(nodes, [("x", [1, 6, 16])], [("y", [1, 6, C])], init)
+
+
+@pytest.mark.parametrize("c_shape, adder", [((C,), "Add"), ((1, C), "Sub"), ((1, 1, C), "Add")])
+def test_constant_add_after_matmul_becomes_its_bias(c_shape, adder):
+    model = _matmul_add(c_shape, adder)
+    graph, log = _rewritten(model)
+    [fold] = log.bias_adds
+    matmul = next(n for n in graph.nodes if n.name == "matmul")
+    assert matmul.inputs[2] == fold.bias and matmul.outputs == ["y"]
+    x = np.random.default_rng(6).normal(0, 1, (16, 6, 16)).astype(np.float32)
+    table = calibrate(model, x, write_qdq=False).table
+    integer = prepare(load_model(model), table)
+    [step] = [s for s in integer.steps if s.kind is NodeKind.INTEGER]
+    c = np.broadcast_to(_constant(model).reshape(-1), C) * (1 if adder == "Add" else -1)
+    s_b = np.float32(table.qparams("x").scale[0]) * table.qparams("W").scale.astype(np.float32)
+    np.testing.assert_array_equal(step.quantized.bias, np.rint(c / s_b.astype(np.float64)))
+    expected = _ort(model, {"x": x[:1]})[0]
+    y = integer.run({"x": x[:1]}).outputs["y"]
+    step_y = float(table.qparams("y").scale[0])
+    assert np.abs(y - expected).max() <= 2 * step_y
+    # QDQ: MatMul has no bias input in ONNX, so the int32 bias is added right after it, with no Q/DQ between
+    qdq = export_qdq(load_model(model), table)
+    add = next(n for n in qdq.graph.node if n.name == "add")
+    assert add.op_type == "Add" and add.input[0] == "mm"
+    assert not any(n.op_type == "QuantizeLinear" and n.input[0] == "mm" for n in qdq.graph.node)
+    bias_dq = next(n for n in qdq.graph.node if n.output[0] == add.input[1])
+    assert bias_dq.op_type == "DequantizeLinear"
+    np.testing.assert_allclose(_ort(qdq, {"x": x[:1]})[0], y, atol=1.01 * step_y)
+
+
+def test_matmul_of_two_activations_keeps_its_add():
+    rng = np.random.default_rng(7)
+    nodes = [helper.make_node("MatMul", ["x", "z"], ["mm"], name="matmul"),
+             helper.make_node("Add", ["mm", "c"], ["y"], name="add")]
+    model = _model(nodes, [("x", [1, 6, 16]), ("z", [1, 16, C])], [("y", [1, 6, C])], {"c": rng.uniform(-1, 1, C)})
+    assert _rewritten(model)[1].bias_adds == []

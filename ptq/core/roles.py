@@ -34,3 +34,4 @@ class BiasSlot:
 
     input_index: int
     output_axis: int
+    in_onnx: bool = True  # the ONNX op has that input (Conv, Gemm); False: only ptq's integer graph (MatMul)
