@@ -221,3 +221,22 @@ def test_matmul_of_two_activations_keeps_its_add():
              helper.make_node("Add", ["mm", "c"], ["y"], name="add")]
     model = _model(nodes, [("x", [1, 6, 16]), ("z", [1, 16, C])], [("y", [1, 6, C])], {"c": rng.uniform(-1, 1, C)})
     assert _rewritten(model)[1].bias_adds == []
+
+
+def test_constant_add_after_conv_transpose_becomes_its_bias():
+    # a DBNet-style upsampling head: ConvTranspose (stride 2) -> Add(c [1, C, 1, 1])
+    rng = np.random.default_rng(8)
+    init = {"W": rng.normal(0, 0.3, (3, C, 2, 2)), "c": rng.uniform(-1, 1, (1, C, 1, 1))}
+    nodes = [helper.make_node("ConvTranspose", ["x", "W"], ["up"], name="up", strides=[2, 2]),
+             helper.make_node("Add", ["up", "c"], ["y"], name="add")]
+    model = _model(nodes, [("x", [1, 3, 8, 8])], [("y", [1, C, 16, 16])], init)
+    [fold] = _rewritten(model)[1].bias_adds
+    assert fold.host == "up"
+    x = _samples(8)[:, :, :8, :8].copy()
+    table = calibrate(model, x, write_qdq=False).table
+    integer = prepare(load_model(model), table)
+    assert [s.node.name for s in integer.steps if s.kind is NodeKind.INTEGER] == ["up"]
+    y, ref = integer.run({"x": x[:1]}).outputs["y"], _ort(model, {"x": x[:1]})[0]
+    assert np.abs(y - ref).max() <= 2 * float(table.qparams("y").scale[0])
+    np.testing.assert_allclose(_ort(export_qdq(load_model(model), table), {"x": x[:1]})[0], y,
+                               atol=1.01 * float(table.qparams("y").scale[0]))
