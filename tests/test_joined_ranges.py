@@ -5,14 +5,13 @@ channel along the concat axis) and the score rows keep cosine >= 0.99 in the int
 in onnxruntime. Behind a Transpose, the joined tensor goes to 16 bits instead."""
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from bench.models.yolo_head import BOXES, CLASSES, PATHS, build, images as _images
 from ptq.core.graph import load_model
 from ptq.core.qparams import compute_qparams
 from ptq.executor import NodeKind, prepare
@@ -20,58 +19,17 @@ from ptq.pipeline import calibrate
 from ptq.qdq_export import export_qdq
 from ptq.quant_table import QuantTable, TensorEntry, load_quant_table, save_quant_table
 
-H, W = 42, 50  # 2100 anchors
-BOXES, CLASSES = 4, 18
 
 
-def _yolo_head(transpose: bool = False, opset: int = 17) -> onnx.ModelProto:
-    """image -> Conv 3x3 + Relu (16 ch) -> box branch: Conv 1x1 -> Sigmoid -> Mul 320 (pixels, 0..320);
-    score branch: Conv 1x1 (bias -5: most anchors score ~0.01, under 1% above 0.25, peaks near 1) -> Sigmoid (0..1) -> each Reshape to [1, rows, 2100]
-    -> Concat(axis 1) -> [1, 22, 2100] (-> Transpose to [1, 2100, 22])."""
-    rng = np.random.default_rng(0)
-    init = {
-        "w_stem": rng.normal(0, 0.4, (16, 3, 3, 3)), "b_stem": rng.uniform(-0.2, 0.2, 16),
-        "w_box": rng.normal(0, 0.3, (BOXES, 16, 1, 1)), "b_box": np.zeros(BOXES),
-        "w_cls": rng.normal(0, 0.5, (CLASSES, 16, 1, 1)), "b_cls": np.full(CLASSES, -5.0),
-        "pixels": np.array(320.0), "box_shape": np.array([1, BOXES, H * W], np.int64),
-        "cls_shape": np.array([1, CLASSES, H * W], np.int64),
-    }
-    nodes = [
-        helper.make_node("Conv", ["image", "w_stem", "b_stem"], ["stem"], name="stem", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["stem"], ["feat"], name="stem_relu"),
-        helper.make_node("Conv", ["feat", "w_box", "b_box"], ["box_logit"], name="box_conv"),
-        helper.make_node("Sigmoid", ["box_logit"], ["box_unit"], name="box_sigmoid"),
-        helper.make_node("Mul", ["box_unit", "pixels"], ["box_px"], name="box_scale"),
-        helper.make_node("Reshape", ["box_px", "box_shape"], ["boxes"], name="box_flat"),
-        helper.make_node("Conv", ["feat", "w_cls", "b_cls"], ["cls_logit"], name="cls_conv"),
-        helper.make_node("Sigmoid", ["cls_logit"], ["cls_score"], name="cls_sigmoid"),
-        helper.make_node("Reshape", ["cls_score", "cls_shape"], ["scores"], name="cls_flat"),
-        helper.make_node("Concat", ["boxes", "scores"], ["joined"], name="head_concat", axis=1),
-    ]
-    out_shape = [1, BOXES + CLASSES, H * W]
-    if transpose:
-        nodes.append(helper.make_node("Transpose", ["joined"], ["output"], name="head_transpose", perm=[0, 2, 1]))
-        out_name, out_shape = "output", [1, H * W, BOXES + CLASSES]
-    else:
-        out_name = "joined"
-    graph = helper.make_graph(
-        nodes, "yolo_head", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, H, W])],
-        [helper.make_tensor_value_info(out_name, TensorProto.FLOAT, out_shape)],
-        [numpy_helper.from_array(np.asarray(v, dtype=v.dtype if v.dtype == np.int64 else np.float32), k)
-         for k, v in init.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+def _yolo_head(transpose: bool = False) -> onnx.ModelProto:
+    """The committed YOLOv8-style head (bench/models/yolo_head.py: 4 pixel box rows, 18 sigmoid score rows,
+    Concat on axis 1 into [1, 22, 2100]; `transpose`: then [1, 2100, 22])."""
+    return onnx.load(PATHS[transpose])
 
 
-def _images(n: int, seed: int) -> np.ndarray:
-    """Dim noise with three bright blocks per image (the 'objects')."""
-    rng = np.random.default_rng(seed)
-    x = rng.normal(0, 0.3, (n, 3, H, W))
-    for k in range(n):
-        for _ in range(3):
-            r, c = rng.integers(0, H - 8), rng.integers(0, W - 8)
-            h, w = rng.integers(4, 9, 2)
-            x[k, :, r:r + h, c:c + w] += rng.uniform(-2.5, 2.5, (3, 1, 1))
-    return x.astype(np.float32)
+def test_committed_models_are_the_build_scripts():
+    for transpose in (False, True):
+        assert _yolo_head(transpose).SerializeToString() == build(transpose).SerializeToString()
 
 
 def _ort(model: onnx.ModelProto, image: np.ndarray) -> np.ndarray:
@@ -167,6 +125,6 @@ def test_similar_ranges_and_inner_joins_keep_one_grid():
     inner = _yolo_head()
     inner.graph.node.append(helper.make_node("Relu", ["joined"], ["relu_out"], name="after"))
     del inner.graph.output[:]
-    inner.graph.output.append(helper.make_tensor_value_info("relu_out", TensorProto.FLOAT, [1, 22, H * W]))
+    inner.graph.output.append(helper.make_tensor_value_info("relu_out", TensorProto.FLOAT, [1, 22, 2100]))
     table = calibrate(inner, _images(4, 1), write_qdq=False).table
     assert table.tensors["joined"].qparams.axis is None and table.tensors["joined"].qparams.bits == 8
