@@ -104,7 +104,8 @@ class OpDef:
     - `joins_along(node)`: the axis along which the op joins its inputs into its output (Concat), None for
       other ops; calibration gives a join of widely different ranges one grid per part (`ptq.joined_ranges`);
     - `bias_slot(node)`: where the op can take a constant per-output-channel bias (Conv, ConvTranspose; Gemm
-      with beta = 1): a constant added after it folds into that bias (`ptq.bias_add_fold`);
+      with beta = 1; MatMul, in ptq's integer graph only): a constant added after it folds into that bias
+      (`ptq.bias_add_fold`);
     - `is_noop(node)`: the output holds exactly the input's codes (Identity, inference Dropout, a Cast between
       float types): reports name the layer the node feeds instead of giving it a row of its own;
     - `index_outputs(node)`: the outputs that are indices or booleans (int64/bool as in ONNX: Equal, Cast to

@@ -1,4 +1,4 @@
-"""A per-channel constant added after a Conv/ConvTranspose/Gemm is the layer's bias (issue 24: Paddle exports
+"""A per-channel constant added after a Conv/ConvTranspose/Gemm/MatMul is the layer's bias (issue 24: Paddle exports
 put 75 of a text detector's 83 Conv biases in an `Add` after a bias-less Conv). Folded, the layer's bias takes
 the int32 bias path (b_q = b / (s_x * s_w[c])), bias correction corrects it, and one requantized tensor less
 is left (the layer's raw output no longer exists).
@@ -10,8 +10,8 @@ when the host can take a bias (`OpDef.bias_slot`: the bias input and the output 
 channel axis 1 for Conv/ConvTranspose, columns for a Gemm with beta = 1, the last axis for a MatMul, whose
 bias input exists only in ptq's integer graph) and has a constant weight, the adder is an op whose
 `sum_signs` give y the sign +1 (Add, Sub), `c` is a constant whose broadcast to y's shape varies only along the
-bias axis (shapes [C,1,1], [1,C,1,1], [1] for a Conv's NCHW output; [N], [1,N] for a Gemm's; a [C] on a 4-D
-output broadcasts along W and is no bias), and y feeds nothing else and is no graph output. Exact in float
+bias axis (shapes [C,1,1], [1,C,1,1], [1] for a Conv's NCHW output; [N], [1,N] for a Gemm's or a MatMul's; a
+[C] on a 4-D output broadcasts along W and is no bias), and y feeds nothing else and is no graph output. Exact in float
 (up to float32 rounding of b + c).
 
 Ops are told apart by the registry's facts, never by their type names.
@@ -45,8 +45,7 @@ class BiasAdd:
     adder: Node
     constant: str  # the adder's constant input
     sign: int  # the sign c takes in the sum
-    axis: int  # the axis of the host's output the bias runs along (non-negative)
-    channels: int
+    channels: int  # the host's output channels (along its bias axis)
 
     def folded_bias(self, graph: Graph) -> np.ndarray:
         """The host's bias once c is folded in: b + sign * c, one value per output channel (float64)."""
@@ -104,7 +103,7 @@ def bias_add_after(graph: Graph, host: Node, consumers: dict[str, list[Node]]) -
     full = (1,) * (len(shape) - c.ndim) + tuple(c.shape)
     if any(d != 1 for a, d in enumerate(full) if a != axis) or full[axis] not in (1, shape[axis]):
         return None
-    return BiasAdd(host, adder, other, int(op.sum_signs[1 - position]), axis, shape[axis])
+    return BiasAdd(host, adder, other, int(op.sum_signs[1 - position]), shape[axis])
 
 
 def fold_bias_adds(graph: Graph, protected: frozenset = frozenset()) -> list[BiasAddFold]:

@@ -26,8 +26,8 @@ class ResolvedLayer:
 def absorbed_names(rewrites: RewriteLog) -> dict[str, str]:
     """Names the rewrites removed -> the node of the rewritten graph that absorbed them: a BatchNormalization
     folded into its Conv, a constant Add folded into its layer's bias and a Relu/Clip/LeakyRelu fused into its
-    Conv/Gemm, each by the removed node's name
-    and by the tensor the host produced before (e.g. a Conv's raw output, now internal to Conv+Clip)."""
+    Conv/Gemm, each by the removed node's name and by the tensor the host produced before (e.g. a Conv's raw
+    output, now internal to Conv+Clip)."""
     hosts = {}
     for fold in rewrites.batchnorm_folds:
         hosts[fold.batchnorm] = hosts[fold.removed_tensor] = fold.conv

@@ -10,9 +10,9 @@
    channel c:
        k_c = gamma_c / sqrt(var_c + eps),  W'_c = W_c * k_c,  b'_c = (b_c - mean_c) * k_c + beta_c
    The Conv then produces the BatchNormalization's output tensor.
-2b. `fold_bias_adds` (`ptq.bias_add_fold`): a per-channel constant added after a Conv/ConvTranspose/Gemm
-   (`Conv -> Add(c)`, c of shape [C,1,1], [1,C,1,1], ...) becomes the layer's bias; the layer then produces
-   the Add's output tensor.
+2b. `fold_bias_adds` (`ptq.bias_add_fold`): a per-channel constant added after a Conv/ConvTranspose/Gemm/
+   MatMul with a constant weight (`Conv -> Add(c)`, c of shape [C,1,1], [1,C,1,1], ...; [N] after a MatMul)
+   becomes the layer's bias (`OpDef.bias_slot`); the layer then produces the Add's output tensor.
 3. `fuse_activations`: an absorbable activation (`OpDef.absorbable`: Relu, Clip with constant bounds,
    LeakyRelu) whose input is the output of an op that absorbs activations (`OpDef.absorbs_activation`:
    Conv, Gemm) with no other consumer is fused into that node with onnxruntime's FusedConv attributes
