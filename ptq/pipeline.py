@@ -88,6 +88,7 @@ class CalibrationResult:
             f"({self.table.options.calibrator}, {self._activation_bits()}), "
             f"{self.weights_quantized} weights ({self.table.options.weight_calibrator}, "
             f"{self.table.options.weight_bits}-bit, {'per-channel' if self.table.options.per_channel else 'per-tensor'})",
+            *(f"own grid for {name!r}: {entry.why}" for name, entry in self.table.tensors.items() if entry.why),
             f"time: {self.seconds:.1f} s",
         ]
         if self.table_path is not None:

@@ -49,9 +49,18 @@ def _score_cosine(y: np.ndarray, ref: np.ndarray, transposed: bool = False) -> f
 
 
 @pytest.fixture(scope="module")
-def head():
+def calibrated():
     model = _yolo_head()
-    return model, calibrate(model, _images(8, 1), write_qdq=False).table
+    return model, calibrate(model, _images(8, 1), write_qdq=False)
+
+
+@pytest.fixture(scope="module")
+def head(calibrated):
+    return calibrated[0], calibrated[1].table
+
+
+def test_calibrate_says_which_grid_it_chose(calibrated):
+    assert "own grid for 'joined': Concat 'head_concat' joins parts whose ranges differ" in calibrated[1].summary()
 
 
 def test_scores_are_realistic(head):
