@@ -4,7 +4,8 @@
     python bench/joined_ranges.py --calib 32 --eval 50
 
 The model is bench/models/yolo_head.onnx (4 box rows in pixels, 0..320, and 18 sigmoid score rows concatenated
-on axis 1 into [1, 22, 2100]); `--transpose` takes yolo_head_t.onnx (then Transposed to [1, 2100, 22]).
+on axis 1 into [1, 22, 2100]); `--transpose` takes yolo_head_t.onnx (then Transposed to [1, 2100, 22]: the
+per-part grids follow the channels to axis 2).
 On the same arrays (`bench/models/yolo_head.images`), one row each:
 
 - ptq, integer run: `ptq calibrate` defaults (its output gets one grid per part, `ptq.joined_ranges`);

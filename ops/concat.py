@@ -74,7 +74,8 @@ class Concat(OpDef):
     op_type = "Concat"
     lsb_bound = 0.51  # 0.5 + |y_q - zp_y| * 2^-(mbits-1) or less, 8-bit
     section = "4.12"
-    int_types = "int8/uint8/int16/uint16 -> int8/uint8/int16/uint16 (per tensor, or per channel along the axis)"
+    int_types = "int8/uint8/int16/uint16 -> int8/uint8/int16/uint16"
+    granularity = "per-tensor; output per channel along the axis"
 
     def joins_along(self, node):
         return int(node.attr("axis")) if node.attr("axis") is not None else None

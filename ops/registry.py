@@ -69,9 +69,13 @@ class QuantizeContext:
     # static shapes of the inputs, as far as shape inference knows them (None: unknown rank or missing; an
     # unknown dimension is None): limits a rule can check at prepare (a softmax row's length)
     in_shapes: list[Optional[tuple]] = field(default_factory=list)
+    out_shapes: list[Optional[tuple]] = field(default_factory=list)
 
     def in_shape(self, index: int) -> Optional[tuple]:
         return self.in_shapes[index] if index < len(self.in_shapes) else None
+
+    def out_shape(self, index: int) -> Optional[tuple]:
+        return self.out_shapes[index] if index < len(self.out_shapes) else None
 
 
 @dataclass
@@ -103,6 +107,9 @@ class OpDef:
       `sum_signs` the sign each input takes in it ((1, 1) for Add, (1, -1) for Sub);
     - `joins_along(node)`: the axis along which the op joins its inputs into its output (Concat), None for
       other ops; calibration gives a join of widely different ranges one grid per part (`ptq.joined_ranges`);
+    - `moved_axis(node, axis, in_shape, out_shape)`: for an op that only moves codes (`keeps_input_qparams`),
+      the output axis that holds input 0's `axis` whole, so a per-channel grid follows it (Transpose, Reshape);
+      None when the channels do not stay whole along one axis;
     - `bias_slot(node)`: where the op can take a constant per-output-channel bias (Conv, ConvTranspose; Gemm
       with beta = 1; MatMul, in ptq's integer graph only): a constant added after it folds into that bias
       (`ptq.bias_add_fold`);
@@ -140,6 +147,9 @@ class OpDef:
         return None
 
     def joins_along(self, node: Node) -> Optional[int]:
+        return None
+
+    def moved_axis(self, node: Node, axis: int, in_shape: Optional[tuple], out_shape: Optional[tuple]) -> Optional[int]:
         return None
 
     def index_outputs(self, node: Node) -> frozenset[int]:

@@ -8,13 +8,15 @@ inputs along an axis (`OpDef.joins_along`: Concat) joins activations whose range
 RANGE_RATIO, and its output reaches a graph output either directly or through ops that only move codes
 (`OpDef.keeps_input_qparams`: Reshape, Transpose, Flatten, ...; each with that one consumer):
 
-- the output is itself a graph output with no other consumer, and every part's size along the axis is static:
-  **one grid per part**, a per-channel activation entry along the join axis whose channels take their part's
-  range (a constant part its own per-channel range). Calibrated alike, a part's channels get the part's own
-  grid, so the integer Concat copies its codes (`ops.concat`), and the QDQ model quantizes the output per axis;
-- otherwise (a chain of code-moving ops after the join, or unknown sizes): **16 bits** for the joined tensor
-  and the chain after it, over the join's calibrated range (2^16 steps: a part 1/256 of the range keeps the
-  resolution an 8-bit grid of its own would give it).
+- every part's size along the axis is static and every op of the chain keeps the channels whole along one
+  axis (`OpDef.moved_axis`: Transpose, Reshape, Flatten, ...): **one grid per part**, a per-channel activation
+  entry along the join axis whose channels take their part's range (a constant part its own per-channel
+  range), and the same grid on each tensor of the chain along the axis its channels moved to. Calibrated
+  alike, a part's channels get the part's own grid, so the integer Concat copies its codes (`ops.concat`),
+  the chain moves them (`ops.layout`), and the QDQ model quantizes those tensors per axis;
+- otherwise (unknown sizes, or a Split/Slice in the chain): **16 bits** for the joined tensor and the chain
+  after it, over the join's calibrated range (2^16 steps: a part 1/256 of the range keeps the resolution an
+  8-bit grid of its own would give it).
 
 Each changed entry says why in its `why` field. Joins inside the network (FPN concats feeding a Conv) keep
 the calibrator's grid: their consumers need one per-tensor grid.
@@ -49,9 +51,9 @@ def _width(entry: TensorEntry) -> float:
     return float(np.max(entry.max) - np.min(entry.min))
 
 
-def _chain_to_output(graph: Graph, consumers: dict[str, list[Node]], tensor: str) -> Optional[list[str]]:
-    """The tensors after `tensor` up to a graph output through single-consumer code-moving ops ([] when
-    `tensor` is itself a graph output with no consumer), or None when it does not end there."""
+def _chain_to_output(graph: Graph, consumers: dict[str, list[Node]], tensor: str) -> Optional[list[Node]]:
+    """The single-consumer code-moving nodes after `tensor` up to a graph output ([] when `tensor` is itself a
+    graph output with no consumer), or None when it does not end there."""
     chain = []
     while True:
         users = consumers.get(tensor, [])
@@ -64,7 +66,19 @@ def _chain_to_output(graph: Graph, consumers: dict[str, list[Node]], tensor: str
         if op is None or not op.keeps_input_qparams or len(outputs) != 1 or users[0].inputs[0] != tensor:
             return None
         tensor = outputs[0]
-        chain.append(tensor)
+        chain.append(users[0])
+
+
+def _moved_axes(graph: Graph, chain: list[Node], axis: int) -> Optional[list[int]]:
+    """The axis holding the joined channels on each tensor of the chain, or None where an op cuts them."""
+    axes = []
+    for node in chain:
+        shapes = [graph.tensors[n].shape if n in graph.tensors else None for n in (node.inputs[0], node.outputs[0])]
+        moved = op_of(node).moved_axis(node, axis, *shapes)
+        if moved is None:
+            return None
+        axes.append(axis := moved)
+    return axes
 
 
 def _static_sizes(graph: Graph, node: Node, axis: int) -> Optional[list[int]]:
@@ -117,20 +131,24 @@ def separate_joined_parts(graph: Graph, entries: dict[str, TensorEntry],
         ratio = max(widths) / min(widths)
         joined = entries[out]
         rank = len(graph.tensors[out].shape or ()) if out in graph.tensors else 0
-        sizes = _static_sizes(graph, node, axis) if not chain and rank else None
+        sizes = _static_sizes(graph, node, axis) if rank else None
+        axes = _moved_axes(graph, chain, axis % rank) if sizes is not None else None
+        tensors = [out] + [n.outputs[0] for n in chain]
         label = f"{node.op_type} {node.name!r} joins parts whose ranges differ {ratio:.0f}x (> {RANGE_RATIO:g}x)"
-        if sizes is not None:
+        if axes is not None:
             axis %= rank
             lo, hi = _part_ranges(graph, entries, node, axis, sizes)
             why = f"{label}: one grid per part, per channel along axis {axis}"
-            qp = options.derive_qparams("activation", lo, hi, joined.qparams.bits, axis)
-            entries[out] = TensorEntry("activation", joined.calibrator, lo, hi, qp, joined.run_in_float, why)
-            changed.append(JoinedRanges(node.name, (out,), ratio, True, why))
+            for name, along in zip(tensors, [axis] + axes):
+                qp = options.derive_qparams("activation", lo, hi, joined.qparams.bits, along)
+                entries[name] = TensorEntry("activation", joined.calibrator, lo, hi, qp, entries[name].run_in_float,
+                                            why if name == out else f"{why} (moved to axis {along} of {name!r})")
+            changed.append(JoinedRanges(node.name, tuple(tensors), ratio, True, why))
             continue
         why = f"{label}: the joined tensor at {WIDE_BITS} bits (whitepaper 5.1.3)"
         qp = options.derive_qparams("activation", joined.min, joined.max, WIDE_BITS)
-        for name in [out] + chain:
+        for name in tensors:
             entries[name] = TensorEntry("activation", joined.calibrator, joined.min, joined.max, qp,
                                         entries[name].run_in_float, why)
-        changed.append(JoinedRanges(node.name, tuple([out] + chain), ratio, False, why))
+        changed.append(JoinedRanges(node.name, tuple(tensors), ratio, False, why))
     return changed

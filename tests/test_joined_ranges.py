@@ -109,17 +109,39 @@ def test_qdq_model_quantizes_the_output_per_axis(head):
     assert _score_cosine(_ort(qdq, image), _ort(model, image)) >= 0.99
 
 
-def test_behind_a_transpose_the_join_goes_to_16_bits():
+def test_behind_a_transpose_the_grids_follow_the_channels():
     model = _yolo_head(transpose=True)
     table = calibrate(model, _images(8, 1), write_qdq=False).table
-    for name in ("joined", "output"):
-        entry = table.tensors[name]
-        assert entry.qparams.bits == 16 and entry.qparams.axis is None and "16 bits" in entry.why
+    joined, output = table.tensors["joined"], table.tensors["output"]
+    assert (joined.qparams.axis, output.qparams.axis) == (1, 2) and output.qparams.bits == 8
+    np.testing.assert_array_equal(output.qparams.scale, joined.qparams.scale)
+    assert "moved to axis 2 of 'output'" in output.why
+    transpose = next(s for s in prepare(load_model(model), table).steps if s.node.name == "head_transpose")
+    assert transpose.kind is NodeKind.INTEGER and transpose.out_qparams[0] == output.qparams
     image = _images(1, 2)
     ref = _ort(model, image)
     y = prepare(load_model(model), table).run({"image": image}).outputs["output"]
     assert _score_cosine(y, ref, transposed=True) >= 0.99
     assert _score_cosine(_ort(export_qdq(load_model(model), table), image), ref, transposed=True) >= 0.99
+
+
+def test_behind_a_slice_the_join_goes_to_16_bits():
+    # a Slice may cut the channels: the joined tensor and the chain after it take 16 bits instead
+    model = _yolo_head()
+    model.graph.initializer.extend([numpy_helper.from_array(np.array([v], np.int64), n)
+                                    for n, v in (("starts", 0), ("ends", 2000), ("axes", 2))])
+    model.graph.node.append(helper.make_node("Slice", ["joined", "starts", "ends", "axes"], ["kept"], name="cut"))
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("kept", TensorProto.FLOAT, [1, 22, 2000]))
+    table = calibrate(model, _images(8, 1), write_qdq=False).table
+    for name in ("joined", "kept"):
+        entry = table.tensors[name]
+        assert entry.qparams.bits == 16 and entry.qparams.axis is None and "16 bits" in entry.why
+    image = _images(1, 2)
+    ref = _ort(model, image)
+    y = prepare(load_model(model), table).run({"image": image}).outputs["kept"]
+    assert _score_cosine(y, ref) >= 0.99
+    assert _score_cosine(_ort(export_qdq(load_model(model), table), image), ref) >= 0.99
 
 
 def test_similar_ranges_and_inner_joins_keep_one_grid():
