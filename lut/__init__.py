@@ -5,8 +5,8 @@
   (max and mean error over every input code; for interpolated tables also the error floor no nodes beat).
 - `FUNCTIONS` / `LutFunction` / `power(alpha)`: the named functions with their symmetry and centre.
 - `tune_input_range(fn, rmin, rmax, *, out_bits=8)`: cut flat tails off a calibrated input range.
-- `build_softmax(in_qparams, out_bits=8, axis=-1) -> SoftmaxKernel`: integer softmax (`.forward(int_array)`);
-  `build_log_softmax(in_qparams, out_qparams, axis=-1) -> LogSoftmaxKernel` likewise.
+- `build_softmax(in_qparams, out_bits=8, axis=-1, row_length=None) -> SoftmaxKernel`: integer softmax (`.forward(int_array)`);
+  `build_log_softmax(in_qparams, out_qparams, axis=-1, row_length=None) -> LogSoftmaxKernel` likewise.
 - `build_divider(a_qp, b_qp, out_qp) -> Divider`, `build_pow(x_qp, y_qp, out_qp) -> PowKernel`: Div through a
   reciprocal table, Pow with a variable exponent through log/exp tables (`.forward(a, b)`).
 """

@@ -4,14 +4,15 @@ the masked scores to ~40 per LSB and wipe out the scores; measured cosine 0.60 o
 `ptq.engine.rewrites.fuse_masked_softmax` produces it from `Add -> Softmax -> MatMul`. Whitepaper 4.66 (Softmax).
 
 The bias is brought to the scores' LSB in integers, added in int64 (no clamp), and the row goes through
-Softmax's 2^20 exp table (`lut.softmax`, built from s_x):
+Softmax's exp table (`lut.softmax`, built from s_x; exp(0) = 2^20, or 2^E with E = ceil(log2 n) + 8 for rows
+over 4096 terms, as Softmax):
 
     constant b:    b_x = round_half_even(b / s_x)                    (offline, clipped to +-2^40)
     activation b:  b_x = ((b_q - zp_b) * M + 2^(N-1)) >> N,          M / 2^N ~= s_b / s_x
     l_i = x_q[i] + b_x[i];  d_i = max_j l_j - l_i;  e_i = exp_table[min(d_i, len - 1)];  S = sum_i e_i
     y_q[i] = floor(e_i * Q / S) + (2 * (e_i * Q mod S) >= S),        Q = 2^B - 1
 
-The table runs on to its first zero entry (gap ceil(ln(2^21) / s_x)), whatever the input's code range: a
+The table runs on to its first zero entry (gap ceil(ln(2^(E+1)) / s_x)), whatever the input's code range: a
 logit gap beyond the input range (a bias of a few units) reads its true exp, and a masked position
 (b ~ -1e4) lands past the first zero entry: e_i = 0 exactly, as exp(-1e4) is 0 in float. Output qparams as Softmax: unsigned B bits, scale 1 / Q, zero point 0.
 LSB bound vs the float softmax(x + b) on the dequantized x (and b): Softmax's (<= 1 LSB for 8-bit outputs)
@@ -25,10 +26,10 @@ from typing import Optional
 
 import numpy as np
 
-from lut.softmax import INT32_ROW_LIMIT, MAX_ROW, SoftmaxKernel, build_softmax, zero_entry_gap
+from lut.softmax import SoftmaxKernel, build_softmax, divide_rounded, row_terms
 from ops.base import multiplier, require_per_tensor, require_qparams
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
-from ptq.core.requant import INT32_MAX, requantize
+from ptq.core.requant import requantize
 
 BIAS_CODE_LIMIT = 1 << 40
 
@@ -63,8 +64,10 @@ class AddSoftmax(OpDef):
         proposal = ctx.out_qparams[0] if ctx.out_qparams else None
         s_x = float(x_qp.scale[0])
         # a bias spreads the logits past the input's code range: the table must run on to its first zero entry
-        kernel = build_softmax(x_qp, proposal.bits if proposal is not None else 8, int(ctx.node.attr("axis", -1)),
-                               exp_codes=zero_entry_gap(s_x) + 1)
+        axis = int(ctx.node.attr("axis", -1))
+        shape = ctx.in_shape(0)
+        n = shape[axis] if shape and -len(shape) <= axis < len(shape) and shape[axis] else None
+        kernel = build_softmax(x_qp, proposal.bits if proposal is not None else 8, axis, n, cover_gaps=True)
         if 1 in ctx.constants:
             b = np.asarray(ctx.constants[1], dtype=np.float64)
             codes = np.clip(np.rint(b / s_x), -BIAS_CODE_LIMIT, BIAS_CODE_LIMIT).astype(np.int64)
@@ -82,17 +85,5 @@ class AddSoftmax(OpDef):
             b_c = np.asarray(inputs[1]).astype(np.int64) - int(q.in_qparams[1].zero_point[0])
             bias = requantize(b_c, q.m, q.n, 0, -BIAS_CODE_LIMIT, BIAS_CODE_LIMIT)
         logits = x + bias
-        axis = q.kernel.axis
-        n = logits.shape[axis]
-        if n > MAX_ROW:
-            raise ValueError(f"softmax rows are limited to {MAX_ROW} terms (whitepaper 4.66), got {n}")
-        table = q.kernel.exp_table
-        d = logits.max(axis=axis, keepdims=True) - logits
-        e = table[np.minimum(d, table.size - 1)].astype(np.int64)
-        total = e.sum(axis=axis, keepdims=True)
-        if n <= INT32_ROW_LIMIT and int(total.max(initial=0)) > INT32_MAX:
-            raise ValueError("softmax row sum overflowed int32")
-        out = q.kernel.out_qparams
-        num = e * out.qmax
-        quotient = num // total
-        return [(quotient + (2 * (num - quotient * total) >= total)).astype(out.dtype)]
+        _, e, total, _ = row_terms(q.kernel, logits)
+        return [divide_rounded(e, total, q.kernel.out_qparams)]

@@ -10,8 +10,14 @@ input is quantized directly with the output qparams. Output qparams: the quant t
 calibrated range of the concatenation), else the inputs' when they all agree. The whitepaper's speed-up
 (tune every branch to share the output's qparams) is a calibration choice; this rule is exact either way.
 
+Per-channel output along the concat axis (issue 24: parts whose ranges differ widely, such as pixel boxes
+joined with sigmoid scores, each keep their own grid; `ptq.calibration.joined_ranges` proposes it): input i covers the
+output channels [a_i, b_i) (static sizes along the axis), and each of its channels c is requantized to
+(s_y[c], zp_y[c]) with its own M_i[c] / 2^N_i[c] ~= s_i / s_y[c] -- the same formula per channel. A part whose
+channels all have the input's own grid is copied (exact).
+
 LSB bound vs the float op on the dequantized inputs: 0.5 + max_i |x_i_q - zp_i| * s_i / s_y * 2^-mbits
-(rounding plus the multiplier's relative error); 0 for copied inputs.
+(rounding plus the multiplier's relative error), per channel for a per-channel output; 0 for copied inputs.
 """
 from __future__ import annotations
 
@@ -29,9 +35,36 @@ from ptq.core.requant import requantize
 @dataclass
 class QuantizedConcat(QuantizedNode):
     constant_codes: list[Optional[np.ndarray]]  # per input: codes in the output qparams (None: activation)
-    copy: list[bool]  # per input: qparams equal the output's, the codes pass through
-    m: np.ndarray  # per input (1 for constants and copies)
-    n: np.ndarray
+    copy: list[bool]  # per input: its grid is the output's (on its channels), the codes pass through
+    m: list[np.ndarray]  # per input: 1 value (per-tensor output) or one per channel of its part
+    n: list[np.ndarray]
+    zero_points: list[np.ndarray]  # per input: the output zero point(s) on its part
+    axis: int  # the concat axis (non-negative when the output is per channel, else as written)
+
+
+def _segments(ctx: QuantizeContext, axis: int) -> list[int]:
+    """The size of every input along the concat axis, from the static shapes (per-channel output only)."""
+    sizes = []
+    for i in range(len(ctx.node.inputs)):
+        shape = tuple(np.shape(ctx.constants[i])) if i in ctx.constants else ctx.in_shape(i)
+        if shape is None or not -len(shape) <= axis < len(shape) or shape[axis] is None:
+            raise QuantizationError(f"a per-channel output needs the static size of input {i} along axis {axis}")
+        sizes.append(int(shape[axis]))
+    return sizes
+
+
+def _part(qp: QParams, lo: int, hi: int, axis: int) -> QParams:
+    """Channels [lo, hi) of a per-channel QParams (along `axis`), or `qp` itself when per tensor."""
+    if not qp.per_channel:
+        return qp
+    return QParams(scale=qp.scale[lo:hi], zero_point=qp.zero_point[lo:hi], bits=qp.bits, signed=qp.signed,
+                   axis=axis, narrow=qp.narrow)
+
+
+def _same_grid(x_qp: QParams, part: QParams) -> bool:
+    """Whether every channel of `part` has the grid of the per-tensor `x_qp` (the codes then pass through)."""
+    return ((x_qp.bits, x_qp.signed, x_qp.narrow) == (part.bits, part.signed, part.narrow)
+            and bool(np.all(part.scale == x_qp.scale[0])) and bool(np.all(part.zero_point == x_qp.zero_point[0])))
 
 
 @register
@@ -42,6 +75,10 @@ class Concat(OpDef):
     lsb_bound = 0.51  # 0.5 + |y_q - zp_y| * 2^-(mbits-1) or less, 8-bit
     section = "4.12"
     int_types = "int8/uint8/int16/uint16 -> int8/uint8/int16/uint16"
+    granularity = "per-tensor; output per channel along the axis"
+
+    def joins_along(self, node):
+        return int(node.attr("axis")) if node.attr("axis") is not None else None
 
     def forward_float(self, node, inputs):
         return [np.concatenate([np.asarray(x, dtype=np.float32) for x in inputs], axis=int(node.attr("axis")))]
@@ -61,19 +98,33 @@ class Concat(OpDef):
             if not distinct or any(qp != distinct[0] for qp in distinct):
                 raise QuantizationError("no output qparams and the inputs' qparams differ")
             y_qp = distinct[0]
-        require_per_tensor(y_qp, "output")
-        codes, copy, ms, ns = [], [], [], []
+        axis = int(node.attr("axis"))
+        bounds = [(0, 1)] * len(node.inputs)
+        if y_qp.per_channel:
+            sizes = _segments(ctx, axis)
+            rank = len(ctx.in_shape(next(iter(act)))) if act else np.ndim(ctx.constants[0])
+            axis = axis % rank
+            if y_qp.axis % rank != axis or y_qp.scale.size != sum(sizes):
+                raise QuantizationError(f"a per-channel output must run along the concat axis {axis} with one "
+                                        f"scale per channel ({sum(sizes)}), got axis {y_qp.axis} with "
+                                        f"{y_qp.scale.size}")
+            edges = np.cumsum([0] + sizes)
+            bounds = list(zip(edges[:-1].tolist(), edges[1:].tolist()))
+        codes, copy, ms, ns, zps = [], [], [], [], []
         for i in range(len(node.inputs)):
             qp: Optional[QParams] = act.get(i)
-            codes.append(y_qp.quantize(ctx.constants[i]) if qp is None else None)
-            copy.append(qp is not None and qp == y_qp)
+            part = _part(y_qp, *bounds[i], axis)
+            codes.append(part.quantize(ctx.constants[i]) if qp is None else None)
+            copy.append(qp is not None and _same_grid(qp, part))
             m, n = np.array([1]), np.array([0])
             if qp is not None and not copy[-1]:
-                m, n = multiplier(float(qp.scale[0]) / float(y_qp.scale[0]), ctx.options.mbits, f"input {i} scale ratio")
-            ms.append(int(m[0]))
-            ns.append(int(n[0]))
+                m, n = multiplier(float(qp.scale[0]) / part.scale.astype(np.float64), ctx.options.mbits,
+                                  f"input {i} scale ratio")
+            ms.append(np.asarray(m, np.int64))
+            ns.append(np.asarray(n, np.int64))
+            zps.append(np.asarray(part.zero_point, np.int64))
         in_qp = [act.get(i) for i in range(len(node.inputs))]
-        return QuantizedConcat(node, in_qp, [y_qp], codes, copy, np.array(ms, np.int64), np.array(ns, np.int64))
+        return QuantizedConcat(node, in_qp, [y_qp], codes, copy, ms, ns, zps, axis)
 
     def forward_int(self, q: QuantizedConcat, inputs, runtime: IntRuntime):
         y = q.out_qparams[0]
@@ -85,6 +136,9 @@ class Concat(OpDef):
                 parts.append(np.asarray(x).astype(y.dtype, copy=False))
             else:
                 xc = centered(x, q.in_qparams[i])
-                parts.append(requantize(xc, q.m[i], q.n[i], y.zero_point[0], y.qmin, y.qmax, dtype=y.dtype))
-        axis = normalize_axes([int(q.node.attr("axis"))], parts[0].ndim)[0]
+                along = q.axis if q.m[i].size > 1 else None
+                parts.append(requantize(xc, q.m[i], q.n[i], q.zero_points[i], y.qmin, y.qmax, axis=along,
+                                        dtype=y.dtype))
+        axis = normalize_axes([q.axis], parts[0].ndim)[0]
         return [np.concatenate(parts, axis=axis)]
+

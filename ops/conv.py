@@ -48,7 +48,7 @@ from ops.linear import (
 )
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.bias import bias_scale, quantize_bias
-from ptq.core.roles import BiasRole, WeightRole
+from ptq.core.roles import BiasRole, BiasSlot, WeightRole
 
 
 @dataclass
@@ -157,6 +157,10 @@ class Conv(OpDef):
 
     def bias_role(self, node):
         return _bias_role(node)
+
+    def bias_slot(self, node):
+        """Input 2, one value per output channel (axis 1 of the output)."""
+        return BiasSlot(2, 1)
     int_types = "int8/uint8/int16 x int8/int16 -> int32 (48 for 16-bit) acc"
 
     def forward_float(self, node, inputs):
@@ -234,6 +238,10 @@ class ConvTranspose(OpDef):
 
     def bias_role(self, node):
         return _bias_role(node)
+
+    def bias_slot(self, node):
+        """Input 2, one value per output channel (axis 1 of the output)."""
+        return BiasSlot(2, 1)
     int_types = "int8/uint8/int16 x int8/int16 -> int32 (48 for 16-bit) acc"
 
     @staticmethod

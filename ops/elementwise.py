@@ -126,6 +126,7 @@ class Add(_AddSub):
     lsb_bound = 0.6
     section = "4.24"
     sign = 1
+    sum_signs = (1, 1)
 
 
 @register
@@ -136,6 +137,7 @@ class Sub(_AddSub):
     lsb_bound = 0.6
     section = "4.28"
     sign = -1
+    sum_signs = (1, -1)
 
 
 @register

@@ -10,7 +10,9 @@ Einsum of two activations whose equation is a batched matrix product, "<batch>ik
 "<batch>ik,<batch>jk-><batch>ij" (B transposed: torchvision's MaxViT attention, `einsum("bghid,bghjd->bghij")`),
 is MatMul(A, B) or MatMul(A, B^T) on the codes; any other equation raises QuantizationError (float fallback).
 
-MatMul with a constant B is the same without C (per-channel along B's last axis); with two activations
+MatMul with a constant B is the same without C (per-channel along B's last axis), or with C when the rewrites
+folded a constant added after it into its bias (`ptq.engine.bias_add_fold`: an input 2 that only ptq's integer graph
+has, c_q = round_half_even(C / fl32(s_a * s_w[n]))); with two activations
 (both per tensor), both zero points are folded around the backend's raw-code product:
 
     acc = A_q @ B_q - zp_b * rowsum(A_q) - zp_a * colsum(B_q) + K * zp_a * zp_b,   M / 2^N ~= s_a * s_b / s_y
@@ -44,7 +46,7 @@ from ops.linear import (
 )
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.bias import bias_scale, quantize_bias
-from ptq.core.roles import BiasRole, WeightRole
+from ptq.core.roles import BiasRole, BiasSlot, WeightRole
 
 
 @dataclass
@@ -65,6 +67,7 @@ class QuantizedMatMul(QuantizedNode):
     weight: Optional[np.ndarray] = None  # centered int32 B (constant B only)
     weight_sum: Optional[np.ndarray] = None  # int64 (..., 1, N) sum over K of `weight`
     transpose_b: bool = False  # Einsum "...ik,...jk->...ij": B's codes swap their last two axes first
+    bias: Optional[np.ndarray] = None  # int64 (N,) folded constant add (constant B only), else zeros
 
 
 def _weight_plan(bits: int, x_qp, weight: np.ndarray, wsum: np.ndarray, bias: np.ndarray,
@@ -103,6 +106,10 @@ class Gemm(OpDef):
     def bias_role(self, node):
         """C, when present: c_q = beta * c_f / (s_A * s_B[n])."""
         return BiasRole(2, 0, 1) if len(node.inputs) > 2 and node.inputs[2] else None
+
+    def bias_slot(self, node):
+        """C along the output's columns, when beta = 1 (a constant added after the Gemm is then C's share)."""
+        return BiasSlot(2, 1) if float(node.attr("beta", 1.0)) == 1.0 else None
 
     def forward_float(self, node, inputs):
         a, b = (np.asarray(v, dtype=np.float32) for v in inputs[:2])
@@ -196,9 +203,20 @@ class MatMul(OpDef):
         """B, when it is a constant: per output channel along its last axis."""
         return WeightRole(1, -1)
 
+    def bias_role(self, node):
+        """C (input 2, a folded constant add), when present: c_q = c_f / (s_A * s_B[n])."""
+        return BiasRole(2, 0, 1) if len(node.inputs) > 2 and node.inputs[2] else None
+
+    def bias_slot(self, node):
+        """A bias along the output's last axis, in ptq's integer graph only (ONNX MatMul has no such input)."""
+        return BiasSlot(2, -1, in_onnx=False)
+
     def forward_float(self, node, inputs):
         a, b = (np.asarray(v, dtype=np.float32) for v in inputs[:2])
-        return [np.matmul(a, b).astype(np.float32)]
+        y = np.matmul(a, b)
+        if len(inputs) > 2 and inputs[2] is not None:
+            y = y + np.asarray(inputs[2], dtype=np.float32)
+        return [y.astype(np.float32)]
 
     def quantize(self, ctx: QuantizeContext) -> QuantizedMatMul:
         node = ctx.node
@@ -207,6 +225,8 @@ class MatMul(OpDef):
         y_qp = require_qparams(ctx.out_qparams[0], "output")
         acc_bits = accumulator_bits((a_qp.bits, b_qp.bits), ctx.options)
         if 1 not in ctx.constants:
+            if len(node.inputs) > 2 and node.inputs[2]:
+                raise QuantizationError("a MatMul bias needs a constant B")
             require_per_tensor(b_qp, "input B (an activation)")
             acc_scale = float(a_qp.scale[0]) * b_qp.scale
             stage = output_stage(acc_scale, y_qp, ctx.options.mbits, None)
@@ -220,15 +240,22 @@ class MatMul(OpDef):
         stage = output_stage(float(a_qp.scale[0]) * s_w, y_qp, ctx.options.mbits, -1)
         col = centered[:, None] if centered.ndim == 1 else centered
         wsum = col.sum(axis=-2, keepdims=True, dtype=np.int64)
+        bias = np.zeros(1, dtype=np.int64)
+        if len(node.inputs) > 2 and node.inputs[2]:
+            if 2 not in ctx.constants or centered.ndim == 1:
+                raise QuantizationError("a MatMul bias must be a constant, with a 2-D or batched B")
+            bias = quantize_bias(np.asarray(ctx.constants[2], dtype=np.float64).reshape(-1),
+                                 np.broadcast_to(bias_scale(a_qp.scale[0], s_w), col.shape[-1]), acc_bits)
         return QuantizedMatMul(
             node,
             list(ctx.in_qparams),
             [y_qp],
             stage=stage,
-            acc=_weight_plan(acc_bits, a_qp, col, wsum, np.zeros(1, dtype=np.int64), ctx.options.mbits),
+            acc=_weight_plan(acc_bits, a_qp, col, wsum, bias, ctx.options.mbits),
             weight_codes=codes,
             weight=centered,
             weight_sum=wsum,
+            bias=bias,
         )
 
     def forward_int(self, q: QuantizedMatMul, inputs, runtime: IntRuntime):
@@ -238,7 +265,7 @@ class MatMul(OpDef):
         if q.weight is not None:
             a, w, squeeze = _promote(a_raw, q.weight)
             acc = runtime.backend.matmul(a, w)
-            offset = -za * q.weight_sum
+            offset = -za * q.weight_sum + (q.bias if q.bias is not None else 0)
         else:
             b_raw = np.swapaxes(inputs[1], -1, -2) if q.transpose_b else np.asarray(inputs[1])
             zb = int(q.in_qparams[1].zero_point[0])

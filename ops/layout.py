@@ -6,8 +6,11 @@ from y_f = T(x_f), (y_q - zp_y) * s_y = T((x_q - zp_x) * s_x); choosing s_y = s_
     y_q = T(x_q)
 
 so the integer forward moves the codes exactly as the float op moves values, and every output takes the
-input's qparams (this rule overrides the quant table's proposal). LSB bound vs the float op on the
-dequantized input: 0 (exact).
+input's qparams (this rule overrides the quant table's proposal). A per-channel input (a join of widely
+different ranges, `ptq.calibration.joined_ranges`) keeps its grid on the output axis that holds its channels whole
+(`moved_axis`: Transpose's perm; Identity, Reshape, Flatten, Squeeze, Unsqueeze keep the row-major order, so
+the axis whose size and leading product match, from the static shapes); otherwise the rule refuses it.
+LSB bound vs the float op on the dequantized input: 0 (exact).
 
 Index inputs (shape, axes, splits, starts/ends/steps) arrive as raw integer arrays, or as attributes in the
 opsets that had them there.
@@ -16,9 +19,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ops.base import activation_qparams, float_or_index, int_list, normalize_axes, optional_input
+from ops.base import float_or_index, int_list, normalize_axes, optional_input, require_qparams
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
+from ptq.core.qparams import QParams
+
+
+def _static(shape) -> bool:
+    return shape is not None and all(isinstance(d, (int, np.integer)) and d > 0 for d in shape)
 
 
 class _Layout(OpDef):
@@ -36,8 +44,32 @@ class _Layout(OpDef):
         return [np.asarray(y, dtype=x.dtype) for y in self.apply(node, x, inputs)]
 
     def quantize(self, ctx: QuantizeContext) -> QuantizedNode:
-        x_qp = activation_qparams(ctx)
-        return QuantizedNode(ctx.node, list(ctx.in_qparams), [x_qp if name else None for name in ctx.node.outputs])
+        x_qp = require_qparams(ctx.in_qparams[0] if ctx.in_qparams else None, "input 0")
+        out_qps = []
+        for index, name in enumerate(ctx.node.outputs):
+            qp = x_qp
+            if name and x_qp.per_channel:
+                axis = self.moved_axis(ctx.node, x_qp.axis, ctx.in_shape(0), ctx.out_shape(index))
+                if axis is None:
+                    raise QuantizationError(f"input 0 is quantized per channel along axis {x_qp.axis}, which this "
+                                            "node does not keep whole along one output axis")
+                qp = QParams(scale=x_qp.scale, zero_point=x_qp.zero_point, bits=x_qp.bits, signed=x_qp.signed,
+                             axis=axis, narrow=x_qp.narrow)
+            out_qps.append(qp if name else None)
+        return QuantizedNode(ctx.node, list(ctx.in_qparams), out_qps)
+
+    def moved_axis(self, node, axis, in_shape, out_shape):
+        """The output axis of the same size whose leading dimensions hold as many elements as the input's before
+        `axis` (row-major order kept: Identity, Reshape, Flatten, Squeeze, Unsqueeze); None without static
+        shapes or such an axis."""
+        if not _static(in_shape) or not _static(out_shape) or not -len(in_shape) <= axis < len(in_shape):
+            return None
+        axis %= len(in_shape)
+        before = int(np.prod(in_shape[:axis], dtype=np.int64))
+        for candidate, size in enumerate(out_shape):
+            if size == in_shape[axis] and int(np.prod(out_shape[:candidate], dtype=np.int64)) == before:
+                return candidate
+        return None
 
     def forward_int(self, q: QuantizedNode, inputs, runtime: IntRuntime):
         x = np.asarray(inputs[0])
@@ -166,6 +198,14 @@ class Transpose(_Layout):
     lsb_bound = 0.0
     section = "4.77"
 
+    def moved_axis(self, node, axis, in_shape, out_shape):
+        """perm.index(axis): the output axis that now holds the input's `axis`."""
+        if in_shape is None or not -len(in_shape) <= axis < len(in_shape):
+            return None
+        perm = node.attr("perm")
+        perm = list(range(len(in_shape)))[::-1] if perm is None else [int(p) % len(in_shape) for p in perm]
+        return perm.index(axis % len(in_shape)) if axis % len(in_shape) in perm else None
+
     def apply(self, node, x, inputs):
         perm = node.attr("perm")
         perm = list(range(x.ndim))[::-1] if perm is None else [int(p) for p in perm]
@@ -182,6 +222,9 @@ class Split(_Layout):
     op_type = "Split"
     lsb_bound = 0.0
     section = "4.71"
+
+    def moved_axis(self, node, axis, in_shape, out_shape):
+        return None  # it cuts the tensor: a per-channel grid would not follow its channels
 
     def apply(self, node, x, inputs):
         axis = normalize_axes([int(node.attr("axis", 0))], x.ndim)[0]
@@ -206,6 +249,9 @@ class Slice(_Layout):
     op_type = "Slice"
     lsb_bound = 0.0
     section = "4.65"
+
+    def moved_axis(self, node, axis, in_shape, out_shape):
+        return None  # it cuts the tensor: a per-channel grid would not follow its channels
 
     def apply(self, node, x, inputs):
         starts = int_list(node, inputs, 1, "starts")

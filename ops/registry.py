@@ -21,7 +21,7 @@ import numpy as np
 from ptq.core.graph import Node
 from ptq.core.qparams import QParams
 from ptq.core.requant import DEFAULT_MBITS
-from ptq.core.roles import BiasRole, WeightRole
+from ptq.core.roles import BiasRole, BiasSlot, WeightRole
 
 
 # `constant(i)`: the value of input i of a node when it is a constant, else None (see OpDef.clip_range)
@@ -65,6 +65,16 @@ class QuantizeContext:
     out_qparams: list[Optional[QParams]]  # the calibrated proposal from the quant table, per output
     constants: dict[int, np.ndarray]  # float (or index) values of the constant inputs, by input position
     options: QuantizeOptions = field(default_factory=QuantizeOptions)
+    # static shapes of the inputs, as far as shape inference knows them (None: unknown rank or missing; an
+    # unknown dimension is None): limits a rule can check at prepare (a softmax row's length)
+    in_shapes: list[Optional[tuple]] = field(default_factory=list)
+    out_shapes: list[Optional[tuple]] = field(default_factory=list)
+
+    def in_shape(self, index: int) -> Optional[tuple]:
+        return self.in_shapes[index] if index < len(self.in_shapes) else None
+
+    def out_shape(self, index: int) -> Optional[tuple]:
+        return self.out_shapes[index] if index < len(self.out_shapes) else None
 
 
 @dataclass
@@ -93,6 +103,15 @@ class OpDef:
     - `keeps_input_qparams`: the output takes input 0's qparams by rule (data movement, max pooling);
     - `sums_inputs`: the output is an elementwise sum of the inputs (Add, Sub), so inputs and output on one
       scale make the op a plain integer add (the int4-dsp scheme's ShareQuantize, `ptq.calibration.int4_dsp`);
+      `sum_signs` the sign each input takes in it ((1, 1) for Add, (1, -1) for Sub);
+    - `joins_along(node)`: the axis along which the op joins its inputs into its output (Concat), None for
+      other ops; calibration gives a join of widely different ranges one grid per part (`ptq.calibration.joined_ranges`);
+    - `moved_axis(node, axis, in_shape, out_shape)`: for an op that only moves codes (`keeps_input_qparams`),
+      the output axis that holds input 0's `axis` whole, so a per-channel grid follows it (Transpose, Reshape);
+      None when the channels do not stay whole along one axis;
+    - `bias_slot(node)`: where the op can take a constant per-output-channel bias (Conv, ConvTranspose; Gemm
+      with beta = 1; MatMul, in ptq's integer graph only): a constant added after it folds into that bias
+      (`ptq.engine.bias_add_fold`);
     - `is_noop(node)`: the output holds exactly the input's codes (Identity, inference Dropout, a Cast between
       float types): reports name the layer the node feeds instead of giving it a row of its own;
     - `index_outputs(node)`: the outputs that are indices or booleans (int64/bool as in ONNX: Equal, Cast to
@@ -114,12 +133,22 @@ class OpDef:
     absorbs_batchnorm: ClassVar[bool] = False
     keeps_input_qparams: ClassVar[bool] = False
     sums_inputs: ClassVar[bool] = False
+    sum_signs: ClassVar[Optional[tuple[int, ...]]] = None
     lsb_bound: ClassVar[Optional[float]] = None
 
     def weight_role(self, node: Node) -> Optional[WeightRole]:
         return None
 
     def bias_role(self, node: Node) -> Optional[BiasRole]:
+        return None
+
+    def bias_slot(self, node: Node) -> Optional[BiasSlot]:
+        return None
+
+    def joins_along(self, node: Node) -> Optional[int]:
+        return None
+
+    def moved_axis(self, node: Node, axis: int, in_shape: Optional[tuple], out_shape: Optional[tuple]) -> Optional[int]:
         return None
 
     def index_outputs(self, node: Node) -> frozenset[int]:
@@ -232,6 +261,12 @@ def bias_role(node: Node) -> Optional[BiasRole]:
     """The int32 bias input of a node, as its op declares it."""
     op = op_of(node)
     return op.bias_role(node) if op is not None else None
+
+
+def bias_slot(node: Node) -> Optional[BiasSlot]:
+    """Where a node can take a constant per-output-channel bias, as its op declares it."""
+    op = op_of(node)
+    return op.bias_slot(node) if op is not None else None
 
 
 def node_label(node: Node) -> str:

@@ -4,18 +4,22 @@
 - opset < 13: the input coerced to 2-D at `axis` (default 1), (prod(shape[:axis]), prod(shape[axis:])), the
   function taken over each row, the result reshaped back. The two agree only when axis is the last axis.
 
-Softmax, per row (`lut.softmax`):
+Softmax, per row of n terms (`lut.softmax`):
 
-    d_i = max_j x_q[j] - x_q[i];  e_i = exp_table[d_i] = round(2^20 * exp(-d_i * s_x));  S = sum_j e_j
+    d_i = max_j x_q[j] - x_q[i];  e_i = exp_table[d_i] = round(2^E * exp(-d_i * s_x));  S = sum_j e_j
     y_q[i] = floor(e_i * Q / S) + (2 * (e_i * Q mod S) >= S),   Q = 2^B - 1
+    E = 20 (the whitepaper's table, int32 sum up to 2047 terms, int64 to 4096); E = ceil(log2 n) + 8 with an
+    int64 sum for longer rows, up to 2^24 terms (an OCR head's 18,710 classes: E = 23)
 
-The output qparams are fixed by the rule, whatever the quant table proposed: unsigned B bits (B = the
-proposal's bits, 8 without one), scale 1 / (2^B - 1), zero point 0. Rows are limited to 4096 terms.
-LSB bound vs the float softmax of the dequantized input: 0.5 LSB (final rounding) + Q * (relative error of
-the table entries around the row's mass, <= 2^-21 for entries near 2^20; entries rounded to small integers
-carry at most 0.5 / e_i) -- under 1 LSB for 8-bit outputs.
+The row length comes from the input's static shape at prepare; a row longer than 2^24 terms is refused there
+(the node runs in float, reported with the reason), and a kernel for an unknown row length carries the 2^20
+table and a 2^32 one for rows past 4096. The output qparams are fixed by the rule, whatever the quant table
+proposed: unsigned B bits (B = the proposal's bits, 8 without one), scale 1 / (2^B - 1), zero point 0.
+LSB bound vs the float softmax of the dequantized input (proven in `lut.softmax`): 0.5 LSB (final rounding)
++ Q * (n + 1) / 2^(E+1) (table rounding, <= Q * 2^-9 since n <= 2^(E-8)) -- under 1 LSB for 8-bit outputs
+at any row length.
 
-LogSoftmax (`lut.log_softmax`): y = -(d_i * s_x) - log(S / 2^20), with log2(S) from its leading one and a
+LogSoftmax (`lut.log_softmax`): y = -(d_i * s_x) - log(S / 2^E), with log2(S) from its leading one and a
 Q16 table of log2(1 + m); output qparams calibrated (values <= 0). LSB bound: 1 LSB.
 
 Hardmax: y = 1 at the first maximum of each row, else 0. Integer: the first maximum of the codes (the codes are
@@ -25,7 +29,7 @@ the output qparams (exact).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 
@@ -54,6 +58,22 @@ def along_axis(node: Node, x: np.ndarray, fn: Callable[[np.ndarray, int], np.nda
 def _kernel_axis(node: Node) -> int:
     """The axis the integer kernel reduces over (the rows' axis under the coerced semantics)."""
     return int(node.attr("axis", -1)) if node.opset >= COERCED_BEFORE else -1
+
+
+def row_length(node: Node, shape: Optional[tuple]) -> Optional[int]:
+    """The number of terms per row under the node's opset semantics, from the input's static shape (None when
+    a dimension it needs is unknown): shape[axis] from opset 13, prod(shape[axis:]) before."""
+    if shape is None or not shape:
+        return None
+    if node.opset >= COERCED_BEFORE:
+        axis = int(node.attr("axis", -1))
+        dims = (shape[axis % len(shape)],) if -len(shape) <= axis < len(shape) else (None,)
+    else:
+        axis = int(node.attr("axis", 1))
+        dims = tuple(shape[axis % len(shape):]) if -len(shape) <= axis < len(shape) else (None,)
+    if any(d is None or int(d) <= 0 for d in dims):
+        return None
+    return int(np.prod(dims, dtype=np.int64))
 
 
 @dataclass
@@ -101,7 +121,7 @@ class Softmax(OpDef):
         require_per_tensor(x_qp, "input")
         proposal = ctx.out_qparams[0] if ctx.out_qparams else None
         bits = proposal.bits if proposal is not None else 8
-        kernel = build_softmax(x_qp, bits, _kernel_axis(ctx.node))
+        kernel = build_softmax(x_qp, bits, _kernel_axis(ctx.node), row_length(ctx.node, ctx.in_shape(0)))
         return QuantizedSoftmax(ctx.node, list(ctx.in_qparams), [kernel.out_qparams], kernel)
 
     def forward_int(self, q: QuantizedSoftmax, inputs, runtime: IntRuntime):
@@ -126,7 +146,7 @@ class LogSoftmax(OpDef):
         require_per_tensor(x_qp, "input")
         y_qp = require_qparams(ctx.out_qparams[0], "output")
         require_per_tensor(y_qp, "output")
-        kernel = build_log_softmax(x_qp, y_qp, _kernel_axis(ctx.node))
+        kernel = build_log_softmax(x_qp, y_qp, _kernel_axis(ctx.node), row_length(ctx.node, ctx.in_shape(0)))
         return QuantizedSoftmax(ctx.node, list(ctx.in_qparams), [y_qp], kernel)
 
     def forward_int(self, q: QuantizedSoftmax, inputs, runtime: IntRuntime):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from lut import build_log_softmax, build_softmax, softmax_out_qparams
-from lut.softmax import INT32_ROW_LIMIT, MAX_ROW
+from lut.softmax import INT32_ROW_LIMIT, MAX_ROW, WHITEPAPER_ROW
 from ptq.core.qparams import QParams, compute_qparams
 
 
@@ -85,10 +85,13 @@ def test_accumulator_width_and_row_limit():
     assert INT32_ROW_LIMIT * (1 << 20) <= 2**31 - 1 < (INT32_ROW_LIMIT + 1) * (1 << 20)
     assert k.int32_accumulator(2047) and not k.int32_accumulator(2048)
     # worst case for the int64 path: 4096 equal elements, S = 2^32; each output round(255 / 4096) = 0
-    y = k.forward(np.full((1, MAX_ROW), 7, dtype=np.int8))
-    assert y.sum() == 0
-    with pytest.raises(ValueError, match="4096"):
-        k.forward(np.zeros((1, MAX_ROW + 1), dtype=np.int8))
+    y = k.forward(np.full((1, WHITEPAPER_ROW), 7, dtype=np.int8))
+    assert y.sum() == 0 and k.table_for(WHITEPAPER_ROW).one_bits == 20
+    # a kernel built for a known row length refuses a longer row; a row past MAX_ROW is refused when built
+    with pytest.raises(ValueError, match="limited to 4096 terms, got 4097"):
+        build_softmax(QParams(0.05, 0, 8, True), row_length=4000).forward(np.zeros((1, 4097), dtype=np.int8))
+    with pytest.raises(ValueError, match="16777216 terms"):
+        build_softmax(QParams(0.05, 0, 8, True), row_length=MAX_ROW + 1)
 
 
 def test_bad_inputs():
@@ -126,3 +129,75 @@ def test_log_softmax_random_rows_within_one_lsb():
             ref = np.clip(np.rint(ls / float(out_q.scale[0])) + int(out_q.zero_point[0]), out_q.qmin, out_q.qmax)
             err = np.abs(y.astype(np.int64) - ref)
             assert err.max() <= 1 and np.mean(err > 0) < 0.01
+
+
+# ------------------------------------------------------------------ rows longer than the whitepaper's 4096
+# OCR heads have 6k-19k classes. The table's exp(0) grows to 2^E, E = ceil(log2 n) + 8, with an int64 sum
+# (lut.softmax): checked against a Python-integer reference of that formula (exact) and against the float
+# softmax within the proven bound 0.5 + Q (n + 1) / 2^(E+1) LSB (< 1 LSB at 8 bits).
+
+SEA_SCALE = math.log(2**20 / 0.45) / 100  # a gap of 100 codes: 2^20 * exp(-gap * s) = 0.45, rounded to 0
+
+
+def _long_rows(n: int, rows: int, seed: int) -> tuple[np.ndarray, QParams]:
+    """Codes of a confident classifier: one peak per row over a sea of logits 100 to 103 codes below it, whose
+    exps are 0.45 to 0.29 of a 2^20 table's LSB (the case where that table rounds away the sea's mass)."""
+    rng = np.random.default_rng(seed)
+    peak = rng.integers(120, 128, (rows, 1))
+    q = peak - rng.integers(100, 104, (rows, n))
+    q[np.arange(rows), rng.integers(0, n, rows)] = peak[:, 0]
+    return q.astype(np.int8), QParams(SEA_SCALE, 0, 8, True)
+
+
+def _reference(q: np.ndarray, in_q: QParams, one_bits: int, levels: int) -> np.ndarray:
+    """round(Q * e_i / S) per row in Python integers, e_i = round(2^E * exp(-d_i * s_x)) (half even)."""
+    out = np.zeros(q.shape, dtype=np.int64)
+    for r, row in enumerate(q.astype(np.int64)):
+        gaps = int(row.max()) - row
+        e = [int(v) for v in np.rint(np.exp(-gaps * float(in_q.scale[0])) * 2.0**one_bits)]
+        total = sum(e)
+        for j, ej in enumerate(e):
+            quotient, remainder = divmod(ej * levels, total)
+            out[r, j] = quotient + (2 * remainder >= total)
+    return out
+
+
+@pytest.mark.parametrize("n, one_bits", [(8192, 21), (18710, 23), (65536, 24)])
+def test_long_rows_exact_and_within_the_bound(n, one_bits):
+    q, in_q = _long_rows(n, 3, n)
+    k = build_softmax(in_q, row_length=n)
+    assert [(t.one_bits, t.max_row) for t in k.tables] == [(one_bits, 1 << (one_bits - 8))]
+    assert not k.int32_accumulator(n)
+    y = k.forward(q).astype(np.int64)
+    np.testing.assert_array_equal(y, _reference(q, in_q, one_bits, 255))
+    bound = 0.5 + 255 * (n + 1) / 2.0 ** (one_bits + 1)
+    assert bound < 1.0
+    assert np.abs(y - float_reference(q, in_q, 255)).max() <= bound
+    # the whitepaper's 2^20 table on the same rows loses the sea's mass (0.4 n of 2^20): past ~10k terms the
+    # peak is off by more than 1 LSB (why the table grows with the row rather than only the sum widening)
+    err_2_20 = np.abs(_reference(q, in_q, 20, 255) - float_reference(q, in_q, 255)).max()
+    assert err_2_20 > 1 if n > 10000 else err_2_20 <= 1
+
+
+def test_unknown_row_length_carries_both_tables():
+    k = build_softmax(QParams(0.1, 0, 8, True))
+    assert [(t.one_bits, t.max_row) for t in k.tables] == [(20, 4096), (32, MAX_ROW)]
+    assert k.tables[1].values.dtype == np.int64 and int(k.tables[1].values[0]) == 1 << 32
+    q, in_q = _long_rows(5000, 2, 5)
+    y = build_softmax(in_q).forward(q).astype(np.int64)
+    np.testing.assert_array_equal(y, _reference(q, in_q, 32, 255))
+    assert np.abs(y - float_reference(q, in_q, 255)).max() <= 1
+
+
+@pytest.mark.parametrize("n", [18710, 65536])
+def test_log_softmax_long_rows_within_one_lsb(n):
+    q, in_q = _long_rows(n, 2, n + 1)
+    xf = (q.astype(np.int64) - int(in_q.zero_point[0])) * float(in_q.scale[0])
+    shifted = xf - xf.max(axis=-1, keepdims=True)
+    ls = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    out_q = compute_qparams(ls.min(), 0, 8, symmetric=False)
+    k = build_log_softmax(in_q, out_q, row_length=n)
+    assert k.tables[0].one_bits == (n - 1).bit_length() + 8
+    y = k.forward(q).astype(np.int64)
+    ref = np.clip(np.rint(ls / float(out_q.scale[0])) + int(out_q.zero_point[0]), out_q.qmin, out_q.qmax)
+    assert np.abs(y - ref).max() <= 1

@@ -248,6 +248,20 @@ def test_the_float_flag_is_saved_only_when_set_and_loads_back(tmp_path):
     assert load_quant_table(tmp_path / "again.json").tensors == table.tensors
 
 
+def test_the_why_note_is_saved_only_when_set_kept_on_load_and_outside_the_fingerprints(tmp_path):
+    path, data = saved(tmp_path)
+    data["tensors"]["a"]["why"] = "a note on the grid"  # the saved fingerprints still match: no edit noted
+    path.write_text(json.dumps(data))
+    table, notes = load_noting(path)
+    assert notes == [] and table.tensors["a"].why == "a note on the grid" and table.tensors["u"].why == ""
+    resaved = json.loads(save_quant_table(table, tmp_path / "again.json").read_text())
+    assert resaved["tensors"]["a"]["why"] == "a note on the grid" and "why" not in resaved["tensors"]["u"]
+    data["tensors"]["a"]["why"] = 3
+    path.write_text(json.dumps(data))
+    with pytest.raises(QuantTableError, match="'why' must be a string"):
+        load_quant_table(path)
+
+
 @pytest.mark.parametrize("json_edit, change", [
     (lambda e: e.update(scale=[e["scale"][0] / 20]), {"scale": float(np.float32(0.1)) / 20}),
     (lambda e: e.update(min=[-2.0], max=[6.0]), {"value_range": (-2.0, 6.0)}),

@@ -25,7 +25,7 @@ from onnx import numpy_helper
 from scipy.special import ndtr
 
 from ptq.adjust.batchnorm_stats import ChannelStats
-from ptq.adjust.bias_correction import conv_geometry, layer_shift, mean_patch, own_bias, rounding_delta, weighted_layers
+from ptq.adjust.bias_correction import bias_target, conv_geometry, layer_shift, mean_patch, rounding_delta, weighted_layers
 from ptq.core.graph import Graph
 from ptq.core.clip import clip_bounds
 from ptq.table.quant_table import QuantTable
@@ -107,10 +107,11 @@ def correct_biases_analytic(graph: Graph, table: QuantTable,
     model = onnx.ModelProto()
     model.CopyFrom(graph.model)
     inits = {init.name: init for init in model.graph.initializer}
-    shared = {name for name, users in graph.consumers().items() if len(users) > 1}
+    consumers = graph.consumers()
+    shared = {name for name, users in consumers.items() if len(users) > 1}
     for node in weighted_layers(graph, table, log):
         mean = expected_input(graph, node.inputs[0], stats)
-        bias_name = own_bias(graph, node, shared)
+        bias_name, sign = bias_target(graph, node, shared, consumers)
         if mean is None or not bias_name:
             log.skipped.append((node.name, "no BatchNorm statistics for its input" if mean is None else "no own bias"))
             continue
@@ -123,7 +124,7 @@ def correct_biases_analytic(graph: Graph, table: QuantTable,
             patch = mean
         shift = layer_shift(node, rounding_delta(w, table.tensors[node.inputs[1]].qparams), patch)
         bias = graph.initializers[bias_name]
-        corrected = bias.astype(np.float64) - np.broadcast_to(shift, bias.shape)
+        corrected = bias.astype(np.float64) - sign * shift.reshape(bias.shape)
         inits[bias_name].CopyFrom(numpy_helper.from_array(corrected.astype(bias.dtype), bias_name))
         log.corrected[node.name] = float(np.max(np.abs(shift)))
     return model, log

@@ -8,7 +8,9 @@ E[(W_q - W) x]. For a Conv that expectation is linear in the mean input patch, s
 
 (K input channels per group, g(c) the group of channel c); exact, padding and strides included. For a Gemm
 (alpha = beta = 1) the patch is the mean input row. The corrected bias is b'_c = b_c - shift_c, so
-E[W_q x + b'] = E[W x + b] on the images the statistics come from. Inputs are the float model's activations.
+E[W_q x + b'] = E[W x + b] on the images the statistics come from. A layer without a bias of its own whose
+bias is a per-channel constant added after it (`Conv -> Add(c)`, folded into the layer at prepare:
+`ptq.engine.bias_add_fold`) has that constant corrected instead: c'_c = c_c - sign * shift_c. Inputs are the float model's activations.
 Only the mean patch of each layer is kept (C*kh*kw numbers), so memory does not grow with the images.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ptq.engine.bias_add_fold import bias_add_after
 from ptq.core.graph import Graph, Node
 from ptq.engine.float_run import layer_inputs
 from ptq.table.quant_table import QuantTable
@@ -125,6 +128,18 @@ def own_bias(graph: Graph, node: Node, shared: set) -> str:
     return name if name and name in graph.initializers and name not in shared else ""
 
 
+def bias_target(graph: Graph, node: Node, shared: set, consumers: dict) -> tuple[str, int]:
+    """(the initializer holding the layer's bias, the sign it enters with): its own bias, else a per-channel
+    constant added after it that no other node uses (one value per channel); ('', 0) when there is none."""
+    name = own_bias(graph, node, shared)
+    if name:
+        return name, 1
+    match = bias_add_after(graph, node, consumers)
+    if match is None or match.constant in shared or graph.initializers[match.constant].size != match.channels:
+        return "", 0
+    return match.constant, match.sign
+
+
 def correct_biases(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray],
                    quantized: Optional[dict[str, np.ndarray]] = None) -> tuple[onnx.ModelProto, BiasCorrectionLog]:
     """A copy of `graph.model` whose Conv/Gemm biases are corrected for the table's weight quantization.
@@ -136,7 +151,8 @@ def correct_biases(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray
     model = onnx.ModelProto()
     model.CopyFrom(graph.model)
     inits = {init.name: init for init in model.graph.initializer}
-    shared = {name for name, users in graph.consumers().items() if len(users) > 1}
+    consumers = graph.consumers()
+    shared = {name for name, users in consumers.items() if len(users) > 1}
     for node in layers:
         if node.name not in patches:
             continue
@@ -145,12 +161,12 @@ def correct_biases(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray
         delta = rounding_delta(w, table.tensors[node.inputs[1]].qparams) if w_q is None else \
             w_q.astype(np.float64) - w.astype(np.float64)
         shift = layer_shift(node, delta, patches[node.name])
-        bias_name = own_bias(graph, node, shared)
+        bias_name, sign = bias_target(graph, node, shared, consumers)
         if not bias_name:
             log.skipped.append((node.name, "no bias of its own to correct"))
             continue
         bias = graph.initializers[bias_name]
-        corrected = bias.astype(np.float64) - np.broadcast_to(shift, bias.shape)
+        corrected = bias.astype(np.float64) - sign * shift.reshape(bias.shape)
         inits[bias_name].CopyFrom(numpy_helper.from_array(corrected.astype(bias.dtype), bias_name))
         log.corrected[node.name] = float(np.max(np.abs(shift)))
     for name, value in (quantized or {}).items():
@@ -165,17 +181,18 @@ def recorrected_biases(graph: Graph, old: QuantTable, new: QuantTable, weights: 
     the old rounding replaced by the one for the new (linear in delta, so no float weights need be kept).
     `patches`: `mean_patches` of the layers (a layer without one keeps its bias)."""
     wanted = set(weights)
-    shared = {name for name, users in graph.consumers().items() if len(users) > 1}
+    consumers = graph.consumers()
+    shared = {name for name, users in consumers.items() if len(users) > 1}
     out = {}
     for node in graph.nodes:
         if node.op_type not in ("Conv", "Gemm") or len(node.inputs) < 2 or node.inputs[1] not in wanted:
             continue
-        bias_name = own_bias(graph, node, shared)
+        bias_name, sign = bias_target(graph, node, shared, consumers)
         if not bias_name or node.name not in patches:
             continue
         w = graph.initializers[node.inputs[1]]
         change = rounding_delta(w, new.tensors[node.inputs[1]].qparams) - rounding_delta(w, old.tensors[node.inputs[1]].qparams)
         bias = graph.initializers[bias_name]
-        value = bias.astype(np.float64) - np.broadcast_to(layer_shift(node, change, patches[node.name]), bias.shape)
+        value = bias.astype(np.float64) - sign * layer_shift(node, change, patches[node.name]).reshape(bias.shape)
         out[bias_name] = value.astype(bias.dtype)
     return out

@@ -35,6 +35,7 @@ from ptq.qdq.export import DEFAULT_TARGET, get_target
 from ptq.qdq.output import export_checked, summary_lines, write_model
 from ptq.core.qparams import compute_qparams
 from ptq.core.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
+from ptq.calibration.joined_ranges import separate_joined_parts
 from ptq.table.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
 from ptq.engine.weight_scale_floor import floor_weight_scales
 from ptq.engine.weight_tensors import weight_tensors
@@ -88,6 +89,7 @@ class CalibrationResult:
             f"({self.table.options.calibrator}, {self._activation_bits()}), "
             f"{self.weights_quantized} weights ({self.table.options.weight_calibrator}, "
             f"{self.table.options.weight_bits}-bit, {'per-channel' if self.table.options.per_channel else 'per-tensor'})",
+            *(f"own grid for {name!r}: {entry.why}" for name, entry in self.table.tensors.items() if entry.why),
             f"time: {self.seconds:.1f} s",
         ]
         if self.table_path is not None:
@@ -153,7 +155,8 @@ def collect_image_statistics(
 def activation_entries(
     graph: Graph, stats: dict[str, TensorStatistics], options: CalibrationOptions
 ) -> dict[str, TensorEntry]:
-    """Table entries of the activations from their statistics."""
+    """Table entries of the activations from their statistics; a join of widely different ranges that ends in
+    a graph output keeps one grid per part (`ptq.calibration.joined_ranges`)."""
     calibrator = get_calibrator(options.calibrator).for_grid(options.symmetric)
     bounds = folded_ranges(graph) if options.fold_clip else {}
     entries = {}
@@ -168,6 +171,8 @@ def activation_entries(
         qp = compute_qparams(rmin, rmax, options.bits, symmetric=options.symmetric, narrow=options.narrow,
                              pow2=options.pow2)
         entries[name] = TensorEntry("activation", calibrator.spelling, rmin, rmax, qp)
+    for join in separate_joined_parts(graph, entries, options):
+        logging.getLogger("ptq.calibration.pipeline").info("%s", join.why)
     return entries
 
 
@@ -211,7 +216,7 @@ def align_with_integer_graph(graph: Graph, table: QuantTable) -> list[str]:
         qp = final.get(name)
         if entry.kind == "activation" and qp is not None and qp != entry.qparams:
             lo, hi = qp.real_range()
-            table.tensors[name] = TensorEntry("activation", entry.calibrator, lo, hi, qp)
+            table.tensors[name] = TensorEntry("activation", entry.calibrator, lo, hi, qp, why=entry.why)
             changed.append(name)
     return changed
 

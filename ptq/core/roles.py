@@ -24,3 +24,14 @@ class BiasRole:
     input_index: int
     data_index: int
     weight_index: int
+
+
+@dataclass(frozen=True)
+class BiasSlot:
+    """Where an op can take a constant bias (one value per output channel): the input it goes to and the axis
+    of the op's output its values run along. A per-channel constant added after the op folds into it
+    (`ptq.engine.bias_add_fold`)."""
+
+    input_index: int
+    output_axis: int
+    in_onnx: bool = True  # the ONNX op has that input (Conv, Gemm); False: only ptq's integer graph (MatMul)

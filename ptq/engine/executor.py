@@ -375,7 +375,9 @@ class _Quantizer:
         """Run the op's quantize rule; QuantizationError (unprefixed) when the rule cannot handle the node."""
         proposal = [self._table_qparams(o) if o else None for o in node.outputs]
         constants = {i: self.graph.initializers[n] for i, n in enumerate(node.inputs) if n in self.graph.initializers}
-        ctx = QuantizeContext(node, in_qp, proposal, constants, self.quantize_options)
+        shapes = [[self.graph.tensors[n].shape if n in self.graph.tensors else None for n in names]
+                  for names in (node.inputs, node.outputs)]
+        ctx = QuantizeContext(node, in_qp, proposal, constants, self.quantize_options, *shapes)
         try:
             q = op.quantize(ctx)
             check_quantized(q)

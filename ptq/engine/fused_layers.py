@@ -25,11 +25,14 @@ class ResolvedLayer:
 
 def absorbed_names(rewrites: RewriteLog) -> dict[str, str]:
     """Names the rewrites removed -> the node of the rewritten graph that absorbed them: a BatchNormalization
-    folded into its Conv and a Relu/Clip/LeakyRelu fused into its Conv/Gemm, each by the removed node's name
-    and by the tensor the host produced before (e.g. a Conv's raw output, now internal to Conv+Clip)."""
+    folded into its Conv, a constant Add folded into its layer's bias and a Relu/Clip/LeakyRelu fused into its
+    Conv/Gemm, each by the removed node's name and by the tensor the host produced before (e.g. a Conv's raw
+    output, now internal to Conv+Clip)."""
     hosts = {}
     for fold in rewrites.batchnorm_folds:
         hosts[fold.batchnorm] = hosts[fold.removed_tensor] = fold.conv
+    for bias_add in rewrites.bias_adds:
+        hosts[bias_add.adder] = hosts[bias_add.removed_tensor] = bias_add.host
     for fusion in rewrites.fusions:
         hosts[fusion.activation] = hosts[fusion.removed_tensor] = fusion.host
     return hosts
@@ -61,4 +64,5 @@ def layer_nodes(graph: Graph, rewrites: RewriteLog, layer: str) -> list[str]:
     node = resolve_layer(graph, rewrites, layer).node
     extra = [f.activation for f in rewrites.fusions if f.host == node]
     extra += [f.batchnorm for f in rewrites.batchnorm_folds if f.conv == node]
+    extra += [f.adder for f in rewrites.bias_adds if f.host == node]
     return [node] + extra

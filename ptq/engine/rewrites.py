@@ -10,6 +10,9 @@
    channel c:
        k_c = gamma_c / sqrt(var_c + eps),  W'_c = W_c * k_c,  b'_c = (b_c - mean_c) * k_c + beta_c
    The Conv then produces the BatchNormalization's output tensor.
+2b. `fold_bias_adds` (`ptq.engine.bias_add_fold`): a per-channel constant added after a Conv/ConvTranspose/Gemm/
+   MatMul with a constant weight (`Conv -> Add(c)`, c of shape [C,1,1], [1,C,1,1], ...; [N] after a MatMul)
+   becomes the layer's bias (`OpDef.bias_slot`); the layer then produces the Add's output tensor.
 3. `fuse_activations`: an absorbable activation (`OpDef.absorbable`: Relu, Clip with constant bounds,
    LeakyRelu) whose input is the output of an op that absorbs activations (`OpDef.absorbs_activation`:
    Conv, Gemm) with no other consumer is fused into that node with onnxruntime's FusedConv attributes
@@ -31,6 +34,7 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 
 from ops.registry import op_of
+from ptq.engine.bias_add_fold import BiasAddFold, fold_bias_adds
 from ptq.engine.float_fallback import NodeFloatEvaluator, node_proto
 from ptq.core.graph import Graph, Node, TensorInfo
 from ptq.engine.transformer_patterns import PatternFusion, fuse_transformer
@@ -61,6 +65,7 @@ class ActivationFusion:
 class RewriteLog:
     folded_nodes: list[str] = field(default_factory=list)  # nodes evaluated once (shape and weight subgraphs)
     batchnorm_folds: list[BatchNormFold] = field(default_factory=list)
+    bias_adds: list[BiasAddFold] = field(default_factory=list)  # constant adds folded into a layer's bias
     fusions: list[ActivationFusion] = field(default_factory=list)
     patterns: list["PatternFusion"] = field(default_factory=list)  # transformer patterns (`fuse_transformer`)
 
@@ -257,13 +262,14 @@ def apply_rewrites(
     protected: frozenset = frozenset(),
 ) -> tuple[Graph, RewriteLog]:
     """All rewrites, in order, on a copy of `graph`: (static folding, transformer patterns, BN folding,
-    activation fusion)."""
+    bias-add folding, activation fusion)."""
     graph = copy_graph(graph)
     log = RewriteLog()
     log.folded_nodes = fold_static(graph, node_float)
     log.patterns = fuse_transformer(graph, protected)
     if fold_bn:
         log.batchnorm_folds = fold_batchnorm(graph, protected)
+    log.bias_adds = fold_bias_adds(graph, protected)
     if fuse:
         log.fusions = fuse_activations(graph, can_host, protected)
     return graph, log

@@ -27,6 +27,7 @@ from typing import Optional
 
 import numpy as np
 
+from ptq.engine.bias_add_fold import bias_add_after
 from ptq.core.graph import Graph, Node
 from ptq.engine.weight_tensors import with_static_weights
 from ptq.core.qparams import QParams, compute_qparams
@@ -80,12 +81,15 @@ def _node_floor(node: Node, graph: Graph, tensors: dict[str, TensorEntry], qp: Q
     s_x = float(x_entry.qparams.scale[0])
     w = graph.initializers[node.inputs[role.input_index]]
     floor = np.zeros(qp.scale.size)
-    bias = np.abs(_bias(node, graph))
+    # a constant added after the layer is its bias once folded (`ptq.engine.bias_add_fold`); it outputs the add's tensor
+    bias_add = bias_add_after(graph, node, graph.consumers())
+    signed_bias = _bias(node, graph) if bias_add is None else bias_add.folded_bias(graph)
+    bias = np.abs(signed_bias)
     if floor.size == 1 or bias.size in (1, floor.size):
         floor = (bias.max() if floor.size == 1 else bias) / (s_x * INT32_MAX) + floor
-    y_entry = tensors.get(node.outputs[0])
+    y_entry = tensors.get(node.outputs[0] if bias_add is None else bias_add.adder.outputs[0])
     if y_entry is not None and not y_entry.qparams.per_channel:
-        floor = np.maximum(floor, _dead_channel_floor(w, qp.axis, _bias(node, graph), x_entry, y_entry.qparams))
+        floor = np.maximum(floor, _dead_channel_floor(w, qp.axis, signed_bias, x_entry, y_entry.qparams))
     return floor
 
 

@@ -1,13 +1,16 @@
 """Export a QDQ ONNX model from a graph and its quantization table (onnxruntime runs it).
 
 - Every activation `t` in the table: the producer now writes `t_prequant`, then
-  `QuantizeLinear -> DequantizeLinear` writes `t` again, so downstream nodes and graph outputs keep their
+  `QuantizeLinear -> DequantizeLinear` (per axis for a per-channel entry: a join of widely different ranges,
+  `ptq.calibration.joined_ranges`) writes `t` again, so downstream nodes and graph outputs keep their
   names and see the fake-quantized value `DQ(Q(t))`. A graph input gets its chain at the start and its
   consumers are rewired to `t_dq`.
 - Weights are stored quantized (`w_quantized`, integer initializer) + `DequantizeLinear` (with `axis` when
   per-channel) writing `w`.
 - Conv/ConvTranspose/Gemm biases are stored as int32 with `scale = s_in * s_w[c]` (float32 product, as
-  onnxruntime computes it), zero point 0: `b_q = clamp(round_half_even(b / scale), int32)`.
+  onnxruntime computes it), zero point 0: `b_q = clamp(round_half_even(b / scale), int32)`. A per-channel
+  constant added after such a layer is folded into its bias first, as the integer executor does
+  (`ptq.engine.bias_add_fold`): the exported layer has the int32 bias and writes the Add's tensor, the Add is gone.
 
 Float layers: a tensor the table marks float (`"float": true`) has the layer computing it run in float by the
 integer executor: the nodes `ptq.engine.executor.table_float_nodes` names (its producer plus the BatchNormalization
@@ -51,11 +54,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, version_converter
 
+from ptq.engine.bias_add_fold import fold_bias_adds
 from ptq.core.graph import Graph, ModelError
+from ptq.engine.rewrites import copy_graph
 from ptq.engine.executor import table_float_nodes
 from ptq.core.qparams import QParams
 from ptq.table.quant_table import QuantTable
-from ops.registry import bias_role, weight_role
+from ops.registry import bias_role, bias_slot, weight_role
 from ptq.core.bias import bias_scale, quantize_bias
 from ptq.qdq.targets import DEFAULT_TARGET, QDQTarget, get_target
 
@@ -129,8 +134,9 @@ class _Builder:
                                 domain=self.domain(qp_dtype), **kwargs)
 
     def qdq_chain(self, source: str, out: str, qp: QParams, stored: QParams) -> list[onnx.NodeProto]:
-        """[Clip ->] QuantizeLinear -> DequantizeLinear from `source` to `out` (per-tensor activation on the grid
-        `qp`, stored as `stored`: the same codes up to a shift, so the Clip is decided on `qp`)."""
+        """[Clip ->] QuantizeLinear -> DequantizeLinear from `source` to `out` (an activation on the grid `qp`,
+        per tensor or per axis, stored as `stored`: the same codes up to a shift, so the Clip is decided on `qp`;
+        a per-axis grid fills its container, so it needs no Clip)."""
         nodes = []
         scale, zp = self.scale_zp(out, stored)
         x = source
@@ -141,9 +147,10 @@ class _Builder:
             x = self.name(f"{out}_clipped")
             nodes.append(helper.make_node("Clip", [source, lo_name, hi_name], [x], name=self.name(f"{out}_Clip")))
         quantized = self.name(f"{out}_quantized")
+        axis = {} if stored.axis is None else {"axis": int(stored.axis)}
         nodes.append(helper.make_node("QuantizeLinear", [x, scale, zp], [quantized],
-                                      name=self.name(f"{out}_QuantizeLinear"), domain=self.domain(stored.dtype)))
-        nodes.append(self.dequantize(quantized, scale, zp, out, stored.dtype, None))
+                                      name=self.name(f"{out}_QuantizeLinear"), domain=self.domain(stored.dtype), **axis))
+        nodes.append(self.dequantize(quantized, scale, zp, out, stored.dtype, stored.axis))
         self.chains[out] = (quantized, stored)
         return nodes
 
@@ -265,11 +272,53 @@ def _without_unread_dequantize(nodes: list[onnx.NodeProto], reread: set[str], ou
     return [n for n in nodes if not (n.op_type == "DequantizeLinear" and n.output[0] in reread - read)]
 
 
+def _with_bias_adds_folded(graph: Graph, protected: Container[str]) -> Graph:
+    """A copy of `graph` (IR and model) with the constant adds after its layers folded into their biases, as
+    the integer executor's rewrites fold them (`ptq.engine.bias_add_fold`); nodes in `protected` take no part. A
+    layer whose ONNX op has no bias input (MatMul) keeps an Add of its int32 bias right after it, with no
+    Q/DQ pair between: the sum the integer graph computes in its accumulator."""
+    folded = copy_graph(graph)
+    folds = fold_bias_adds(folded, frozenset(protected))
+    if not folds:
+        return graph
+    model = onnx.ModelProto()
+    model.CopyFrom(graph.model)
+    nodes = {node.name: node for node in folded.nodes}
+    by_host = {fold.host: fold for fold in folds}
+    by_adder = {fold.adder: fold for fold in folds if bias_slot(nodes[fold.host]).in_onnx}
+    unfused = {fold.adder: fold for fold in folds if not bias_slot(nodes[fold.host]).in_onnx}
+    kept = []
+    for proto in model.graph.node:
+        if proto.name in by_adder:
+            continue
+        if proto.name in unfused:  # host(x) + bias: the adder now adds the folded int32 bias
+            fold = unfused[proto.name]
+            proto.op_type = "Add"
+            del proto.input[:]
+            proto.input.extend([fold.removed_tensor, fold.bias])
+        elif proto.name in by_host and proto.name not in {f.host for f in unfused.values()}:
+            del proto.input[:]
+            proto.input.extend(nodes[proto.name].inputs)
+            del proto.output[:]
+            proto.output.extend(nodes[proto.name].outputs)
+        kept.append(proto)
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    model.graph.initializer.extend(numpy_helper.from_array(folded.initializers[f.bias], f.bias) for f in folds)
+    removed = {f.removed_tensor for f in folds}
+    info = [v for v in model.graph.value_info if v.name not in removed]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(info)
+    folded.model = model
+    return folded
+
+
 def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = DEFAULT_TARGET) -> onnx.ModelProto:
     """The QDQ model of `graph` with the QParams of `table`, its codes stored for `target` (a name of
     `QDQ_TARGETS`; see the module docstring)."""
     target = get_target(target)
     float_nodes = table_float_nodes(graph, table)
+    graph = _with_bias_adds_folded(graph, float_nodes)
     nodes_by_name = {node.name: node for node in graph.nodes}
     float_weighted = {name for name in float_nodes  # (a node a rewrite created has no weights of the model)
                       if name in nodes_by_name and weight_role(nodes_by_name[name]) is not None}
@@ -287,8 +336,9 @@ def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = 
     for name, qp in activations.items():
         if graph.tensors[name].dtype != np.float32:
             raise ModelError(f"QDQ export supports float32 activations; {name!r} is {graph.tensors[name].dtype}")
-        if qp.axis is not None:
-            raise ModelError(f"activation {name!r} has per-channel QParams; QDQ export quantizes activations per tensor")
+        if qp.axis is not None and (qp.qmin, qp.qmax) != _container_range(qp):
+            raise ModelError(f"activation {name!r} has per-channel QParams narrower than their container; QDQ "
+                             "export quantizes such activations per tensor only")
     stored = {name: stored_qparams(qp, target.unsigned_activations) for name, qp in activations.items()}
 
     head, input_rename = list(weight_nodes), {}

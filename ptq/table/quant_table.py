@@ -7,6 +7,7 @@
                         "scale": [...], "zero_point": [...],        # ONNX convention x_f = (x_q - zp) * scale
                         "bits": 8, "signed": true, "axis": null, "narrow": false,
                         "float": true,                              # only when set: its layer runs in float
+                        "why": "...",                               # only when set: why ptq chose this grid
                         "check": "3f2a9c1e-77b0d2aa"}}}             # written by ptq: which fields were edited
 
 `min`, `max`, `scale` and `zero_point` are lists (length 1 per-tensor, C per-channel along `axis`).
@@ -31,6 +32,9 @@ each) of the values as saved: the *range* side (`min`, `max`, `bits`) and the *g
 
 A scale that is not a float32 value is rounded to the nearest float32 (the QDQ model holds float32 scales, and
 the integer executor must describe the same grid), with a note. The next save writes fresh fingerprints.
+`why` says why ptq gave an entry a grid other than the calibrator's 8-bit per-tensor one (a Concat output
+joining parts of widely different ranges, `ptq.calibration.joined_ranges`); it is a note for the reader, kept on load and
+save, and takes no part in the fingerprints.
 `float: true` on an activation runs the layer that computes it in float (dequantize its inputs, float op,
 quantize its output with this entry), as `ptq debug --fake-quant TENSOR` does; see `ptq.engine.executor.prepare`.
 """
@@ -54,7 +58,7 @@ from ptq.core.notes import Note
 
 KINDS = ("activation", "weight")
 ENTRY_KEYS = ("kind", "calibrator", "min", "max", "scale", "zero_point", "bits", "signed", "axis", "narrow",
-              "float", "check")
+              "float", "why", "check")
 _CHECK = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{8}$")
 RECOMPUTE_FIX = "or delete 'scale' and 'zero_point' to have them recomputed from 'min'/'max'"
 
@@ -140,6 +144,7 @@ class TensorEntry:
     max: np.ndarray
     qparams: QParams
     run_in_float: bool = False
+    why: str = ""  # why ptq chose this grid, when it is not the calibrator's plain one (JSON `"why"`)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -171,6 +176,7 @@ class TensorEntry:
             "max": [float(v) for v in self.max],
             **self.qparams.to_dict(),
             **({"float": True} if self.run_in_float else {}),
+            **({"why": self.why} if self.why else {}),
             "check": self.check(),
         }
 
@@ -333,6 +339,9 @@ class _EntryReader:
         kind, calibrator, bits, axis = self.header()
         lo, hi = self.range(axis)
         run_in_float = self.flag("float", False)
+        why = data.get("why", "")
+        if not isinstance(why, str):
+            raise self.fail(f"'why' must be a string (a note on the grid), got {why!r}")
         if run_in_float and kind != "activation":
             raise self.fail("'float' is true on a weight; mark the output of the layer using it (an activation) "
                             "float instead")
@@ -349,7 +358,7 @@ class _EntryReader:
             qparams = self.options.derive_qparams(kind, lo, hi, bits, axis)
             self.notes.append(f"no 'scale'/'zero_point': computed from 'min'/'max' (scale {_fmt(qparams.scale)}, "
                               f"zero_point {_fmt(qparams.zero_point)})")
-            return TensorEntry(kind, calibrator, lo, hi, qparams, run_in_float)
+            return TensorEntry(kind, calibrator, lo, hi, qparams, run_in_float, why)
         if "signed" not in data:
             raise self.fail("missing key 'signed'; add it (true for a signed integer grid, false for unsigned)")
         signed, narrow = self.flag("signed", True), self.flag("narrow", False)
@@ -370,14 +379,14 @@ class _EntryReader:
             self.notes.append(f"'min'/'max'/'bits' changed: scale and zero_point recomputed from them (scale "
                               f"{_fmt(old_scale)} -> {_fmt(qparams.scale)}, zero_point {_fmt(old_zp)} -> "
                               f"{_fmt(qparams.zero_point)})")
-            return TensorEntry(kind, calibrator, lo, hi, qparams, run_in_float)
+            return TensorEntry(kind, calibrator, lo, hi, qparams, run_in_float, why)
         scale, zp = self.grid(lo.size, bits, signed, narrow)
         if grid_edited:
             also = "; 'min'/'max'/'bits' changed too and are kept as written" if range_edited else ""
             self.notes.append(f"'scale'/'zero_point'/'signed'/'narrow' edited: used as written{also}")
         self.rounding_note(scale)
         qparams = QParams(scale=scale, zero_point=zp, bits=bits, signed=signed, axis=axis, narrow=narrow)
-        return TensorEntry(kind, calibrator, lo, hi, qparams, run_in_float)
+        return TensorEntry(kind, calibrator, lo, hi, qparams, run_in_float, why)
 
 
 def entry_from_dict(name: str, data, options: CalibrationOptions, source: str = "quant table") \

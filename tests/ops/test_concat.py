@@ -79,3 +79,41 @@ def test_concat_output_qparams_fallback():
         op.quantize(context(node, [qp, other], [None]))
     with pytest.raises(QuantizationError, match="axis"):
         op.quantize(context(Node("cat", "Concat", ["a"], ["y"]), [qp], [None]))
+
+
+@covers("Concat", check=Check.INT_REFERENCE)
+@covers("Concat", check=Check.ONNXRUNTIME)
+def test_per_channel_output_along_the_axis_keeps_each_part_on_its_grid():
+    # pixel boxes (0..320, 4 rows) joined with sigmoid scores (0..1, 3 rows) and a constant row: each output
+    # channel has its own grid; the box part's channels carry its own grid (copied), the others requantize
+    from ptq.core.qparams import QParams, compute_qparams
+
+    rng = np.random.default_rng(9)
+    op = get_op("Concat")
+    box_qp = compute_qparams(0.0, 320.0, 8, symmetric=False)
+    score_qp = compute_qparams(0.0, 1.0, 8, symmetric=False)
+    boxes, scores = random_codes(rng, box_qp, (1, 4, 6)), random_codes(rng, score_qp, (1, 3, 6))
+    const = rng.uniform(0, 2, (1, 1, 6)).astype(np.float32)
+    score_out = compute_qparams(np.zeros(3), np.array([1.0, 0.5, 1.2]), 8, symmetric=False, axis=0)
+    y_qp = QParams(scale=np.concatenate([np.repeat(box_qp.scale, 4), score_out.scale, [2 / 255]]),
+                   zero_point=np.zeros(8, np.int64), bits=8, signed=False, axis=1)
+    node = Node("cat", "Concat", ["b", "s", "k"], ["y"], {"axis": -2})
+    ctx = context(node, [box_qp, score_qp, None], [y_qp], {2: const})
+    ctx.in_shapes = [(1, 4, 6), (1, 3, 6), (1, 1, 6)]
+    q = op.quantize(ctx)
+    assert q.copy == [True, False, False] and q.axis == 1
+    (y,) = op.forward_int(q, [boxes, scores, const], runtime())
+    np.testing.assert_array_equal(y[:, :4], boxes)
+    for c in range(3):
+        m, n = quantize_multiplier(float(score_qp.scale[0]) / float(score_out.scale[c]), MBITS)
+        ref = ref_requant(scores[:, c].astype(I64) - int(score_qp.zero_point[0]), m[0], n[0], 0, 0, 255)
+        np.testing.assert_array_equal(y[:, 4 + c], ref)
+    np.testing.assert_array_equal(y[:, 7], np.clip(np.rint(const[:, 0] / np.float32(2 / 255)), 0, 255))
+    (y_ort,) = ort_single("Concat", {"b": box_qp.dequantize(boxes), "s": score_qp.dequantize(scores)}, {"axis": -2},
+                          constants={"k": const})
+    lo, hi = (v.reshape(1, -1, 1) for v in y_qp.real_range())
+    per_channel_lsb = np.abs(y_qp.dequantize(y) - np.clip(y_ort, lo, hi)) / y_qp.scale.reshape(1, -1, 1)
+    assert per_channel_lsb.max() <= 0.5 + 255 * 2.0 ** -MBITS + 1e-3
+    ctx.in_shapes = [None, (1, 3, 6), (1, 1, 6)]
+    with pytest.raises(QuantizationError, match="static size of input 0"):
+        op.quantize(ctx)

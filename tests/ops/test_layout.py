@@ -189,3 +189,38 @@ def test_layout_bad_arguments_raise(op_type, attrs, consts, match):
     q = op.quantize(context(node, [qp] + [None] * len(consts), [None], constants))
     with pytest.raises(ValueError, match=match):
         op.forward_int(q, [np.zeros((2, 3, 4), np.int8)] + list(consts.values()), runtime())
+
+
+@covers("Transpose", "Reshape", check=Check.ONNXRUNTIME)
+def test_a_per_channel_grid_follows_its_channels():
+    # a joined output with one grid per part (ptq.calibration.joined_ranges): Transpose and Reshape move the codes and the
+    # grid lands on the axis that now holds the channels; a Slice refuses it (it may cut the channels)
+    from ops.registry import QuantizationError
+    from ptq.core.qparams import QParams
+
+    rng = np.random.default_rng(4)
+    x_qp = QParams(scale=np.linspace(0.004, 1.25, 5), zero_point=np.zeros(5, np.int64), bits=8, signed=False, axis=1)
+    x = rng.integers(0, 256, (1, 5, 6)).astype(np.uint8)
+    cases = [("Transpose", {"perm": [0, 2, 1]}, {}, (1, 6, 5), 2),
+             ("Reshape", {}, {"shape": np.array([1, 5, 2, 3], np.int64)}, (1, 5, 2, 3), 1),
+             ("Reshape", {}, {"shape": np.array([5, 6], np.int64)}, (5, 6), 0)]
+    for op_type, attrs, consts, out_shape, axis in cases:
+        node = Node("n", op_type, ["x"] + list(consts), ["y"], attrs)
+        ctx = context(node, [x_qp] + [None] * len(consts), [None], {i + 1: v for i, v in enumerate(consts.values())})
+        ctx.in_shapes, ctx.out_shapes = [x.shape] + [None] * len(consts), [out_shape]
+        q = get_op(op_type).quantize(ctx)
+        y_qp = q.out_qparams[0]
+        assert y_qp.axis == axis and np.array_equal(y_qp.scale, x_qp.scale)
+        y = get_op(op_type).forward_int(q, [x] + list(consts.values()), runtime())[0]
+        want = ort_single(op_type, {"x": x_qp.dequantize(x).astype(np.float32)}, attrs, constants=consts)[0]
+        np.testing.assert_array_equal(y_qp.dequantize(y), want)
+    node = Node("n", "Reshape", ["x", "s"], ["y"])
+    ctx = context(node, [x_qp, None], [None], {1: np.array([1, 30], np.int64)})
+    ctx.in_shapes, ctx.out_shapes = [x.shape, None], [(1, 30)]
+    with pytest.raises(QuantizationError, match="per channel along axis 1"):
+        get_op("Reshape").quantize(ctx)
+    node = Node("n", "Slice", ["x", "a", "b"], ["y"])
+    ctx = context(node, [x_qp, None, None], [None], {1: np.array([0]), 2: np.array([2])})
+    ctx.in_shapes, ctx.out_shapes = [x.shape, None, None], [(1, 5, 6)]
+    with pytest.raises(QuantizationError, match="per channel"):
+        get_op("Slice").quantize(ctx)

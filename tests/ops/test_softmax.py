@@ -183,3 +183,43 @@ def test_integer_log_softmax_and_hardmax_equal_python_integer_references(opset, 
         first = row.index(max(row))
         want.append([one if j == first else zero for j in range(len(row))])
     np.testing.assert_array_equal(y, np.array(want).reshape(shape))
+
+
+@covers("Softmax", check=Check.INT_REFERENCE)
+@covers("Softmax", "LogSoftmax", check=Check.ONNXRUNTIME)
+@pytest.mark.parametrize("opset, axis, shape", [(11, 1, (1, 8, 32, 32)), (11, 2, (1, 3, 18710)), (13, -1, (2, 65536))])
+def test_long_rows_follow_the_widened_table(opset, axis, shape):
+    # rows past 4096 terms (issue 24): an opset-11 Softmax(axis=1) on a (1, 8, 32, 32) map (one row of 8192),
+    # an OCR head over 18,710 classes, 65,536 terms; the row length comes from the static shape at prepare
+    rng = np.random.default_rng(shape[-1])
+    x = rng.normal(-6.0, 2.0, shape)
+    x.reshape(-1, shape[-1])[:, rng.integers(0, shape[-1])] = 8.0  # a confident peak per last-axis row
+    x_qp = compute_qparams(x.min(), x.max(), 8, symmetric=True)
+    x_q = x_qp.quantize(x)
+    node = _node("Softmax", opset, axis)
+    ctx = context(node, [x_qp], [None])
+    ctx.in_shapes = [shape]
+    q = get_op("Softmax").quantize(ctx)
+    n = int(np.prod(shape[axis:])) if opset < 13 else shape[axis]
+    one_bits = (n - 1).bit_length() + 8  # E = ceil(log2 n) + 8 (lut.softmax), recomputed here
+    assert [t.one_bits for t in q.kernel.tables] == [one_bits]
+    y = get_op("Softmax").forward_int(q, [x_q], runtime())[0]
+    rows = x_q.astype(np.int64).reshape(int(np.prod(shape[:axis])), -1) if opset < 13 else x_q.astype(np.int64)
+    want_int = np.empty(rows.shape, dtype=np.int64)
+    s_x = float(x_qp.scale[0])
+    for r, row in enumerate(rows):
+        e = [int(v) for v in np.rint(np.exp(-(int(row.max()) - row) * s_x) * 2.0**one_bits)]
+        total = sum(e)
+        want_int[r] = [(ei * 255) // total + (2 * ((ei * 255) % total) >= total) for ei in e]
+    np.testing.assert_array_equal(y.reshape(want_int.shape), want_int)
+    want = ort_single("Softmax", {"x": x_qp.dequantize(x_q)}, {"axis": axis}, opset=opset)[0]
+    bound = 0.5 + 255 * (n + 1) / 2.0 ** (one_bits + 1)  # lut.softmax's proven bound, < 1 LSB
+    assert bound < 1 and np.max(np.abs(q.out_qparams[0].dequantize(y) - want)) <= bound / 255 + 1e-6
+
+    log_want = ort_single("LogSoftmax", {"x": x_qp.dequantize(x_q)}, {"axis": axis}, opset=opset)[0]
+    y_qp = compute_qparams(float(log_want.min()), 0.0, 8, symmetric=False)
+    ctx = context(_node("LogSoftmax", opset, axis), [x_qp], [y_qp])
+    ctx.in_shapes = [shape]
+    q = get_op("LogSoftmax").quantize(ctx)
+    y = get_op("LogSoftmax").forward_int(q, [x_q], runtime())[0]
+    assert np.max(np.abs(y_qp.dequantize(y) - log_want)) <= 1.0 * y_qp.scale[0] + 1e-6
