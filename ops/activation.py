@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ops.base import require_per_tensor, require_qparams
+from ops.conformance_case import X, Case, uniform_constant
 from ops.linear import OutputStage, output_stage
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.clip import clip_bounds
@@ -62,6 +63,7 @@ class Relu(OpDef):
     int_types = "int8/uint8/int16 -> uint8/uint16 (4.54) or the input's type"
     section = "4.54"
     absorbable = True
+    conformance = Case()
 
     def clip_range(self, node, constant):
         return 0.0, np.inf
@@ -97,6 +99,7 @@ class Clip(OpDef):
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
     section = "4.11/4.55"  # 4.55 Relu6 is Clip(0, 6)
     absorbable = True
+    conformance = Case(inputs=(X, "lo", "hi"), constants={"lo": np.float32(-0.5), "hi": np.float32(1.5)})
 
     def clip_range(self, node, constant):
         return clip_bounds(node, constant)
@@ -130,6 +133,7 @@ class LeakyRelu(OpDef):
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
     section = "4.39"
     absorbable = True
+    conformance = Case(attrs={"alpha": 0.1})
 
     def activation_params(self, node, constant):
         return [float(node.attr("alpha", LEAKY_RELU_DEFAULT_ALPHA))]
@@ -156,6 +160,7 @@ class PRelu(OpDef):
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
     section = "4.52"
     granularity = "per-channel slope"
+    conformance = Case(inputs=(X, "slope"), constants={"slope": uniform_constant("slope", (3, 1, 1), 0.05, 0.5)})
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)

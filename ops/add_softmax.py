@@ -28,6 +28,7 @@ import numpy as np
 
 from lut.softmax import SoftmaxKernel, build_softmax, divide_rounded, row_terms
 from ops.base import multiplier, require_per_tensor, require_qparams
+from ops.conformance_case import X, Case, uniform_constant
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 from ptq.core.requant import requantize
 
@@ -42,6 +43,13 @@ class QuantizedAddSoftmax(QuantizedNode):
     n: int = 0
 
 
+def _add_softmax_reference(x, b):
+    """The conformance case's numpy formula: softmax(x + b) along the last axis."""
+    v = x + b
+    e = np.exp(v - v.max(axis=-1, keepdims=True))
+    return [e / e.sum(axis=-1, keepdims=True)]
+
+
 @register
 class AddSoftmax(OpDef):
     """ai.ptq AddSoftmax: softmax(x + b) along `axis` (default -1). Formula and LSB bound: module docstring."""
@@ -51,6 +59,8 @@ class AddSoftmax(OpDef):
     domain = "ai.ptq"
     section = "4.66 (Softmax, with the mask added in the scores' LSB)"
     int_types = "int8/uint8/int16 + constant or int8/uint8/int16 -> uint8/uint16"
+    conformance = Case(path="direct", reference=_add_softmax_reference, inputs=(X, "b"),
+                       constants={"b": uniform_constant("mask", (4, 5), -3, 0)}, attrs={"axis": -1})
 
     def forward_float(self, node, inputs):
         z = np.asarray(inputs[0], dtype=np.float32) + np.asarray(inputs[1], dtype=np.float32)

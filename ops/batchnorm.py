@@ -20,6 +20,7 @@ import numpy as np
 
 from ops.base import require_per_tensor, require_qparams
 from ops.backend import absmax
+from ops.conformance_case import X, Case, uniform_constant
 from ops.linear import (
     AccumulatorPlan,
     OutputStage,
@@ -61,6 +62,9 @@ class BatchNormalization(OpDef):
     section = "4.5"
     granularity = "per-channel 16-bit weights"
     int_types = "int8/uint8/int16 x int16 -> int48 acc"
+    conformance = Case(inputs=(X, "s", "b", "m", "v"),
+                       constants={"s": uniform_constant("bns", (3,), 0.5, 1.5), "b": uniform_constant("bnb", (3,)),
+                                  "m": uniform_constant("bnm", (3,)), "v": uniform_constant("bnv", (3,), 0.5, 2.0)})
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ops.base import activation_qparams, multiplier, proposed_or
+from ops.conformance_case import X, Case, uniform_constant
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 from ptq.core.requant import requantize
@@ -60,6 +61,8 @@ class BiasAdd(OpDef):
     int_types = "int8/uint8/int16 + int32 bias (scale s_x, zp 0) -> int8/uint8/int16"
     granularity = "per-tensor activations; bias per channel"
     lsb_bound = 1.0 + 2.0 ** -6
+    conformance = Case(path="direct", reference=lambda x, b: [x + b.reshape(1, 3, 1, 1)], inputs=(X, "b"),
+                       constants={"b": uniform_constant("bias", (3,))})
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)

@@ -20,6 +20,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from ops.base import multiplier, require_per_tensor, require_qparams
+from ops.conformance_case import Case
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.requant import requantize
 
@@ -60,6 +61,7 @@ class Cast(OpDef):
     lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.10"
     int_types = "int8/uint8/int16 -> same (to float) or int/bool (to index); int/bool -> int8/uint8/int16"
+    conformance = Case(attrs={"to": int(TensorProto.INT32)}, note="to int32 (an index output)")
 
     def index_outputs(self, node):
         to, _ = _target(node)

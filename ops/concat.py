@@ -27,6 +27,7 @@ from typing import Optional
 import numpy as np
 
 from ops.base import centered, multiplier, normalize_axes, require_per_tensor, require_qparams
+from ops.conformance_case import X, Case, uniform_constant
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.qparams import QParams
 from ptq.core.requant import requantize
@@ -76,6 +77,8 @@ class Concat(OpDef):
     section = "4.12"
     int_types = "int8/uint8/int16/uint16 -> int8/uint8/int16/uint16"
     granularity = "per-tensor; output per channel along the axis"
+    conformance = Case(inputs=(X, "c"), constants={"c": uniform_constant("concat", (1, 2, 4, 5), -3, 3)},
+                       attrs={"axis": 1})
 
     def joins_along(self, node):
         return int(node.attr("axis")) if node.attr("axis") is not None else None

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ops.base import require_per_tensor
+from ops.conformance_case import Case, uniform_constant
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 from ptq.core.qparams import compute_qparams
@@ -53,6 +54,8 @@ class Constant(OpDef):
     section = "4.13"
     int_types = "float -> int8/uint8/int16; integer -> int64 (scale 1, zp 0)"
     lsb_bound = 0.5
+    conformance = Case(shape=(), inputs=(), attrs={"value": uniform_constant("const", (3, 4), -2, 2)}, path="direct",
+                       note="no input (load_model folds Constant nodes; the op is run directly)")
 
     def index_outputs(self, node):
         return frozenset({0}) if _is_index(constant_value(node)) else frozenset()

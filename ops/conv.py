@@ -32,6 +32,7 @@ import numpy as np
 from ops import compiled
 from ops.base import require_per_tensor, require_qparams
 from ops.backend import absmax, dtype_absmax
+from ops.conformance_case import X, Case, uniform_constant
 from ops.conv_kernels import conv_geometry, conv_padded, conv_transpose_full, pad_input
 from ops.linear import (
     AccumulatorPlan,
@@ -151,6 +152,8 @@ class Conv(OpDef):
     granularity = "per-channel weights"
     absorbs_activation = True
     absorbs_batchnorm = True
+    conformance = Case(inputs=(X, "w", "b"), constants={"w": uniform_constant("convw", (4, 3, 3, 3), -0.5, 0.5),
+                                                  "b": uniform_constant("convb", (4,))}, attrs={"pads": [1, 1, 1, 1]})
 
     def weight_role(self, node):
         return WeightRole(1, 0)
@@ -232,6 +235,8 @@ class ConvTranspose(OpDef):
     lsb_bound = 1.0
     section = "4.15"
     granularity = "per-channel weights"
+    conformance = Case(inputs=(X, "w", "b"), constants={"w": uniform_constant("ctw", (3, 2, 2, 2), -0.5, 0.5),
+                                                  "b": uniform_constant("ctb", (2,))}, attrs={"strides": [2, 2]})
 
     def weight_role(self, node):
         return WeightRole(1, 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ops.base import activation_qparams, float_or_index
+from ops.conformance_case import Case
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 
@@ -45,6 +46,8 @@ class Crop(OpDef):
     int_types = "any -> same as input"
     keeps_input_qparams = True
     lsb_bound = 0.0
+    conformance = Case(path="direct", reference=lambda x: [x[:, 1:3, 1:4, 0:4]],
+                       attrs={"starts": [0, 1, 1, 0], "ends": [1, 3, 4, 4]})
 
     def forward_float(self, node, inputs):
         x = float_or_index(inputs[0])

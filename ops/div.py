@@ -26,6 +26,7 @@ import numpy as np
 
 from lut.arith import Divider, build_divider
 from ops.base import multiplier, require_per_tensor, require_qparams
+from ops.conformance_case import X, Case, uniform_constant
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.qparams import compute_qparams
 from ptq.core.requant import requantize
@@ -58,6 +59,8 @@ class Div(OpDef):
     lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.23"
     int_types = "int8/uint8/int16 / constant or int8/uint8/int16 -> int8/uint8/int16"
+    conformance = Case(inputs=(X, "c"), constants={"c": uniform_constant("div", (5,), 0.5, 2.0)},
+                       note="constant divisor")
 
     def forward_float(self, node, inputs):
         a, b = (np.asarray(v, dtype=np.float32) for v in inputs[:2])

@@ -28,6 +28,7 @@ import numpy as np
 
 from ops import compiled
 from ops.base import multiplier, require_per_tensor, require_qparams
+from ops.conformance_case import X, Case, uniform_constant
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.qparams import QParams, compute_qparams
 from ptq.core.requant import requantize, shift_round
@@ -127,6 +128,7 @@ class Add(_AddSub):
     section = "4.24"
     sign = 1
     sum_signs = (1, 1)
+    conformance = Case(inputs=(X, "c"), constants={"c": uniform_constant("add", (4, 5))})
 
 
 @register
@@ -138,6 +140,7 @@ class Sub(_AddSub):
     section = "4.28"
     sign = -1
     sum_signs = (1, -1)
+    conformance = Case(inputs=("c", X), constants={"c": uniform_constant("sub", (5,))})
 
 
 @register
@@ -148,6 +151,7 @@ class Mul(OpDef):
     lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.27"
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
+    conformance = Case(inputs=(X, "c"), constants={"c": uniform_constant("mul", (3, 1, 1), -2, 2)})
 
     def forward_float(self, node, inputs):
         a, b = (np.asarray(v, dtype=np.float32) for v in inputs[:2])

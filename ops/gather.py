@@ -31,6 +31,7 @@ from typing import Optional
 import numpy as np
 
 from ops.base import activation_qparams, float_or_index, int_list, require_per_tensor
+from ops.conformance_case import X, Case, int64s
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 from ptq.core.qparams import QParams, compute_qparams
@@ -108,6 +109,7 @@ class Gather(_Gathering):
     op_type = "Gather"
     lsb_bound = 0.0
     section = "4.33"
+    conformance = Case(inputs=(X, "i"), constants={"i": int64s(0, 2, 2)}, attrs={"axis": 1})
 
     def gather(self, node, x, indices):
         axis = int(node.attr("axis", 0))
@@ -125,6 +127,7 @@ class GatherND(_Gathering):
     op_type = "GatherND"
     lsb_bound = 0.0
     section = "4.34"
+    conformance = Case(inputs=(X, "i"), constants={"i": np.array([[0, 1], [0, 2]], np.int64)})
 
     def gather(self, node, x, indices):
         b = int(node.attr("batch_dims", 0))
@@ -172,6 +175,13 @@ def unpool(node: Node, x: np.ndarray, indices: np.ndarray, inputs, zero) -> np.n
     return y.reshape(shape)
 
 
+def _unpool_reference(x, idx):
+    """The conformance case's numpy formula: MaxUnpool to (N, C, 4, 4), indices into the flattened output."""
+    out = np.zeros(x.shape[:2] + (4, 4), np.float32)
+    out.reshape(-1)[idx.ravel()] = x.ravel()
+    return [out]
+
+
 @register
 class UpsampleByIndex(OpDef):
     """ai.ptq UpsampleByIndex: ONNX MaxUnpool on the codes, zeros as zp_x (module docstring). Whitepaper 4.78."""
@@ -182,6 +192,9 @@ class UpsampleByIndex(OpDef):
     section = "4.78"
     int_types = "any (indices int64) -> same as input"
     keeps_input_qparams = True
+    conformance = Case(path="direct", reference=_unpool_reference, shape=(1, 2, 2, 2), inputs=(X, "i"),
+                       constants={"i": np.array([[[[0, 3], [9, 14]], [[21, 22], [24, 31]]]], np.int64)},
+                       attrs={"kernel_shape": [2, 2], "strides": [2, 2]})
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)

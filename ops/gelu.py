@@ -13,6 +13,7 @@ through the same table. LSB bound vs the float op on the dequantized input: 0.5 
 from __future__ import annotations
 
 from lut.functions import FUNCTIONS, LutFunction
+from ops.conformance_case import Case
 from ops.lut_ops import _LutOp
 from ops.registry import QuantizationError, register
 
@@ -26,6 +27,7 @@ class Gelu(_LutOp):
     op_type = "Gelu"
     lsb_bound = 0.5
     section = "3.3.2.2 (LUT; no chapter 4 entry)"
+    conformance = Case(opset=20)
 
     def function(self, node) -> LutFunction:
         approximate = node.attr("approximate", "none")

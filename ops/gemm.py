@@ -32,6 +32,7 @@ import numpy as np
 from ops import compiled
 from ops.base import require_per_tensor, require_qparams
 from ops.backend import absmax
+from ops.conformance_case import X, Case, uniform_constant
 from ops.linear import (
     AccumulatorPlan,
     OutputStage,
@@ -98,6 +99,9 @@ class Gemm(OpDef):
     granularity = "per-channel weights"
     int_types = "int8/uint8/int16 x int8/int16 -> int32 (48 for 16-bit) acc"
     absorbs_activation = True
+    conformance = Case(shape=(1, 6), inputs=(X, "w", "b"), attrs={"transB": 1},
+                       constants={"w": uniform_constant("gemmw", (4, 6), -0.5, 0.5),
+                                  "b": uniform_constant("gemmb", (4,))})
 
     def weight_role(self, node):
         """B, per output channel: its axis 0 when transposed (transB=1), else axis 1."""
@@ -198,6 +202,7 @@ class MatMul(OpDef):
     section = "4.42"
     granularity = "per-channel constant B; per-tensor activations"
     int_types = "int8/uint8/int16 x int8/uint8/int16 -> int32 (48 for 16-bit) acc"
+    conformance = Case(inputs=(X, "w"), constants={"w": uniform_constant("mmw", (5, 3), -0.5, 0.5)})
 
     def weight_role(self, node):
         """B, when it is a constant: per output channel along its last axis."""
@@ -313,6 +318,7 @@ class Einsum(MatMul):
 
     op_type = "Einsum"
     granularity = "per-tensor activations (batched-matmul equations)"
+    conformance = Case(inputs=(X, X), attrs={"equation": "bcik,bcjk->bcij"}, note="x x^T, two activations")
 
     def weight_role(self, node):
         return None

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ops.base import activation_qparams
+from ops.conformance_case import Case
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 
@@ -47,6 +48,12 @@ def _count(bins: np.ndarray, nbins: int) -> np.ndarray:
     return np.bincount(np.clip(bins, 0, nbins - 1).ravel(), minlength=nbins).astype(np.int64)
 
 
+def _histogram_reference(x):
+    """The conformance case's numpy formula: 6 bins over [-1.5, 1.5), values outside counted in the end bins."""
+    bins = np.clip(np.floor((x - (-1.5)) / 3.0 * 6), 0, 5).astype(np.int64)
+    return [np.bincount(bins.ravel(), minlength=6).astype(np.int64)]
+
+
 @register
 class Histogram(OpDef):
     """ai.ptq Histogram (min, max, nbins): bin counts on the codes with bounds in 2^-16 codes (module
@@ -57,6 +64,7 @@ class Histogram(OpDef):
     domain = "ai.ptq"
     section = "4.37"
     int_types = "int8/uint8/int16 -> int64 counts"
+    conformance = Case(path="direct", reference=_histogram_reference, attrs={"min": -1.5, "max": 1.5, "nbins": 6})
 
     def index_outputs(self, node):
         return frozenset({0})

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ops.base import float_or_index, int_list, normalize_axes, optional_input, require_qparams
+from ops.conformance_case import X, Case, int64s
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 from ptq.core.qparams import QParams
@@ -82,6 +83,7 @@ class Identity(_Layout):
 
     op_type = "Identity"
     lsb_bound = 0.0
+    conformance = Case()
 
     def is_noop(self, node):
         return True
@@ -97,6 +99,7 @@ class Dropout(_Layout):
 
     op_type = "Dropout"
     lsb_bound = 0.0
+    conformance = Case()
 
     def is_noop(self, node):
         return True
@@ -126,6 +129,7 @@ class Reshape(_Layout):
 
     op_type = "Reshape"
     lsb_bound = 0.0
+    conformance = Case(inputs=(X, "s"), constants={"s": int64s(1, 12, 5)})
 
     def apply(self, node, x, inputs):
         shape = int_list(node, inputs, 1, "shape")
@@ -147,6 +151,7 @@ class Flatten(_Layout):
 
     op_type = "Flatten"
     lsb_bound = 0.0
+    conformance = Case()
 
     def apply(self, node, x, inputs):
         axis = int(node.attr("axis", 1))
@@ -164,6 +169,7 @@ class Squeeze(_Layout):
 
     op_type = "Squeeze"
     lsb_bound = 0.0
+    conformance = Case(shape=(1, 3, 1, 5), inputs=(X, "a"), constants={"a": int64s(2)})
 
     def apply(self, node, x, inputs):
         axes = int_list(node, inputs, 1, "axes")
@@ -182,6 +188,7 @@ class Unsqueeze(_Layout):
 
     op_type = "Unsqueeze"
     lsb_bound = 0.0
+    conformance = Case(inputs=(X, "a"), constants={"a": int64s(1)})
 
     def apply(self, node, x, inputs):
         axes = int_list(node, inputs, 1, "axes")
@@ -197,6 +204,7 @@ class Transpose(_Layout):
     op_type = "Transpose"
     lsb_bound = 0.0
     section = "4.77"
+    conformance = Case(attrs={"perm": [0, 2, 3, 1]})
 
     def moved_axis(self, node, axis, in_shape, out_shape):
         """perm.index(axis): the output axis that now holds the input's `axis`."""
@@ -222,6 +230,7 @@ class Split(_Layout):
     op_type = "Split"
     lsb_bound = 0.0
     section = "4.71"
+    conformance = Case(inputs=(X, "sp"), constants={"sp": int64s(2, 3)}, attrs={"axis": 3}, outputs=2)
 
     def moved_axis(self, node, axis, in_shape, out_shape):
         return None  # it cuts the tensor: a per-channel grid would not follow its channels
@@ -249,6 +258,8 @@ class Slice(_Layout):
     op_type = "Slice"
     lsb_bound = 0.0
     section = "4.65"
+    conformance = Case(inputs=(X, "st", "en", "ax"),
+                       constants={"st": int64s(1, 0), "en": int64s(4, 3), "ax": int64s(2, 3)})
 
     def moved_axis(self, node, axis, in_shape, out_shape):
         return None  # it cuts the tensor: a per-channel grid would not follow its channels

@@ -28,6 +28,7 @@ from typing import Callable, ClassVar, Optional
 import numpy as np
 
 from ops.base import centered, multiplier, require_per_tensor, require_qparams
+from ops.conformance_case import X, Case, seeded_rng, uniform_constant
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.requant import requantize
 
@@ -111,6 +112,8 @@ class Equal(_Compare):
     op_type = "Equal"
     lsb_bound = 0.0
     compare = staticmethod(np.equal)
+    conformance = Case(inputs=(X, "c"), constants={"c": (np.arange(20, dtype=np.float32).reshape(4, 5) % 9 - 4) / 4},
+                       data="grid", note="grid data: ties occur")
 
 
 @register
@@ -120,6 +123,7 @@ class Greater(_Compare):
     op_type = "Greater"
     lsb_bound = 0.0
     compare = staticmethod(np.greater)
+    conformance = Case(inputs=(X, "c"), constants={"c": uniform_constant("gt", (4, 5))})
 
 
 @register
@@ -129,6 +133,7 @@ class GreaterOrEqual(_Compare):
     op_type = "GreaterOrEqual"
     lsb_bound = 0.0
     compare = staticmethod(np.greater_equal)
+    conformance = Case(inputs=(X, "c"), constants={"c": uniform_constant("ge", (4, 5))})
 
 
 @register
@@ -138,6 +143,7 @@ class Less(_Compare):
     op_type = "Less"
     lsb_bound = 0.0
     compare = staticmethod(np.less)
+    conformance = Case(inputs=(X, "c"), constants={"c": uniform_constant("lt", (4, 5))})
 
 
 @register
@@ -147,6 +153,7 @@ class LessOrEqual(_Compare):
     op_type = "LessOrEqual"
     lsb_bound = 0.0
     compare = staticmethod(np.less_equal)
+    conformance = Case(inputs=(X, "c"), constants={"c": uniform_constant("le", (4, 5))})
 
 
 class _BoolOp(OpDef):
@@ -183,6 +190,9 @@ class And(_BoolOp):
 
     op_type = "And"
     apply = staticmethod(np.logical_and)
+    conformance = Case(shape=(1, 3, 4), inputs=(X, "c"),
+                       constants={"c": seeded_rng("and").integers(0, 2, (3, 4)).astype(bool)},
+                       x_dtype=np.bool_, path="direct", note="bool inputs: a graph runs it as a shape node")
 
 
 @register
@@ -191,6 +201,9 @@ class Or(_BoolOp):
 
     op_type = "Or"
     apply = staticmethod(np.logical_or)
+    conformance = Case(shape=(1, 3, 4), inputs=(X, "c"),
+                       constants={"c": seeded_rng("or").integers(0, 2, (3, 4)).astype(bool)},
+                       x_dtype=np.bool_, path="direct", note="bool inputs: a graph runs it as a shape node")
 
 
 @register
@@ -199,6 +212,9 @@ class Xor(_BoolOp):
 
     op_type = "Xor"
     apply = staticmethod(np.logical_xor)
+    conformance = Case(shape=(1, 3, 4), inputs=(X, "c"),
+                       constants={"c": seeded_rng("xor").integers(0, 2, (3, 4)).astype(bool)},
+                       x_dtype=np.bool_, path="direct", note="bool inputs: a graph runs it as a shape node")
 
 
 @register
@@ -207,6 +223,8 @@ class Not(_BoolOp):
 
     op_type = "Not"
     apply = staticmethod(np.logical_not)
+    conformance = Case(shape=(1, 3, 4), x_dtype=np.bool_, path="direct",
+                       note="bool input: a graph runs it as a shape node")
 
 
 @dataclass
@@ -224,6 +242,9 @@ class Where(OpDef):
     lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.79"
     int_types = "bool, int8/uint8/int16, int8/uint8/int16 -> int8/uint8/int16"
+    conformance = Case(inputs=("cond", X, "c"),
+                       constants={"cond": seeded_rng("where").integers(0, 2, (4, 5)).astype(bool),
+                                  "c": uniform_constant("where", (4, 5))})
 
     def forward_float(self, node, inputs):
         x, y = _float_operands(inputs[1:3])

@@ -20,6 +20,7 @@ from lut.functions import FUNCTIONS, LutFunction
 from lut.table import MAX_FULL_TABLE_BITS, LookupTable, build_table
 from ops import compiled
 from ops.base import require_per_tensor, require_qparams
+from ops.conformance_case import Case
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 
 
@@ -80,6 +81,7 @@ class Sigmoid(_LutOp):
     op_type = "Sigmoid"
     lsb_bound = 0.5
     section = "4.62"
+    conformance = Case()
 
     def function(self, node) -> LutFunction:
         return FUNCTIONS["sigmoid"]
@@ -92,6 +94,7 @@ class Tanh(_LutOp):
     op_type = "Tanh"
     lsb_bound = 0.5
     section = "4.74"
+    conformance = Case()
 
     def function(self, node) -> LutFunction:
         return FUNCTIONS["tanh"]
@@ -104,6 +107,7 @@ class HardSwish(_LutOp):
     op_type = "HardSwish"
     lsb_bound = 0.5
     section = "4.36"
+    conformance = Case()
 
     def function(self, node) -> LutFunction:
         return FUNCTIONS["hardswish"]
@@ -116,6 +120,7 @@ class HardSigmoid(_LutOp):
     op_type = "HardSigmoid"
     lsb_bound = 0.5
     section = "3.3.2.2 (LUT; no chapter 4 entry)"
+    conformance = Case()
 
     def function(self, node) -> LutFunction:
         alpha = float(node.attr("alpha", 0.2))

@@ -20,6 +20,7 @@ from typing import Optional
 import numpy as np
 
 from ops.base import centered, multiplier, require_per_tensor, require_qparams
+from ops.conformance_case import X, Case, uniform_constant
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.requant import requantize
 
@@ -85,6 +86,7 @@ class Max(_Extremum):
     lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.25"
     reduce_fn = staticmethod(np.maximum)
+    conformance = Case(inputs=(X, "c"), constants={"c": uniform_constant("max", (4, 5))})
 
 
 @register
@@ -95,3 +97,4 @@ class Min(_Extremum):
     lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.26"
     reduce_fn = staticmethod(np.minimum)
+    conformance = Case(inputs=(X, "c"), constants={"c": uniform_constant("min", (4, 5))})

@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ops.base import activation_qparams, float_or_index, int_list, normalize_axes, optional_input
+from ops.conformance_case import X, Case, int64s
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 from ptq.core.qparams import QParams
@@ -108,6 +109,7 @@ class DepthToSpace(_Movement):
     op_type = "DepthToSpace"
     lsb_bound = 0.0
     section = "4.21"
+    conformance = Case(shape=(1, 8, 2, 3), attrs={"blocksize": 2})
 
     def apply(self, node, x, inputs, zero):
         n, c, h, w = _nchw(x)
@@ -132,6 +134,7 @@ class SpaceToDepth(_Movement):
     op_type = "SpaceToDepth"
     lsb_bound = 0.0
     section = "4.70"
+    conformance = Case(shape=(1, 2, 4, 6), attrs={"blocksize": 2})
 
     def apply(self, node, x, inputs, zero):
         n, c, h, w = _nchw(x)
@@ -149,6 +152,7 @@ class Tile(_Movement):
     op_type = "Tile"
     lsb_bound = 0.0
     section = "4.75"
+    conformance = Case(inputs=(X, "r"), constants={"r": int64s(1, 2, 1, 2)})
 
     def apply(self, node, x, inputs, zero):
         repeats = int_list(node, inputs, 1, "repeats")
@@ -164,6 +168,7 @@ class Expand(_Movement):
     op_type = "Expand"
     lsb_bound = 0.0
     section = "4.75"
+    conformance = Case(shape=(1, 3, 1, 5), inputs=(X, "s"), constants={"s": int64s(1, 3, 4, 5)})
 
     def apply(self, node, x, inputs, zero):
         shape = int_list(node, inputs, 1, "shape")
@@ -184,6 +189,8 @@ class ReverseSequence(_Movement):
     op_type = "ReverseSequence"
     lsb_bound = 0.0
     section = "4.59"
+    conformance = Case(shape=(1, 4, 3), inputs=(X, "lens"), constants={"lens": int64s(3)},
+                       attrs={"batch_axis": 0, "time_axis": 1})
 
     def apply(self, node, x, inputs, zero):
         lens = _counts(inputs, 1, "sequence_lens")
@@ -200,6 +207,17 @@ class ReverseSequence(_Movement):
         return np.moveaxis(y, (0, 1), (batch_axis, time_axis))
 
 
+def _batch_to_space_reference(x):
+    """The conformance case's numpy formula, block (2, 2), no crops:
+    y[n, c, 2h + i, 2w + j] = x[(2i + j) N + n, c, h, w]."""
+    n = x.shape[0] // 4
+    y = np.zeros((n, x.shape[1], 2 * x.shape[2], 2 * x.shape[3]), x.dtype)
+    for i in range(2):
+        for j in range(2):
+            y[:, :, i::2, j::2] = x[(2 * i + j) * n:(2 * i + j + 1) * n]
+    return [y]
+
+
 @register
 class BatchToSpace(_Movement):
     """ai.ptq BatchToSpace (NCHW, `block_size`, `crops`): module docstring. Whitepaper 4.7."""
@@ -208,6 +226,8 @@ class BatchToSpace(_Movement):
     lsb_bound = 0.0
     domain = PTQ_DOMAIN
     section = "4.7"
+    conformance = Case(path="direct", reference=_batch_to_space_reference, shape=(4, 3, 2, 3),
+                       attrs={"block_size": [2, 2], "crops": [0, 0, 0, 0]})
 
     def apply(self, node, x, inputs, zero):
         nb, c, h, w = _nchw(x)
@@ -222,6 +242,12 @@ class BatchToSpace(_Movement):
         return y[:, :, top:h * bh - bottom, left:w * bw - right]
 
 
+def _space_to_batch_reference(x):
+    """The conformance case's numpy formula, block (2, 2), no pads: the inverse of BatchToSpace's."""
+    n = x.shape[0]
+    return [np.concatenate([x[:, :, i::2, j::2] for i in range(2) for j in range(2)], axis=0)[:4 * n]]
+
+
 @register
 class SpaceToBatch(_Movement):
     """ai.ptq SpaceToBatch (NCHW, `block_size`, `pads`): zero padding, then spatial blocks into the batch
@@ -231,6 +257,8 @@ class SpaceToBatch(_Movement):
     lsb_bound = 0.0
     domain = PTQ_DOMAIN
     section = "4.69"
+    conformance = Case(path="direct", reference=_space_to_batch_reference, shape=(1, 3, 4, 4),
+                       attrs={"block_size": [2, 2], "pads": [0, 0, 0, 0]})
 
     def apply(self, node, x, inputs, zero):
         n, c, _, _ = _nchw(x)
@@ -252,6 +280,8 @@ class BatchToDepth(_Movement):
     lsb_bound = 0.0
     domain = PTQ_DOMAIN
     section = "4.6"
+    conformance = Case(path="direct", reference=lambda x: [x.reshape(1, 2, 3, 4, 5).reshape(1, 6, 4, 5)],
+                       shape=(2, 3, 4, 5), attrs={"block_size": 2})
 
     def apply(self, node, x, inputs, zero):
         nb, c, h, w = _nchw(x)
@@ -259,6 +289,12 @@ class BatchToDepth(_Movement):
         if nb % b:
             raise ValueError(f"batch {nb} not divisible by block_size {b}")
         return x.reshape(nb // b, b * c, h, w)
+
+
+def _data_stride_reference(x):
+    """The conformance case's numpy formula, kernel 2, stride 3 along the last axis: y[..., 2o + i] = x[..., 3o + i]."""
+    outs = (x.shape[3] - 2) // 3 + 1
+    return [np.concatenate([x[..., 3 * o:3 * o + 2] for o in range(outs)], axis=3)]
 
 
 @register
@@ -270,6 +306,8 @@ class DataStride(_Movement):
     lsb_bound = 0.0
     domain = PTQ_DOMAIN
     section = "4.20"
+    conformance = Case(path="direct", reference=_data_stride_reference,
+                       attrs={"kernel_shape": [1, 2], "strides": [1, 3]})
 
     def apply(self, node, x, inputs, zero):
         if x.ndim < 3:
@@ -298,6 +336,8 @@ class Repeat(_Movement):
     lsb_bound = 0.0
     domain = PTQ_DOMAIN
     section = "4.56"
+    conformance = Case(path="direct", reference=lambda x, r: [np.repeat(x, r, axis=3)], inputs=(X, "r"),
+                       constants={"r": int64s(1, 2, 0, 1, 3)}, attrs={"axis": 3})
 
     def apply(self, node, x, inputs, zero):
         repeats = _counts(inputs, 1, "repeats")
@@ -325,6 +365,14 @@ def filtered(x: np.ndarray, keep: np.ndarray, axis: int, zero) -> np.ndarray:
     return y
 
 
+def _filter_reference(a, s):
+    """The conformance case's numpy formula: the kept slices of axis 2 first, zeros after; their count."""
+    kept = a[:, :, s != 0]
+    out = np.zeros_like(a)
+    out[:, :, :kept.shape[2]] = kept
+    return [out, np.int64(np.count_nonzero(s))]
+
+
 @register
 class Filter(OpDef):
     """ai.ptq Filter (axis): the selected slices of every data input packed at the front, and their count
@@ -336,6 +384,8 @@ class Filter(OpDef):
     section = "4.31"
     int_types = "any (selector: integers or codes) -> same as input, int64 count"
     keeps_input_qparams = True
+    conformance = Case(path="direct", reference=_filter_reference, inputs=(X, "s"), constants={"s": int64s(1, 0, 1, 1)},
+                       outputs=2, attrs={"axis": 2})
 
     def index_outputs(self, node):
         return frozenset({len(node.outputs) - 1})

@@ -29,6 +29,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ops.base import multiplier, optional_input, require_per_tensor
+from ops.conformance_case import X, Case, int64s
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 from ptq.core.qparams import QParams, compute_qparams
@@ -153,6 +154,10 @@ def _center(node: Node) -> bool:
     return bool(center)
 
 
+_CASE_BOXES = np.array([[[0, 0, 1, 1], [0, 0.1, 1, 1.1], [0, 0.9, 1, 1.9], [0, 3, 1, 4], [0.5, 0.5, 1.5, 1.5]]],
+                       np.float32)  # the conformance case's boxes: the first two overlap above its IoU threshold 0.5
+
+
 @register
 class NonMaxSuppression(OpDef):
     """ONNX NonMaxSuppression on box and score codes, thresholds as M/2^N (module docstring). Whitepaper 4.48."""
@@ -161,6 +166,10 @@ class NonMaxSuppression(OpDef):
     lsb_bound = 0.0
     section = "4.48"
     int_types = "boxes, scores: int8/uint8/int16 -> int64 indices"
+    conformance = Case(shape=(1, 1, 5), inputs=("boxes", X, "k", "iou", "score"),
+                       constants={"boxes": _CASE_BOXES, "k": int64s(3), "iou": np.float32(0.5),
+                                  "score": np.float32(0.2)},
+                       data="positive", note="x is the (1, 1, 5) scores")
 
     def index_outputs(self, node):
         return frozenset({0})

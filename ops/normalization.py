@@ -36,6 +36,7 @@ from typing import Optional
 import numpy as np
 
 from ops.base import activation_qparams, centered, normalize_axes, require_per_tensor, require_qparams
+from ops.conformance_case import X, Case, uniform_constant
 from ops.div import divide_rounded
 from ops.int_sqrt import isqrt
 from ops.linear import OutputStage, code_deviation, output_stage
@@ -153,6 +154,8 @@ class LayerNormalization(OpDef):
     section = "4.5 / 4.46 (integer mean and variance; no chapter 4 entry of its own)"
     int_types = "int8/uint8/int16 -> int64 statistics, int16 scale -> int8/uint8/int16"
     granularity = "per-tensor activations; per-element scale and bias (16-bit codes)"
+    conformance = Case(inputs=(X, "g", "b"), attrs={"axis": -1},
+                       constants={"g": uniform_constant("lng", (5,), 0.5, 1.5), "b": uniform_constant("lnb", (5,))})
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)
@@ -192,6 +195,8 @@ class InstanceNormalization(OpDef):
     section = "4.5 / 4.46 (integer mean and variance; no chapter 4 entry of its own)"
     int_types = "int8/uint8/int16 -> int64 statistics, int16 scale -> int8/uint8/int16"
     granularity = "per-tensor activations; per-channel scale and bias (16-bit codes)"
+    conformance = Case(inputs=(X, "g", "b"),
+                       constants={"g": uniform_constant("ing", (3,), 0.5, 1.5), "b": uniform_constant("inb", (3,))})
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)

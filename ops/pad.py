@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ops.base import activation_qparams, int_list, normalize_axes, optional_input
+from ops.conformance_case import X, Case, int64s
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 
@@ -78,6 +79,7 @@ class Pad(OpDef):
     section = "4.50"
     keeps_input_qparams = True
     int_types = "any -> same as input"
+    conformance = Case(inputs=(X, "pads"), constants={"pads": int64s(0, 0, 1, 2, 0, 0, 1, 0)})
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)

@@ -32,6 +32,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ops import compiled
 from ops.base import activation_qparams, centered
+from ops.conformance_case import Case
 from ops.mean_requant import QuantizedMean, quantize_mean
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
@@ -182,6 +183,7 @@ class AveragePool(OpDef):
     lsb_bound = 0.51  # 0.5 + |y_q - zp_y| * 2^-(mbits-1) or less, 8-bit
     section = "4.4"
     int_types = "int8/uint8/int16/uint16 -> int8/uint8/int16/uint16"
+    conformance = Case(attrs={"kernel_shape": [2, 2], "strides": [1, 2]})
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)
@@ -219,6 +221,7 @@ class GlobalAveragePool(OpDef):
     lsb_bound = 0.51  # 0.5 + |y_q - zp_y| * 2^-(mbits-1) or less, 8-bit
     section = "4.4"
     int_types = "int8/uint8/int16/uint16 -> int8/uint8/int16/uint16"
+    conformance = Case()
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)
@@ -244,6 +247,7 @@ class MaxPool(OpDef):
     section = "4.43/4.44"  # 4.44 MaxPoolingWithArgMax: the optional Indices output
     int_types = "any -> same as input"
     keeps_input_qparams = True
+    conformance = Case(attrs={"kernel_shape": [2, 2]}, outputs=2, note="with the Indices output (4.44)")
 
     def index_outputs(self, node):
         return frozenset({1})
@@ -276,6 +280,7 @@ class GlobalMaxPool(OpDef):
     section = "4.43"
     int_types = "any -> same as input"
     keeps_input_qparams = True
+    conformance = Case()
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)

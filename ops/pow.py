@@ -32,6 +32,7 @@ from lut.arith import PowKernel, build_pow
 from lut.functions import LutFunction, power
 from lut.table import MAX_FULL_TABLE_BITS, LookupTable
 from ops.base import centered, multiplier, require_per_tensor, require_qparams
+from ops.conformance_case import X, Case
 from ops.lut_ops import lut_within_budget
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.qparams import QParams, compute_qparams
@@ -78,6 +79,7 @@ class Pow(OpDef):
     lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.51"
     int_types = "int8/uint8/int16 ^ const, int8/uint8 ^ int8/uint8/int16/int64 -> int8/uint8/int16"
+    conformance = Case(inputs=(X, "e"), constants={"e": np.float32(2.0)}, note="constant exponent 2")
 
     def forward_float(self, node, inputs):
         x, y = (np.asarray(v) for v in inputs[:2])

@@ -19,6 +19,7 @@ from functools import partial
 import numpy as np
 
 from ops.base import centered, int_list, normalize_axes
+from ops.conformance_case import Case
 from ops.mean_requant import QuantizedMean, quantize_mean
 from ops.registry import IntRuntime, OpDef, QuantizeContext, register
 from ptq.core.graph import Node
@@ -40,6 +41,7 @@ class ReduceMean(OpDef):
     lsb_bound = 0.51  # 0.5 + |y_q - zp_y| * 2^-(mbits-1) or less, 8-bit
     section = "4.53"
     int_types = "int8/uint8/int16/uint16 -> int8/uint8/int16/uint16"
+    conformance = Case(attrs={"axes": [2, 3]})
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)

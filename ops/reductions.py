@@ -40,6 +40,7 @@ from typing import Optional
 import numpy as np
 
 from ops.base import activation_qparams, centered, multiplier, normalize_axes, require_per_tensor, require_qparams
+from ops.conformance_case import X, Case, int64s
 from ops.int_sqrt import isqrt
 from ops.linear import OutputStage, output_stage
 from ops.mean_requant import MeanRequant
@@ -109,6 +110,7 @@ class ReduceMax(_DataMovementReduce):
 
     op_type = "ReduceMax"
     lsb_bound = 0.0
+    conformance = Case(attrs={"axes": [1]})
 
     def reduce(self, x, axes, keep):
         return x.max(axis=axes, keepdims=keep)
@@ -120,6 +122,7 @@ class ReduceMin(_DataMovementReduce):
 
     op_type = "ReduceMin"
     lsb_bound = 0.0
+    conformance = Case(attrs={"axes": [3], "keepdims": 0})
 
     def reduce(self, x, axes, keep):
         return x.min(axis=axes, keepdims=keep)
@@ -140,6 +143,7 @@ class ReduceSum(OpDef):
     lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.53"
     int_types = "int8/uint8/int16 -> int32 acc -> int8/uint8/int16"
+    conformance = Case(inputs=(X, "axes"), constants={"axes": int64s(1)}, opset=13)
 
     def forward_float(self, node, inputs):
         return _float_reduce(node, inputs, lambda x, axes, keep: x.sum(axis=axes, keepdims=keep))
@@ -167,6 +171,7 @@ class ReduceL2(OpDef):
     lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.53"
     int_types = "int8/uint8/int16 -> int64 acc -> int8/uint8/int16"
+    conformance = Case(attrs={"axes": [3]})
 
     def forward_float(self, node, inputs):
         return _float_reduce(node, inputs, lambda x, axes, keep: np.sqrt((x * x).sum(axis=axes, keepdims=keep)))
@@ -211,6 +216,7 @@ class ReduceProd(OpDef):
     lsb_bound = 0.55  # three factors: 0.5 + 3 * 2^8 * 2^-(mbits-1)
     section = "4.53"
     int_types = "int8/uint8/int16 -> int64 running product -> int8/uint8/int16"
+    conformance = Case(attrs={"axes": [1]}, data="positive")
 
     def forward_float(self, node, inputs):
         return _float_reduce(node, inputs, lambda x, axes, keep: x.prod(axis=axes, keepdims=keep))
@@ -291,6 +297,11 @@ class QuantizedMoments(QuantizedNode):
     variance: VarianceRequant
 
 
+def _moments_reference(x):
+    """The conformance case's numpy formula: mean and (biased) variance over axes 2, 3."""
+    return [x.mean(axis=(2, 3), keepdims=True), x.var(axis=(2, 3), keepdims=True)]
+
+
 @register
 class Moments(OpDef):
     """ai.ptq Moments: mean and variance over `axes` (TensorFlow's tf.nn.moments). Module docstring."""
@@ -300,6 +311,7 @@ class Moments(OpDef):
     domain = "ai.ptq"
     section = "4.46"
     int_types = "int8/uint8/int16 -> int8/uint8/int16 mean, uint8/uint16 variance"
+    conformance = Case(path="direct", reference=_moments_reference, outputs=2, attrs={"axes": [2, 3]})
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float64)

@@ -18,6 +18,7 @@ from typing import Callable, ClassVar, Optional, Protocol
 
 import numpy as np
 
+from ops.conformance_case import Case
 from ptq.core.graph import Node
 from ptq.core.qparams import QParams
 from ptq.core.requant import DEFAULT_MBITS
@@ -120,7 +121,10 @@ class OpDef:
     - `lsb_bound`: the largest error, in output LSBs, that the conformance harness (`ptq.opdocs.conformance`: one-node
       graph, 8-bit codes, calibrated on random data) allows between the integer output and the float op run on
       the dequantized inputs, as the op's docstring states it; 0 = exact (index and bool outputs always are);
-      None = not stated.
+      None = not stated;
+    - `conformance`: the op's conformance case (`ops.conformance_case.Case`: a one-node model, its constants and
+      seeded data), declared by the op's own class (not inherited: Einsum is a MatMul subclass with a case of its
+      own); the harness runs it for every registered op and fails for an op without one.
     """
 
     op_type: ClassVar[str]
@@ -135,6 +139,7 @@ class OpDef:
     sums_inputs: ClassVar[bool] = False
     sum_signs: ClassVar[Optional[tuple[int, ...]]] = None
     lsb_bound: ClassVar[Optional[float]] = None
+    conformance: ClassVar[Optional[Case]] = None
 
     def weight_role(self, node: Node) -> Optional[WeightRole]:
         return None
@@ -244,6 +249,13 @@ def absorbable_ops() -> list[str]:
 def is_absorbable(op_type: str) -> bool:
     """`op_type` is one of `absorbable_ops()` (importing only the modules of the ops of that type)."""
     return any(REGISTRY[key].absorbable for key in _op_modules() if key[1] == op_type)
+
+
+def conformance_case(op: OpDef) -> Optional[Case]:
+    """The conformance case the op's own class declares (an inherited one belongs to another op), bound to the op's
+    type and domain; None when it declares none."""
+    case = vars(type(op)).get("conformance")
+    return None if case is None else case.for_op(op.op_type, op.domain)
 
 
 def op_of(node: Node) -> Optional[OpDef]:

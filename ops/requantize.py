@@ -25,6 +25,7 @@ from typing import Optional
 import numpy as np
 
 from ops.base import activation_qparams, multiplier, require_per_tensor, require_qparams
+from ops.conformance_case import Case
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 from ptq.core.requant import MAX_SHIFT, requantize
 
@@ -62,6 +63,8 @@ class Requantize(OpDef):
     section = ""  # not a chapter-4 operator: the edge between two precisions (WP521)
     int_types = "any -> any (the quant table's output qparams)"
     lsb_bound = 0.51
+    conformance = Case(path="direct", reference=lambda x: [x],
+                       note="identity in float: the codes move to the output's grid")
 
     def forward_float(self, node, inputs):
         return [np.asarray(inputs[0], dtype=np.float32)]

@@ -38,6 +38,7 @@ from typing import Optional
 import numpy as np
 
 from ops.base import activation_qparams, multiplier, optional_input, proposed_or
+from ops.conformance_case import X, Case
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 from ptq.core.requant import requantize
@@ -279,6 +280,8 @@ class Resize(OpDef):
     lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.58"
     int_types = "int8/uint8/int16/uint16 -> int8/uint8/int16/uint16"
+    conformance = Case(inputs=(X, "", "scales"), constants={"scales": np.array([1, 1, 2, 2], np.float32)},
+                       attrs={"mode": "linear"})
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)

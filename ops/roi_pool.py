@@ -30,6 +30,7 @@ from typing import Optional
 import numpy as np
 
 from ops.base import activation_qparams, multiplier, require_per_tensor
+from ops.conformance_case import X, Case
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 from ptq.core.qparams import QParams
@@ -113,6 +114,8 @@ class MaxRoiPool(OpDef):
     section = "4.45"
     int_types = "any (rois: codes or constant) -> same as input"
     keeps_input_qparams = True
+    conformance = Case(inputs=(X, "rois"), constants={"rois": np.array([[0, 0, 0, 3, 2], [0, 1, 1, 4, 3]], np.float32)},
+                       attrs={"pooled_shape": [2, 2], "spatial_scale": 1.0})
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ops.base import require_per_tensor, require_qparams
+from ops.conformance_case import X, Case, uniform_constant
 from ops.gemm import MatMul, QuantizedMatMul
 from ops.linear import AccumulatorPlan, accumulator_bits, output_stage
 from ops.registry import QuantizationError, QuantizeContext, register
@@ -34,6 +35,10 @@ class ScaledMatMul(MatMul):
     domain = "ai.ptq"
     section = "4.42 (MatMul with the constant factor folded into M/2^N)"
     granularity = "per-tensor activations"
+    conformance = Case(path="direct", reference=lambda x, b: [0.25 * (x @ b)], inputs=(X, "b"),
+                       constants={"b": uniform_constant("smm", (5, 3), -2, 2)}, activation_constants=("b",),
+                       attrs={"alpha": 0.25},
+                       note="B a second activation (8-bit codes)")
 
     def weight_role(self, node):
         return None

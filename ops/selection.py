@@ -37,6 +37,7 @@ from typing import Optional
 import numpy as np
 
 from ops.base import activation_qparams, int_list, optional_input, require_per_tensor
+from ops.conformance_case import X, Case, int64s
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 from ptq.core.qparams import QParams, compute_qparams
@@ -107,6 +108,7 @@ class ArgMax(_ArgExtreme):
     op_type = "ArgMax"
     lsb_bound = 0.0
     largest = True
+    conformance = Case(attrs={"axis": 1})
 
 
 @register
@@ -117,6 +119,7 @@ class ArgMin(_ArgExtreme):
     lsb_bound = 0.0
     section = "4.3"
     largest = False
+    conformance = Case(attrs={"axis": -1, "keepdims": 0})
 
 
 @register
@@ -129,6 +132,7 @@ class TopK(OpDef):
     section = "4.76"
     int_types = "any -> same as input, int64 indices"
     keeps_input_qparams = True
+    conformance = Case(inputs=(X, "k"), constants={"k": int64s(3)}, outputs=2)
 
     def index_outputs(self, node):
         return frozenset({1})
@@ -193,6 +197,9 @@ class OneHot(OpDef):
     lsb_bound = 0.5
     section = "4.49"
     int_types = "indices, depth: integers -> int8/uint8/int16"
+    conformance = Case(shape=(1, 4), inputs=(X, "depth", "values"), x_dtype=np.int64,
+                       constants={"depth": int64s(5), "values": np.array([-0.5, 2.0], np.float32)}, path="direct",
+                       note="integer indices: no float input to calibrate")
 
     def forward_float(self, node, inputs):
         values = np.asarray(inputs[2], dtype=np.float32).ravel()
@@ -251,6 +258,12 @@ def _integers(value, what: str) -> np.ndarray:
     return value.astype(np.int64).ravel()
 
 
+def _in_top_k_reference(x, t):
+    """The conformance case's numpy formula (k = 2): fewer than 2 predictions above the target's."""
+    target = x[np.arange(x.shape[0]), t]
+    return [(x > target[:, None]).sum(axis=1) < 2]
+
+
 @register
 class InTopK(OpDef):
     """ai.ptq InTopK (k): is each target among the top k predictions (module docstring). Whitepaper 4.38."""
@@ -260,6 +273,8 @@ class InTopK(OpDef):
     domain = "ai.ptq"
     section = "4.38"
     int_types = "any (targets: integers) -> bool"
+    conformance = Case(path="direct", reference=_in_top_k_reference, shape=(3, 6), inputs=(X, "t"),
+                       constants={"t": int64s(0, 5, 2)}, attrs={"k": 2})
 
     def index_outputs(self, node):
         return frozenset({0})
@@ -300,6 +315,18 @@ def ctc_greedy(node: Node, logits: np.ndarray, lengths: np.ndarray) -> np.ndarra
     return out
 
 
+def _ctc_reference(x, lengths):
+    """The conformance case's numpy formula: per sequence the argmax path, repeats merged, blanks (last class)
+    dropped, padded with -1."""
+    out = np.full(x.shape[:2], -1, np.int64)
+    blank = x.shape[2] - 1
+    for b in range(x.shape[0]):
+        path = np.argmax(x[b, :lengths[b]], axis=-1)
+        kept = [int(c) for t, c in enumerate(path) if c != blank and (t == 0 or c != path[t - 1])]
+        out[b, :len(kept)] = kept
+    return [out]
+
+
 @register
 class CTCGreedyDecoder(OpDef):
     """ai.ptq CTCGreedyDecoder (merge_repeated): argmax path, repeats merged, blanks (last class) removed
@@ -310,6 +337,8 @@ class CTCGreedyDecoder(OpDef):
     domain = "ai.ptq"
     section = "4.19"
     int_types = "any (lengths: integers) -> int64"
+    conformance = Case(path="direct", reference=_ctc_reference, shape=(2, 6, 4), inputs=(X, "len"),
+                       constants={"len": int64s(6, 4)})
 
     def index_outputs(self, node):
         return frozenset({0})

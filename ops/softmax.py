@@ -36,6 +36,7 @@ import numpy as np
 from lut.log_softmax import LogSoftmaxKernel, build_log_softmax
 from lut.softmax import SoftmaxKernel, build_softmax
 from ops.base import require_per_tensor, require_qparams
+from ops.conformance_case import Case
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 from ptq.core.graph import Node
 
@@ -111,6 +112,7 @@ class Softmax(OpDef):
     lsb_bound = 1.0
     section = "4.66"
     int_types = "int8/uint8/int16 -> uint8/uint16"
+    conformance = Case(attrs={"axis": -1})
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)
@@ -136,6 +138,7 @@ class LogSoftmax(OpDef):
     lsb_bound = 1.0
     section = "4.66"
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
+    conformance = Case(attrs={"axis": -1})
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)
@@ -160,6 +163,7 @@ class Hardmax(OpDef):
     op_type = "Hardmax"
     lsb_bound = 0.0
     int_types = "any -> int8/uint8/int16 (codes of 0 and 1)"
+    conformance = Case(attrs={"axis": -1})
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ops.base import activation_qparams, centered, multiplier, require_per_tensor, require_qparams
+from ops.conformance_case import Case
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, register
 from ptq.core.qparams import QParams
 from ptq.core.requant import requantize
@@ -49,6 +50,7 @@ class Abs(OpDef):
     lsb_bound = 0.0
     section = "4.1"
     int_types = "int8/uint8/int16 -> uint8/uint8/uint16"
+    conformance = Case()
 
     def forward_float(self, node, inputs):
         return [np.abs(_same_type_float(inputs[0]))]
@@ -69,6 +71,7 @@ class Neg(OpDef):
     lsb_bound = 0.0
     section = "4.47"
     int_types = "int8/uint8/int16 -> same as input"
+    conformance = Case()
 
     def forward_float(self, node, inputs):
         return [np.negative(_same_type_float(inputs[0]))]
@@ -92,6 +95,7 @@ class Sign(OpDef):
     lsb_bound = 0.0
     section = "4.64"
     int_types = "int8/uint8/int16 -> int8"
+    conformance = Case(data="grid")
 
     def forward_float(self, node, inputs):
         return [np.sign(_same_type_float(inputs[0]))]
@@ -113,6 +117,8 @@ class CRelu(OpDef):
     domain = "ai.ptq"
     section = "4.17"
     int_types = "int8/uint8/int16 -> uint8/uint8/uint16"
+    conformance = Case(path="direct",
+                       reference=lambda x: [np.concatenate([np.maximum(x, 0), np.maximum(-x, 0)], axis=1)])
 
     @staticmethod
     def _axis(node, ndim: int) -> int:
@@ -151,6 +157,7 @@ class Square(OpDef):
     domain = "ai.ptq"
     section = "4.73"
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
+    conformance = Case(path="direct", reference=lambda x: [x * x])
 
     def forward_float(self, node, inputs):
         x = _same_type_float(inputs[0])

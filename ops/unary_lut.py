@@ -23,6 +23,7 @@ import numpy as np
 from lut.functions import FUNCTIONS, SELU_ALPHA, SELU_GAMMA, LutFunction
 from lut.table import MAX_FULL_TABLE_BITS
 from ops.base import require_per_tensor, require_qparams
+from ops.conformance_case import Case
 from ops.lut_ops import QuantizedLut, lut_within_budget
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, register
 
@@ -73,6 +74,7 @@ class Exp(_TableOp):
     lsb_bound = 0.5
     section = "4.30"
     lut_name = "exp"
+    conformance = Case()
 
 
 @register
@@ -85,6 +87,7 @@ class Log(_TableOp):
     singular_at_zero = True
     int_types = "int8/uint8 -> int8/uint8/int16"
     lut_name = "log"
+    conformance = Case(data="positive")
 
 
 @register
@@ -95,6 +98,7 @@ class Erf(_TableOp):
     lsb_bound = 0.5
     section = "3.3.2.2 (LUT; no chapter 4 entry)"
     lut_name = "erf"
+    conformance = Case()
 
 
 @register
@@ -105,6 +109,7 @@ class Sin(_TableOp):
     lsb_bound = 0.5
     section = "4.63"
     lut_name = "sin"
+    conformance = Case()
 
 
 @register
@@ -115,6 +120,7 @@ class Cos(_TableOp):
     lsb_bound = 0.5
     section = "4.16"
     lut_name = "cos"
+    conformance = Case()
 
 
 @register
@@ -127,6 +133,7 @@ class Sqrt(_TableOp):
     singular_at_zero = True
     int_types = "int8/uint8 -> int8/uint8/int16"
     lut_name = "sqrt"
+    conformance = Case(data="positive")
 
 
 @register
@@ -140,6 +147,7 @@ class Rsqrt(_TableOp):
     singular_at_zero = True
     int_types = "int8/uint8 -> int8/uint8/int16"
     lut_name = "rsqrt"
+    conformance = Case(path="direct", reference=lambda x: [1 / np.sqrt(x)], data="positive")
 
 
 @register
@@ -150,6 +158,7 @@ class Softplus(_TableOp):
     lsb_bound = 0.5
     section = "4.67"
     lut_name = "softplus"
+    conformance = Case()
 
 
 @register
@@ -161,6 +170,8 @@ class BNLL(_TableOp):
     domain = "ai.ptq"
     section = "4.9"
     lut_name = "bnll"
+    conformance = Case(path="direct",
+                       reference=lambda x: [np.where(x > 0, x + np.log1p(np.exp(-x)), np.log1p(np.exp(x)))])
 
 
 @register
@@ -171,6 +182,7 @@ class Softsign(_TableOp):
     lsb_bound = 0.5
     section = "4.68"
     lut_name = "softsign"
+    conformance = Case()
 
 
 @register
@@ -180,6 +192,7 @@ class Elu(_TableOp):
     op_type = "Elu"
     lsb_bound = 0.5
     section = "4.29"
+    conformance = Case()
 
     def function(self, node) -> LutFunction:
         alpha = float(node.attr("alpha", 1.0))
@@ -193,6 +206,7 @@ class Selu(_TableOp):
     op_type = "Selu"
     lsb_bound = 0.5
     section = "4.61"
+    conformance = Case()
 
     def function(self, node) -> LutFunction:
         alpha = float(node.attr("alpha", SELU_ALPHA))

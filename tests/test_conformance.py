@@ -1,4 +1,5 @@
-"""The conformance harness (ptq/opdocs/conformance.py): every registered op has a case; each case's integer run is
+"""The conformance harness (ptq/opdocs/conformance.py): every registered op declares its case (`OpDef.conformance`,
+in its own class); each case's integer run is
 within its op's `lsb_bound` of the float reference (onnxruntime on the dequantized inputs for ONNX ops,
 forward_float -- itself checked against a numpy formula -- for ai.ptq ops), index and bool outputs equal;
 docs/operators.md is what the generator writes from these results."""
@@ -8,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ops import REGISTRY
-from ptq.opdocs.conformance import CASES, KNOWN_OUT_OF_BOUND, Result, run_case, uncovered_ops
+from ops import REGISTRY, OpDef, get_op
+from ops.conformance_case import Case
+from ops.registry import conformance_case
+from ptq.opdocs.conformance import CASES, KNOWN_OUT_OF_BOUND, Result, collect_cases, run_case, uncovered_ops
 from ptq.opdocs.operators_doc import render
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "operators.md"
@@ -25,9 +28,39 @@ def _result(case) -> Result:
 
 
 def test_every_registered_op_has_a_conformance_case():
-    assert uncovered_ops() == []
+    assert uncovered_ops() == [], "declare `conformance = Case(...)` in the op's class (ops/conformance_case.py)"
     keys = [(c.domain, c.op_type) for c in CASES]
     assert len(keys) == len(set(keys)) == len(REGISTRY)
+
+
+class _Uncovered(OpDef):
+    op_type = "Uncovered"
+    domain = "ai.ptq"
+
+
+class _MatMulKin(type(get_op("MatMul"))):
+    """A subclass of a covered op: MatMul's case checks MatMul, not this op."""
+
+    op_type = "MatMulKin"
+
+
+class _Declared(OpDef):
+    op_type = "Declared"
+    conformance = Case(attrs={"axis": 1})
+
+
+def test_an_op_without_its_own_case_is_reported():
+    ops = [get_op("Abs"), _Uncovered(), _MatMulKin(), _Declared()]
+    assert uncovered_ops(ops) == ["ai.onnx::MatMulKin", "ai.ptq::Uncovered"]
+    assert [(c.domain, c.op_type) for c in collect_cases(ops)] == [("", "Abs"), ("", "Declared")]
+    declared = conformance_case(_Declared())
+    assert (declared.op_type, declared.domain, declared.attrs) == ("Declared", "", {"axis": 1})
+    assert _Declared.conformance.op_type == ""  # the declaration itself is not changed by binding it
+
+
+def test_cases_come_from_the_ops_that_declare_them():
+    assert [(c.domain, c.op_type) for c in CASES] == sorted(REGISTRY)
+    assert conformance_case(get_op("Einsum")).inputs == ("x", "x")  # its own, not MatMul's inherited case
 
 
 def test_custom_domain_ops_run_directly_and_carry_a_numpy_formula():
@@ -49,7 +82,7 @@ def test_integer_run_is_within_the_ops_lsb_bound(case):
 
 
 def test_operators_doc_is_up_to_date():
-    want = render([_result(c) for c in CASES])
+    want = render([_result(c) for c in CASES], KNOWN_OUT_OF_BOUND)
     assert DOC.read_text(encoding="utf-8") == want, (
         "docs/operators.md is stale: run `python -m ptq.opdocs.conformance --write docs/operators.md`")
     assert "79 of 79 whitepaper chapter-4 operators implemented." in want

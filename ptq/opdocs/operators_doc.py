@@ -3,7 +3,10 @@
 (the harness is seeded), so the file is the same on every machine; a test fails when it is stale."""
 from __future__ import annotations
 
-from ops.registry import REGISTRY, OpDef
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from ops.registry import REGISTRY, OpDef, conformance_case
 from ptq.opdocs.whitepaper import SECTIONS, ops_by_section, sections_of
 
 HEADER = """# Operators
@@ -38,11 +41,9 @@ def _row(cells) -> str:
 
 
 def _op_cells(op: OpDef, results: dict, known: dict, section_note: bool = True) -> list[str]:
-    from ptq.opdocs.conformance import case_for
-
     key = (op.domain, op.op_type)
     result = results.get(key)
-    case = case_for(op.op_type, op.domain)
+    case = conformance_case(op)
     measured = "not run" if result is None else ("exact" if result.worst_lsb is None else _fmt(result.worst_lsb))
     notes = []
     if case is not None:
@@ -57,9 +58,9 @@ def _op_cells(op: OpDef, results: dict, known: dict, section_note: bool = True) 
             "; ".join(notes)]
 
 
-def render(results) -> str:
-    from ptq.opdocs.conformance import KNOWN_OUT_OF_BOUND
-
+def render(results, known_out_of_bound: Mapping[tuple[str, str], str] = MappingProxyType({})) -> str:
+    """The document from the harness's results; `known_out_of_bound`: (domain, op) -> why, for ops reported
+    outside their bound (`ptq.opdocs.conformance.KNOWN_OUT_OF_BOUND`)."""
     by_key = {(r.domain, r.op_type): r for r in results}
     table = ops_by_section()
     lines = [HEADER, "## Whitepaper chapter 4", "", _row(COLUMNS), _row(["---"] * len(COLUMNS))]
@@ -68,12 +69,12 @@ def render(results) -> str:
         if not ops:
             lines.append(_row([number, name, "(none)", "", "", "", "", "", "not implemented"]))
         for op in ops:
-            lines.append(_row([number, name] + _op_cells(op, by_key, KNOWN_OUT_OF_BOUND)))
+            lines.append(_row([number, name] + _op_cells(op, by_key, known_out_of_bound)))
     implemented = sum(1 for number, _ in SECTIONS if table[number])
     lines += ["", f"{implemented} of {len(SECTIONS)} whitepaper chapter-4 operators implemented.", "",
               "## Ops without a whitepaper section (ONNX extras)", "", _row(COLUMNS[2:]), _row(["---"] * 7)]
     for key in sorted(REGISTRY):
         op = REGISTRY[key]
         if not sections_of(op):
-            lines.append(_row(_op_cells(op, by_key, KNOWN_OUT_OF_BOUND, section_note=False)))
+            lines.append(_row(_op_cells(op, by_key, known_out_of_bound, section_note=False)))
     return "\n".join(lines) + "\n"
