@@ -37,8 +37,7 @@ class ScaledMatMul(MatMul):
     granularity = "per-tensor activations"
     conformance = Case(path="direct", reference=lambda x, b: [0.25 * (x @ b)], inputs=(X, "b"),
                        constants={"b": uniform_constant("smm", (5, 3), -2, 2)}, activation_constants=("b",),
-                       attrs={"alpha": 0.25},
-                       note="B a second activation (8-bit codes)")
+                       attrs={"alpha": 0.25}, note="B a second activation (8-bit codes)")
 
     def weight_role(self, node):
         return None

@@ -28,14 +28,18 @@ from typing import Optional
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from ops import REGISTRY, get_op
 from ops.backend import NumpyBackend
 from ops.conformance_case import X, Case, seeded_rng
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizeOptions, check_quantized, conformance_case
+from ptq.calibration.pipeline import calibrate
+from ptq.core.atomic import atomic_write_text
 from ptq.core.graph import Node
 from ptq.core.qparams import QParams, compute_qparams
+from ptq.engine.executor import ExecutorOptions, NodeKind, prepare
 from ptq.opdocs.operators_doc import render
 
 SAMPLES = 8  # calibration samples per case; the first EVAL_SAMPLES are compared
@@ -116,8 +120,6 @@ def _model(case: Case, constants: dict) -> onnx.ModelProto:
 
 
 def _ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    import onnxruntime as ort
-
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
 
@@ -145,9 +147,6 @@ def _own_qparams(values: np.ndarray) -> QParams:
 
 
 def _run_calibrated(case: Case, op: OpDef) -> tuple[Optional[float], bool]:
-    from ptq.engine.executor import ExecutorOptions, NodeKind, prepare
-    from ptq.calibration.pipeline import calibrate
-
     model = _model(case, case.constants)
     samples = _draw(case, seeded_rng(case.op_type), SAMPLES)
     result = calibrate(model, samples, write_qdq=False, bits=BITS)
@@ -253,8 +252,7 @@ def main(argv=None) -> int:
     results = run_all()
     print(format_results(results))
     if args.write:
-        with open(args.write, "w", encoding="utf-8") as fh:
-            fh.write(render(results, KNOWN_OUT_OF_BOUND))
+        atomic_write_text(args.write, render(results, KNOWN_OUT_OF_BOUND))
     return 0 if all(r.passed for r in results) else 1
 
 
