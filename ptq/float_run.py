@@ -4,7 +4,8 @@ reports compare the integer graph against them (`reports.evaluate`, `reports.dum
 
 Each batch's activations are folded into per-tensor `TensorStatistics` and dropped, so memory stays at one
 batch of activations however many images are used (onnxruntime's own calibration keeps all of them).
-A model whose batch dimension is fixed at 1 is run sample by sample. When a calibrator needs per-batch
+A model whose batch dimension is fixed at 1 is run sample by sample; a model with an input whose axis 0 is
+fixed at another size (a recurrent state) is only given single samples, at their full shape. When a calibrator needs per-batch
 statistics (`mean`), each tensor's per-sample activations are concatenated along axis 0 into the batch
 before folding, so statistics see the same batches as with a dynamic-batch model; otherwise every sample
 is folded on its own (the result is the same, the memory one sample's activations).
@@ -71,14 +72,10 @@ class FloatRunner:
         """`intra_op_threads`: onnxruntime's intra-op pool size (None: its default, one thread per core)."""
         import onnxruntime as ort  # imported lazily: it is slow to import
 
-        fixed = None
-        for name in graph.inputs:
-            shape = graph.tensors[name].shape
-            batch_dim = shape[0] if shape else None
-            if batch_dim not in (None, 0, 1):
-                raise ModelError(f"input {name!r} has a fixed batch of {batch_dim}; ptq needs batch 1 or a "
-                                 "dynamic batch")
-            fixed = fixed or batch_dim or None
+        # a model whose axis 0 is fixed at 1 runs a batch sample by sample; one with another fixed axis 0 (a
+        # state [2, 1, 128]) is never given a batch (`ptq.samples.batchable`), its samples run as they are
+        first_dims = [(graph.tensors[name].shape or (None,))[0] for name in graph.inputs]
+        fixed = 1 if 1 in first_dims and all(d in (None, 0, 1) for d in first_dims) else None
         tensors = list(dict.fromkeys(tensors))
         options = ort.SessionOptions()
         options.log_severity_level = 3
@@ -135,8 +132,10 @@ class FloatRunner:
 
 
 def batch_size(feeds: Mapping[str, np.ndarray]) -> int:
-    """The samples in a batch of feeds (axis 0 of its inputs)."""
-    return len(next(iter(feeds.values())))
+    """The samples in a batch of feeds: axis 0 of its inputs when they all agree on it, else 1 (a sample
+    taken at its full shape, whose axis 0 is no batch: `ptq.samples`)."""
+    sizes = {np.shape(value)[0] if np.ndim(value) else None for value in feeds.values()}
+    return sizes.pop() if len(sizes) == 1 and None not in sizes else 1
 
 
 def _ort_errors() -> tuple:

@@ -89,7 +89,7 @@ def classify_image(context: RunContext, path: Path, top: int) -> ImageOutcome:
     """One file through the integer graph: its top-k classes, or why it was skipped (`ptq run`'s per-image
     step, in one process or on a worker); and the float model's top-1 class."""
     try:
-        sample = {name: value[None] for name, value in context.reader.read(path).items()}
+        sample = context.reader.read(path)
     except UnreadableSample as exc:
         return ImageOutcome(path, skipped=str(exc))
     start = time.perf_counter()

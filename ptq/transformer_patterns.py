@@ -358,7 +358,7 @@ def _match_masked_softmax(p: _Patterns, node: Node):
                 and producer.op_type in ("MatMul", "ScaledMatMul"))
 
     a, b = add.inputs
-    if a in p.graph.initializers or (not is_scores(b) and b not in p.graph.initializers and is_scores(a)):
+    if a in p.graph.initializers or (is_scores(b) and not is_scores(a)):
         scores, mask = b, a
     else:
         scores, mask = a, b
