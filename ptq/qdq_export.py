@@ -9,6 +9,11 @@
 - Conv/ConvTranspose/Gemm biases are stored as int32 with `scale = s_in * s_w[c]` (float32 product, as
   onnxruntime computes it), zero point 0: `b_q = clamp(round_half_even(b / scale), int32)`.
 
+Fused patterns: the internal tensors of a transformer pattern the integer graph runs as one op (a written-out
+GELU's Tanh input, a LayerNorm's variance, the masked scores of an AddSoftmax: `ptq.executor.
+pattern_internal_tensors`) get no Q/DQ pair: onnxruntime computes the pattern in float between the Q/DQ of its
+input and of its output, as the integer op does in integers (a mask added to the scores keeps its meaning).
+
 Float layers: a tensor the table marks float (`"float": true`) has the layer computing it run in float by the
 integer executor: the nodes `ptq.executor.table_float_nodes` names (its producer plus the BatchNormalization
 and Relu/Clip the rewrites would fuse into it), each dequantizing its inputs, computing in float with the
@@ -52,7 +57,7 @@ import onnx
 from onnx import helper, numpy_helper, version_converter
 
 from ptq.core.graph import Graph, ModelError
-from ptq.executor import table_float_nodes
+from ptq.executor import pattern_internal_tensors, table_float_nodes
 from ptq.core.qparams import QParams
 from ptq.quant_table import QuantTable
 from ops.registry import bias_role, weight_role
@@ -279,10 +284,11 @@ def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = 
     weight_nodes, replaced = _quantize_weights(graph, table, b, initializers, target, float_nodes)
     float_copies: dict[str, str] = {}
 
+    fused = pattern_internal_tensors(graph, table)
     activations = {
         name: table.tensors[name].qparams
         for name in graph.activations
-        if name in table.tensors and table.tensors[name].kind == "activation"
+        if name in table.tensors and table.tensors[name].kind == "activation" and name not in fused
     }
     for name, qp in activations.items():
         if graph.tensors[name].dtype != np.float32:
