@@ -20,6 +20,7 @@ import onnx
 from onnx import helper
 
 from ptq.core.graph import Graph, ModelError, Node
+from ptq.transformer_patterns import attention_mask_tensors
 
 if TYPE_CHECKING:
     from calibrators import TensorStatistics
@@ -161,6 +162,18 @@ def layer_inputs(graph: Graph, layers: Sequence[Node], batches: Iterable) -> Ite
                 yield node, x
 
 
+MASK_FLOOR = -1e4  # the grid of a pure mask tensor: [-1e4, 0] (e^-1e4 is 0: a masked position keeps its meaning)
+
+
+def unmasked_values(value: np.ndarray, threshold: float) -> np.ndarray:
+    """What calibration sees of a tensor an attention mask flows into: its values that are no masked position
+    (above `threshold`), flattened. A pure mask (nothing else than 0 there: `(1 - mask) * finfo.min`) gets
+    [MASK_FLOOR, 0] instead, so its grid keeps zero exact and a masked end (a -1e4 mask, as HF's fp16 models
+    use); masked scores take their range from the real scores."""
+    kept = value[value > threshold]
+    return kept if kept.any() else np.array([MASK_FLOOR, 0.0], dtype=value.dtype)
+
+
 def collect_statistics(
     graph: Graph,
     batches: Iterable[np.ndarray],
@@ -181,6 +194,7 @@ def collect_statistics(
 
     runner = runner or FloatRunner.create(graph, tensors, providers)
     stats = {name: TensorStatistics(needs, axis=None) for name in tensors}
+    masked = attention_mask_tensors(graph)  # their masked positions never set a range
     # Only per-batch statistics depend on how samples are grouped (min/max, moments and the fixed-grid
     # histograms do not), so without them a batch-1 model folds sample by sample: one sample's activations
     # in memory instead of a batch's.
@@ -191,6 +205,8 @@ def collect_statistics(
         for part in ([{n: v[i : i + 1] for n, v in feeds.items()} for i in range(size)] if sample_by_sample
                      else [feeds]):
             for name, value in runner.run(part):
+                if name in masked:
+                    value = unmasked_values(value, masked[name])
                 try:
                     stats[name].update(value)
                 except ValueError as exc:

@@ -451,6 +451,41 @@ def fuse_masked_softmax(graph: Graph, protected: frozenset = frozenset()) -> lis
     return _fuse_each(graph, protected, _match_masked_softmax)
 
 
+MASK_MAGNITUDE = 1e4  # a constant at or below -1e4 (-1e4, -1e9, finfo(float32).min, -inf) is an additive mask
+# the ops an additive mask flows through on its way to the scores: elementwise arithmetic and data movement
+MASK_CARRIERS = frozenset({"Add", "Sub", "Mul", "Where", "Min", "Max", "Clip", "Cast", "Identity", "Neg",
+                           "Unsqueeze", "Squeeze", "Reshape", "Expand", "Transpose", "Concat", "Tile", "Slice",
+                           "Gather", "Flatten"})
+
+
+def attention_mask_tensors(graph: Graph) -> dict[str, float]:
+    """{tensor: threshold} for the float activations an additive attention mask flows into: from each scalar
+    constant at or below -MASK_MAGNITUDE (`(1 - mask) * finfo(float32).min`, `Where(mask, -inf, 0)`) forward
+    through `MASK_CARRIERS` up to the Softmax (whose probabilities carry no mask). A value at or below the
+    threshold (half the mildest mask constant) is a masked position: calibration takes those tensors' ranges
+    from the other values (`ptq.float_run.collect_statistics`), so a mask never sets a range."""
+    sources = {name: float(np.asarray(value).ravel()[0]) for name, value in graph.initializers.items()
+               if np.asarray(value).size == 1 and np.issubdtype(np.asarray(value).dtype, np.floating)
+               and float(np.asarray(value).ravel()[0]) <= -MASK_MAGNITUDE}
+    if not sources:
+        return {}
+    threshold = max(sources.values()) / 2
+    consumers = graph.consumers()
+    activations = set(graph.activations)
+    flow: dict[str, float] = {}
+    pending = list(sources)
+    while pending:
+        tensor = pending.pop()
+        for node in consumers.get(tensor, []):
+            if node.domain or node.op_type not in MASK_CARRIERS:
+                continue
+            for out in node.outputs:
+                if out in activations and out not in flow:
+                    flow[out] = threshold
+                    pending.append(out)
+    return flow
+
+
 def fuse_transformer(graph: Graph, protected: frozenset = frozenset()) -> list[PatternFusion]:
     """The transformer patterns, in order: GELU, LayerNorm, RMSNorm, attention scale, attention mask."""
     return (fuse_gelu(graph, protected) + fuse_layer_norm(graph, protected) + fuse_rms_norm(graph, protected)

@@ -21,11 +21,12 @@ T, D = 6, 8
 FINFO_MIN = float(np.finfo(np.float32).min)
 
 
-def masked_attention(mask_value: float, scores_first: bool = True) -> onnx.ModelProto:
-    """x [N, T, D], attention_mask int64 [N, T] -> single-head attention with the additive mask -> y [N, T, D]."""
+def masked_attention(mask_value: float, scores_first: bool = True, where: bool = False) -> onnx.ModelProto:
+    """x [N, T, D], attention_mask int64 [N, T] -> single-head attention with the additive mask -> y [N, T, D].
+    The mask is (1 - Cast(mask)) * mask_value, or with `where` Where(Cast(mask, bool), 0, mask_value)."""
     rng = np.random.default_rng(0)
     init = {"Wq": rng.normal(0, 0.6, (D, D)), "Wk": rng.normal(0, 0.6, (D, D)), "Wv": rng.normal(0, 0.5, (D, D)),
-            "root": np.sqrt(D), "one": 1.0, "big": mask_value}
+            "root": np.sqrt(D), "one": 1.0, "big": mask_value, "zero": 0.0}
     inits = [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in init.items()]
     inits.append(numpy_helper.from_array(np.array([1], np.int64), "axis1"))
     nodes = [helper.make_node("MatMul", ["x", "Wq"], ["q"], name="q"),
@@ -34,9 +35,11 @@ def masked_attention(mask_value: float, scores_first: bool = True) -> onnx.Model
              helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1], name="kt"),
              helper.make_node("MatMul", ["q", "kt"], ["raw"], name="scores"),
              helper.make_node("Div", ["raw", "root"], ["scaled"], name="scale"),
-             helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT, name="cast"),
-             helper.make_node("Sub", ["one", "maskf"], ["inverted"], name="invert"),
-             helper.make_node("Mul", ["inverted", "big"], ["additive"], name="additive"),
+             *([helper.make_node("Cast", ["attention_mask"], ["keep"], to=TensorProto.BOOL, name="cast"),
+                helper.make_node("Where", ["keep", "zero", "big"], ["additive"], name="additive")] if where else
+               [helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT, name="cast"),
+                helper.make_node("Sub", ["one", "maskf"], ["inverted"], name="invert"),
+                helper.make_node("Mul", ["inverted", "big"], ["additive"], name="additive")]),
              helper.make_node("Unsqueeze", ["additive", "axis1"], ["extended"], name="extend"),
              helper.make_node("Add", ["scaled", "extended"] if scores_first else ["extended", "scaled"], ["masked"],
                               name="mask"),
@@ -82,12 +85,26 @@ def calibrated(model: onnx.ModelProto, folder, batch: dict):
     return calibrate(model, data=folder, write_qdq=False)
 
 
-@pytest.mark.parametrize("mask_value", [FINFO_MIN, -1e9, -1e4])
-def test_a_computed_mask_gives_exact_zeros_and_the_float_output(mask_value, tmp_path):
-    model = masked_attention(mask_value)
-    table = calibrated(model, tmp_path / "calib", padded_batch(np.random.default_rng(1), 32)).table
+@pytest.mark.parametrize("mask_value, where", [(FINFO_MIN, False), (-1e9, False), (-1e4, False),
+                                               (-np.inf, True), (FINFO_MIN, True)])
+def test_a_computed_mask_gives_exact_zeros_and_the_float_output(mask_value, where, tmp_path):
+    model = masked_attention(mask_value, where=where)
+    calib = padded_batch(np.random.default_rng(1), 32)
+    table = calibrated(model, tmp_path / "calib", calib).table
+    # the mask never sets a range: the pure mask gets [-1e4, 0]; the masked scores the real scores' range
+    assert (table.tensors["additive"].min[0], table.tensors["additive"].max[0]) == (-1e4, 0.0)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.append(helper.make_tensor_value_info("scaled", TensorProto.FLOAT, None))
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    scaled = np.concatenate([session.run(["scaled"], {k: v[i:i + 1] for k, v in calib.items()})[0]
+                             for i in range(32)])
+    real = np.broadcast_to(calib["attention_mask"][:, None, :] == 1, scaled.shape)
+    masked = table.tensors["masked"]
+    assert (masked.min[0], masked.max[0]) == pytest.approx((scaled[real].min(), scaled[real].max()), abs=1e-5)
     prepared = prepare(load_model(model), table)
-    assert all(step.kind is NodeKind.INTEGER for step in prepared.steps)
+    assert not prepared.float_nodes  # the finfo.min Mul saturates in integers (before: a float fallback)
+    assert all(step.kind is NodeKind.INTEGER for step in prepared.steps if step.node.inputs != ["attention_mask"])
     assert "AddSoftmax" in [step.node.op_type for step in prepared.steps]
     feeds = padded_batch(np.random.default_rng(2), 8)
     run = prepared.run(feeds)
