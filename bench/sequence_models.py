@@ -46,9 +46,10 @@ onnx.save(quantized, sys.argv[2])
 """
 
 
-def samples(folder: Path, limit: int = 0) -> list[tuple[Path, dict]]:
-    files = sorted(folder.glob("*.npz"))[: limit or None]
-    return [(path, dict(np.load(path))) for path in files]
+def samples(folder: Path, input_name: str, limit: int = 0) -> list[tuple[Path, dict]]:
+    """(path, feeds) of the .npy (one input) / .npz (one array per input) files, in name order."""
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".npy", ".npz"))[: limit or None]
+    return [(path, dict(np.load(path)) if path.suffix == ".npz" else {input_name: np.load(path)}) for path in files]
 
 
 def session(path, optimize: bool = True) -> ort.InferenceSession:
@@ -86,9 +87,16 @@ def ort_quantized(model: Path, calib, out: Path) -> Path:
     return path
 
 
-def nncf_quantized(model: Path, calib_files, out: Path) -> Path:
+def nncf_quantized(model: Path, calib, out: Path) -> Path:
+    """NNCF in its own venv on the calibration feeds (written as .npz for it)."""
     path = out / f"{model.stem}.nncf.onnx"
-    subprocess.run([str(NNCF_PYTHON), "-c", NNCF_SCRIPT, str(model), str(path), *map(str, calib_files)],
+    feeds = out / "nncf_feeds"
+    feeds.mkdir(exist_ok=True)
+    files = []
+    for k, (_, sample) in enumerate(calib):
+        files.append(feeds / f"{k:03d}.npz")
+        np.savez(files[-1], **sample)
+    subprocess.run([str(NNCF_PYTHON), "-c", NNCF_SCRIPT, str(model), str(path), *map(str, files)],
                    check=True, capture_output=True)
     return path
 
@@ -104,8 +112,9 @@ def evaluate(name: str, eval_items, run) -> float:
 def bench_model(name: str, eval_limit: int, use_nncf: bool) -> dict:
     model = MODELS / f"{name}.onnx"
     data = MODELS / f"{name}_data"
-    calib, evals = samples(data / "calib"), samples(data / "eval", eval_limit)
     float_session = session(model)
+    input_name = float_session.get_inputs()[0].name
+    calib, evals = samples(data / "calib", input_name), samples(data / "eval", input_name, eval_limit)
     output = float_session.get_outputs()[0].name
     want = {path: float_session.run([output], feeds)[0] for path, feeds in evals}
     row = {}
@@ -124,7 +133,7 @@ def bench_model(name: str, eval_limit: int, use_nncf: bool) -> dict:
         row["ptq_seconds"] = time.perf_counter() - start
         row["ptq_float_nodes"] = float_steps
         for label, build in (("onnxruntime", lambda: ort_quantized(model, calib, Path(tmp))),
-                             ("nncf", lambda: nncf_quantized(model, [p for p, _ in calib], Path(tmp)))):
+                             ("nncf", lambda: nncf_quantized(model, calib, Path(tmp)))):
             if label == "nncf" and not (use_nncf and NNCF_PYTHON.exists()):
                 continue
             try:

@@ -9,7 +9,7 @@ as x * x * x in the head, an RMSNorm (x * Reciprocal(Sqrt(mean(x^2) + eps)) * ga
 channels of the first LayerNorm carry a large fixed gain (120), the outlier features real transformers have,
 so the first GELU's input reaches +-100 and its cube +-1e6.
 
-Weights: trained briefly in torch (CPU) on a synthetic 10-class task (each class draws 60% of its 64 bytes from
+Weights: trained briefly in torch (CPU) on a synthetic 10-class task (each class draws 30% of its 64 bytes from
 its own 24-byte alphabet), so the classifier is confident; the trained weights are then written into the
 onnx.helper graph, checked against torch.
 
@@ -30,13 +30,14 @@ from onnx.reference import ReferenceEvaluator  # torchenv has no onnxruntime
 from torch import nn
 
 SEQ, DIM, HIDDEN, CLASSES, ALPHABET = 64, 32, 128, 10, 24
+OWN_FRACTION = 0.3  # the share of a sample's bytes drawn from its class alphabet: a task float gets ~95% right
 OUTLIERS, OUTLIER_GAIN = (3, 17), 120.0
 
 
 def make_batch(rng: np.random.Generator, n: int, alphabets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     labels = rng.integers(0, CLASSES, n)
     tokens = rng.integers(0, 256, (n, SEQ))
-    own = rng.random((n, SEQ)) < 0.6
+    own = rng.random((n, SEQ)) < OWN_FRACTION
     picks = alphabets[labels][np.arange(n)[:, None], rng.integers(0, ALPHABET, (n, SEQ))]
     return np.where(own, picks, tokens).astype(np.int32), labels
 
@@ -68,7 +69,7 @@ class Classifier(nn.Module):
         return self.head2(tanh_gelu(self.head1(x)))
 
 
-def train(model: Classifier, alphabets: np.ndarray, steps: int = 400) -> float:
+def train(model: Classifier, alphabets: np.ndarray, steps: int = 700) -> float:
     rng = np.random.default_rng(0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(steps):
