@@ -13,7 +13,8 @@ committed): per model `<name>.onnx` and `<name>_data/{calib,eval}/*.npz`. Each q
 - NNCF: `nncf.quantize` (its ONNX backend, default preset), in its own venv (`/work/nncfenv/bin/python`) as a
   subprocess; its model run like onnxruntime's.
 Figures on `eval`, against the float model (onnxruntime): the tagger's ArgMax agreement on real (unpadded)
-positions, the classifier's top-1 agreement, the per-frame argmax agreement of the GRU tagger.
+positions, the classifier's top-1 agreement, the per-frame argmax agreement of the GRU tagger, the VAD's speech
+decisions (p > 0.5; its samples are streaming steps, each with the state the float model returned before).
 """
 from __future__ import annotations
 
@@ -65,6 +66,8 @@ def agreement(name: str, feeds: dict, want: np.ndarray, got: np.ndarray) -> tupl
     if name == "char_tagger":  # tags on the real positions
         real = feeds["attention_mask"].astype(bool)
         return int(np.count_nonzero(got[real] == want[real])), int(np.count_nonzero(real))
+    if name == "vad":  # speech decisions
+        return int(np.count_nonzero((got > 0.5) == (want > 0.5))), int(want.size)
     classes_want, classes_got = np.argmax(want, axis=-1), np.argmax(got, axis=-1)
     return int(np.count_nonzero(classes_want == classes_got)), int(classes_want.size)
 
@@ -120,18 +123,20 @@ def bench_model(name: str, eval_limit: int, use_nncf: bool) -> dict:
     row = {}
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        result = calibrate(model, data=str(data / "calib"), out=tmp, quiet=True)
-        graph = load_model(model, result.table.options.input_shapes)
-        prepared = prepare(graph, result.table)
-        float_steps = [s.node.name for s in prepared.steps if s.kind.name == "FLOAT"]
+        try:
+            result = calibrate(model, data=str(data / "calib"), out=tmp, quiet=True)
+            graph = load_model(model, result.table.options.input_shapes)
+            prepared = prepare(graph, result.table)
+            row["ptq_float_nodes"] = [s.node.name for s in prepared.steps if s.kind.name == "FLOAT"]
 
-        def run_ptq(feeds, path_of={id(f): p for p, f in evals}):
-            got = prepared.run(feeds, keep_all=False).outputs[output]
-            return agreement(name, feeds, want[path_of[id(feeds)]], got)
+            def run_ptq(feeds, path_of={id(f): p for p, f in evals}):
+                got = prepared.run(feeds, keep_all=False).outputs[output]
+                return agreement(name, feeds, want[path_of[id(feeds)]], got)
 
-        row["ptq"] = evaluate(name, evals, run_ptq)
+            row["ptq"] = evaluate(name, evals, run_ptq)
+        except (ValueError, RuntimeError) as exc:  # ptq's errors are one-line ValueErrors
+            row["ptq"], row["ptq_float_nodes"] = f"failed: {str(exc)[:200]}", []
         row["ptq_seconds"] = time.perf_counter() - start
-        row["ptq_float_nodes"] = float_steps
         for label, build in (("onnxruntime", lambda: ort_quantized(model, calib, Path(tmp))),
                              ("nncf", lambda: nncf_quantized(model, calib, Path(tmp)))):
             if label == "nncf" and not (use_nncf and NNCF_PYTHON.exists()):
@@ -150,7 +155,7 @@ def bench_model(name: str, eval_limit: int, use_nncf: bool) -> dict:
 
 
 METRICS = {"char_tagger": "ArgMax agreement on real positions", "gelu_classifier": "top-1 agreement",
-           "gru_tagger": "per-frame argmax agreement"}
+           "gru_tagger": "per-frame argmax agreement", "vad": "speech decisions (p > 0.5) agreement"}
 
 
 def main() -> None:
@@ -162,10 +167,13 @@ def main() -> None:
     print(f"{'model':<18} {'metric':<38} {'ptq':>8} {'onnxruntime':>12} {'nncf':>8}")
     for name in args.models.split(","):
         row = bench_model(name, args.eval, not args.no_nncf)
-        cells = [f"{row[k]:.4f}" if isinstance(row.get(k), float) else str(row.get(k, "-"))[:40]
+        cells = [f"{row[k]:.4f}" if isinstance(row.get(k), float) else "failed" if k in row else "-"
                  for k in ("ptq", "onnxruntime", "nncf")]
         print(f"{name:<18} {METRICS[name]:<38} {cells[0]:>8} {cells[1]:>12} {cells[2]:>8}"
               f"   (ptq calibrate+run {row['ptq_seconds']:.1f} s; float nodes: {row['ptq_float_nodes'] or 'none'})")
+        for k in ("ptq", "onnxruntime", "nncf"):
+            if isinstance(row.get(k), str):
+                print(f"    {k} {row[k]}")
 
 
 if __name__ == "__main__":

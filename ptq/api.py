@@ -163,6 +163,7 @@ class SampleResult:
     # an output that is no class-score vector: (values equal to the float model's, values compared);
     # `classes` is then empty (`ptq.run_shards.output_matches`)
     matched: Optional[tuple[int, int]] = None
+    cosine: Optional[float] = None  # a float output that is neither class scores nor per-frame scores
 
     @property
     def agrees(self) -> Optional[bool]:
@@ -188,7 +189,7 @@ class RunResult:
     @property
     def class_scores(self) -> bool:
         """Whether the output is class scores (top-k per sample, top-1 agreement), not indices or frames."""
-        return not any(s.matched is not None for s in self.classified)
+        return not any(s.matched is not None or s.cosine is not None for s in self.classified)
 
     @property
     def output_agreement(self) -> Optional[float]:
@@ -196,6 +197,12 @@ class RunResult:
         last-axis argmax decisions (float outputs) equal to the float model's, over every sample; else None."""
         pairs = [s.matched for s in self.classified if s.matched is not None]
         return sum(m for m, _ in pairs) / max(1, sum(n for _, n in pairs)) if pairs else None
+
+    @property
+    def output_cosine(self) -> Optional[float]:
+        """For a float output with neither classes nor a last axis to take the argmax of: the mean cosine."""
+        values = [s.cosine for s in self.classified if s.cosine is not None]
+        return sum(values) / len(values) if values else None
 
     @property
     def classified(self) -> list[SampleResult]:
@@ -218,7 +225,7 @@ class RunResult:
         """Fraction of the samples whose integer top-1 is the float top-1; for an output that is no class-score
         vector, `output_agreement`."""
         if not self.class_scores:
-            return self.output_agreement
+            return self.output_agreement if self.output_agreement is not None else self.output_cosine
         return sum(bool(s.agrees) for s in self.classified) / max(1, self.images)
 
     @property
@@ -267,8 +274,6 @@ def run(
     with quiet_logging(opts.quiet):
         loaded = load(model, quant, opts)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
-        if len(graph.outputs) != 1:
-            raise ValueError(f"`ptq run` prints classes of a model with one output; this one has {graph.outputs}")
         files = samples.files[:samples.limit] if samples.limit else samples.files
         prepared = prepare(graph, table, float_nodes=list(float_nodes), backend=backend,
                            options=ExecutorOptions(strict=strict))
@@ -283,7 +288,8 @@ def run(
             for path in tqdm(files, unit="img", desc="run", disable=None if opts.progress else True, leave=False):
                 outcomes.append(classify_image(context, path, top))
     result = RunResult(
-        [SampleResult(o.path, o.ranked, o.float_class, samples.labels(o.path), o.skipped, o.seconds, o.matched)
+        [SampleResult(o.path, o.ranked, o.float_class, samples.labels(o.path), o.skipped, o.seconds, o.matched,
+                      o.cosine)
          for o in outcomes],
         list(prepared.float_nodes), {}, loaded.inputs, graph.outputs[0])
     for outcome in outcomes:

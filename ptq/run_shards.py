@@ -40,8 +40,9 @@ class ImageOutcome:
     float_class: Optional[int] = None
     # an output that is no class-score vector (ArgMax tags, TopK indices, a mask, a sequence of frames): how many
     # of its values equal the float model's (index/bool outputs exactly; float outputs by their argmax over
-    # the last axis), and how many values were compared
+    # a last axis of 2 or more), and how many values were compared
     matched: Optional[tuple[int, int]] = None
+    cosine: Optional[float] = None  # a float output without such an axis (a probability [1, 1]): its cosine
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,19 @@ def classify_image(context: RunContext, path: Path, top: int) -> ImageOutcome:
     output = context.graph.outputs[0]
     got, want = result.outputs[output], context.floats.run_dict(sample)[output]
     if class_count(context.graph, output) is None:
+        if np.issubdtype(np.asarray(want).dtype, np.floating) and np.shape(want)[-1:] in ((), (1,)):
+            return ImageOutcome(path, [], None, seconds, dict(result.overflows), cosine=cosine(want, got))
         return ImageOutcome(path, [], None, seconds, dict(result.overflows), matched=output_matches(want, got))
     ranked = top_k(softmax(got.reshape(-1)), top)
     float_class = int(np.argmax(want.reshape(-1)))
     return ImageOutcome(path, ranked, None, seconds, dict(result.overflows), float_class)
+
+
+def cosine(want: np.ndarray, got: np.ndarray) -> float:
+    """cos(float output, integer output), flattened; 1 when both are zero."""
+    a, b = np.asarray(want, np.float64).ravel(), np.asarray(got, np.float64).ravel()
+    norm = np.linalg.norm(a) * np.linalg.norm(b)
+    return float(a @ b / norm) if norm > 0 else float(np.array_equal(a, b))
 
 
 def output_matches(want: np.ndarray, got: np.ndarray) -> tuple[int, int]:

@@ -85,3 +85,26 @@ def test_top5_only_from_ten_classes(tmp_path, capsys):
         capsys.readouterr()
         assert main(["run", str(model), "--quant", str(table), "--data", str(data)]) == 0
         assert "top-1 agreement of output logits with the float model" in capsys.readouterr().out
+
+
+def test_a_probability_output_of_a_two_output_model_is_run_by_its_cosine(tmp_path, capsys):
+    """p [N, 1] (a speech probability) beside a second output: no classes, no axis to take the argmax of
+    (before: `ptq run` refused a model with two outputs)."""
+    w = np.random.default_rng(3).normal(0, 1.0, (D, 1)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["logit"], name="dense"),
+             helper.make_node("Sigmoid", ["logit"], ["p"], name="sigmoid"),
+             helper.make_node("Relu", ["x"], ["state_out"], name="state")]
+    graph = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", D])],
+                              [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["N", 1]),
+                               helper.make_tensor_value_info("state_out", TensorProto.FLOAT, ["N", D])],
+                              [numpy_helper.from_array(w, "W")])
+    model = tmp_path / "two.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model)
+    data = _samples(tmp_path / "data", (D,))
+    table = ptq.calibrate(model, data=data, out=tmp_path / "cal", quiet=True).table_path
+    run = ptq.run(model, quant=table, data=data, quiet=True)
+    assert run.output == "p" and run.output_agreement is None and 0.999 < run.output_cosine <= 1.0
+    capsys.readouterr()
+    assert main(["run", str(model), "--quant", str(table), "--data", str(data)]) == 0
+    assert f"cosine of output p with the float model {run.output_cosine:.6f} (mean over 12 samples)" in \
+        capsys.readouterr().out
