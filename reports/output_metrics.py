@@ -18,6 +18,9 @@ class OutputMetrics:
 
     @classmethod
     def of(cls, ev: Evaluation) -> "OutputMetrics":
+        if not ev.outputs:
+            raise ValueError(f"the model's outputs are indices or booleans ({list(ev.index_outputs)}): `ptq report` "
+                             "compares them by agreement; debugging and tuning measure a float output")
         sim = next(iter(ev.outputs.values())).result()
         c = ev.classification
         top1 = top5 = None

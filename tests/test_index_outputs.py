@@ -72,6 +72,9 @@ def test_an_argmax_output_is_reported_and_run_by_its_agreement(tmp_path, capsys)
     out = capsys.readouterr().out
     assert f"agreement of output tags with the float model {equal / (12 * T):.4f} ({equal}/{12 * T} values)" in out
     assert "top-1" not in out
+    assert main(["debug", str(model), "--quant", str(table), "--data", str(data), "--auto", "1",
+                 "--out", str(tmp_path / "debug")]) == 2  # a one-line error, not a StopIteration
+    assert "the model's outputs are indices or booleans (['tags'])" in capsys.readouterr().err
 
 
 def test_top5_only_from_ten_classes(tmp_path, capsys):
