@@ -148,6 +148,68 @@ def _cube_of(p: _Patterns, tensor: str) -> Optional[tuple[str, list[Node]]]:
     return None
 
 
+POLYNOMIAL_OPS = ("Add", "Sub", "Mul", "Div", "Pow")
+POLYNOMIAL_NODES = 8  # the most nodes a written-out GELU argument takes (x*x*x, two scalings, an add: 5)
+PROBE = np.linspace(-6.0, 6.0, 49)
+
+
+def _tanh_gelu_argument(x: np.ndarray) -> np.ndarray:
+    return np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)
+
+
+def _evaluate(p: _Patterns, nodes: list[Node], x: str, values: np.ndarray) -> Optional[np.ndarray]:
+    """The tensor the last of `nodes` (in graph order) computes from x = `values`, in float64."""
+    env = {x: values}
+    for node in nodes:
+        args = [env[i] if i in env else p.scalar(i) for i in node.inputs]
+        if any(a is None for a in args):
+            return None
+        a, b = args
+        with np.errstate(all="ignore"):
+            env[node.outputs[0]] = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide,
+                                    "Pow": np.power}[node.op_type](a, b)
+    return env.get(nodes[-1].outputs[0]) if nodes else None
+
+
+def _polynomial_head(p: _Patterns, tensor: str, want: Callable) -> Optional[tuple[str, list[Node]]]:
+    """(x, nodes) when `tensor` is computed from one activation x by at most POLYNOMIAL_NODES Add/Sub/Mul/Div/Pow
+    nodes with scalar constants, every internal tensor read only inside, and the result equals want(x) on a
+    probe of x in [-6, 6] (within PATTERN_RTOL): a written-out formula recognized by its values, whatever the
+    grouping an exporter chose."""
+    closure, pending = [], [tensor]
+    while pending:
+        node = p.producer.get(pending.pop())
+        if node is None or node.domain or node.op_type not in POLYNOMIAL_OPS or len(node.inputs) != 2 \
+                or node in closure or len(closure) >= POLYNOMIAL_NODES:
+            continue
+        closure.append(node)
+        pending.extend(i for i in node.inputs if i not in p.graph.initializers)
+    order = {id(n): k for k, n in enumerate(p.graph.nodes)}
+    candidates = {i for n in closure for i in n.inputs if i not in p.graph.initializers}
+    for x in sorted(candidates, key=lambda t: order.get(id(p.producer.get(t)), -1)):
+        nodes, pending = [], [tensor]
+        while pending:  # the nodes between x and `tensor`
+            name = pending.pop()
+            node = p.producer.get(name)
+            if name == x or node is None or node in nodes:
+                continue
+            if node not in closure:
+                break
+            nodes.append(node)
+            pending.extend(i for i in node.inputs if i not in p.graph.initializers)
+        else:
+            nodes.sort(key=lambda n: order[id(n)])
+            inside = {id(n) for n in nodes}
+            if not all(all(id(u) in inside for u in p.consumers.get(n.outputs[0], [])) and n.outputs[0] not in
+                       p.graph.outputs for n in nodes if n.outputs[0] != tensor):
+                continue
+            got = _evaluate(p, nodes, x, PROBE)
+            expected = want(PROBE)
+            if got is not None and np.allclose(got, expected, rtol=PATTERN_RTOL, atol=PATTERN_RTOL):
+                return x, nodes
+    return None
+
+
 def _match_gelu(p: _Patterns, node: Node):
     """Erf form: x * 0.5 * (1 + erf(x / sqrt(2))) (Div by sqrt 2 or Mul by 1/sqrt 2); tanh form:
     0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) (x^3 as Pow(x, 3) or x * x * x)."""
@@ -174,6 +236,8 @@ def _match_gelu(p: _Patterns, node: Node):
                         and p.only_consumer(cube_name) is scale:
                     x, head = candidate, cube[1] + [scale, add, inner]
                     break
+        if x is None:  # another grouping of the same polynomial (HF FastGELU: x * k * (1 + 0.044715 * x * x))
+            x, head = _polynomial_head(p, node.inputs[0], _tanh_gelu_argument) or (None, [])
         approximate = "tanh"
     if x is None:
         return None

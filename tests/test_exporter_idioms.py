@@ -84,6 +84,23 @@ def tf2onnx_gelu() -> onnx.ModelProto:
     return _model(nodes, init)
 
 
+def fast_gelu() -> onnx.ModelProto:
+    """HF FastGELU as torch exports it: 0.5 * x * (1 + tanh(x * 0.7978845608 * (1 + 0.044715 * x * x)))."""
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="dense"),
+             helper.make_node("Mul", ["h", "k"], ["hk"], name="hk"),
+             helper.make_node("Mul", ["c", "h"], ["ch"], name="ch"),
+             helper.make_node("Mul", ["ch", "h"], ["chh"], name="chh"),
+             helper.make_node("Add", ["one", "chh"], ["poly"], name="poly"),
+             helper.make_node("Mul", ["hk", "poly"], ["arg"], name="arg"),
+             helper.make_node("Tanh", ["arg"], ["t"], name="tanh"),
+             helper.make_node("Add", ["one", "t"], ["one_plus"], name="one_plus"),
+             helper.make_node("Mul", ["half", "h"], ["half_h"], name="half_h"),
+             helper.make_node("Mul", ["half_h", "one_plus"], ["y"], name="gelu")]
+    init = {"W": rng.normal(0, 1.0, (D, D)), "c": 0.044715, "k": 0.7978845608, "one": 1.0, "half": 0.5}
+    return _model(nodes, init)
+
+
 def _float(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -128,6 +145,33 @@ def test_tf2onnx_gelu_is_one_table_and_its_qdq_leaves_the_tanh_input_alone():
     quantized = {n.input[0] for n in qdq.graph.node if n.op_type == "QuantizeLinear"}
     assert "y" in {n.output[0] for n in qdq.graph.node} and not quantized & {"arg", "inner", "t", "cdf", "h3"}
     assert _cosine(_float(qdq, x), want) > 0.999  # before: the Tanh input on a grid of ~90 per step
+
+
+def test_a_regrouped_tanh_gelu_is_recognized_by_its_values():
+    """The head x * k * (1 + c x^2) is no structural match of x + c x^3 (before: five nodes left unfused)."""
+    model = fast_gelu()
+    graph = load_model(model)
+    rewritten, log = apply_rewrites(graph, NodeFloatEvaluator(graph.opset))
+    assert [(n.op_type, n.inputs, n.outputs) for n in rewritten.nodes][-1] == ("Gelu", ["h"], ["y"])
+    assert rewritten.nodes[-1].attrs == {"approximate": "tanh"} and len(rewritten.nodes) == 2
+    assert sorted(log.patterns[0].removed_tensors) == sorted(["hk", "ch", "chh", "poly", "arg", "t", "one_plus",
+                                                              "half_h"])
+    x = np.random.default_rng(6).normal(0, 1, (2, 5, D)).astype(np.float32)
+    values = {"x": x, **rewritten.initializers}  # the rewritten graph in float equals the original
+    runner = NodeFloatEvaluator(graph.opset)
+    for node in rewritten.nodes:
+        values.update(zip(node.outputs, runner.run(node, [values[i] for i in node.inputs])))
+    np.testing.assert_allclose(values["y"], _float(model, x), atol=1e-5)
+
+
+def test_a_polynomial_that_is_not_the_gelu_argument_is_left_alone():
+    model = fast_gelu()
+    for tensor in model.graph.initializer:
+        if tensor.name == "c":
+            tensor.CopyFrom(numpy_helper.from_array(np.asarray(0.05, np.float32), "c"))
+    graph = load_model(model)
+    rewritten, log = apply_rewrites(graph, NodeFloatEvaluator(graph.opset))
+    assert not log.patterns and "Tanh" in [n.op_type for n in rewritten.nodes]
 
 
 def test_the_tf2onnx_classifier_runs_in_integers_and_agrees_with_float():
