@@ -75,6 +75,7 @@ OP_MODULES = {
     ("", "NonMaxSuppression"): "ops.nms",
     ("", "InstanceNormalization"): "ops.normalization",
     ("", "LayerNormalization"): "ops.normalization",
+    ("", "RMSNormalization"): "ops.normalization",
     ("", "Pad"): "ops.pad",
     ("", "AveragePool"): "ops.pooling",
     ("", "GlobalAveragePool"): "ops.pooling",

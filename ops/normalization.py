@@ -1,4 +1,4 @@
-"""LayerNormalization (ONNX opset 17) and InstanceNormalization in integers (whitepaper 4.5 / 4.46: integer
+"""LayerNormalization (ONNX opset 17), RMSNormalization (opset 23) and InstanceNormalization in integers (whitepaper 4.5 / 4.46: integer
 mean and variance; ONNX convention x_c = x_q - zp_x; D = number of normalized elements per row).
 
 Per row, everything in exact int64 (s_x cancels: the normalized value does not depend on the input scale):
@@ -23,6 +23,13 @@ LSB bound vs the float op on the dequantized input, with n_max = max |n| <= sqrt
     0.5 + |y_q - zp_y| * 2^-(mbits-1) + 2^-17 + (max|gamma| / s_y) * (n_max * (2^-16 + 2^-G) + 2^-F)
 (final rounding; multiplier; pre-rounding; gamma codes, square root and n_F roundings) -- plus the
 rounding of eps_q, n * |eps_q - eps D^2/s_x^2| / (2 den), negligible unless var ~ eps.
+
+RMSNormalization (ONNX opset 23; `ptq.engine.transformer_patterns` fuses the written-out RMSNorm into it): the same
+kernel without the mean, S1 taken as 0 (x_c = x_q - zp is x / s_x exactly, so no centring is lost):
+
+    num = D * x_c,  den = D * S2 + eps_q                ( = D^2 (mean(x^2) + eps) / s_x^2)
+
+and the same LSB bound with n_max = sqrt(D).
 
 LayerNormalization: axis (default -1) to the last axis are normalized; Scale and B broadcast against them;
 the optional Mean / InvStdDev outputs (training) are refused. InstanceNormalization: axes 2.. are
@@ -59,6 +66,7 @@ class NormKernel:
     beta: np.ndarray  # int64 beta at scale s_g / 2^F
     stage: OutputStage
     fraction_bits: int = NORM_FRACTION_BITS
+    centred: bool = True  # False: RMSNormalization (no mean subtracted)
     _per_count: dict[int, tuple[int, int]] = field(default_factory=dict, repr=False)
 
     def constants(self, count: int) -> tuple[int, int]:
@@ -81,7 +89,7 @@ class NormKernel:
         """n_F = round(n * 2^F) of int64 x_c, normalized over `axes` (same shape as x_c)."""
         count = int(np.prod([xc.shape[a] for a in axes], dtype=np.int64))
         eps_q, g = self.constants(count)
-        s1 = xc.sum(axis=axes, keepdims=True)
+        s1 = xc.sum(axis=axes, keepdims=True) if self.centred else np.zeros((1,) * xc.ndim, dtype=np.int64)
         s2 = (xc * xc).sum(axis=axes, keepdims=True)
         den = count * s2 - s1 * s1 + eps_q
         root = np.maximum(isqrt(den << (2 * g)), 1)  # den = 0 only for a constant row without eps: num = 0
@@ -93,7 +101,7 @@ class NormKernel:
 
 
 def quantize_affine(x_qp: QParams, y_qp: QParams, gamma_f: np.ndarray, beta_f: Optional[np.ndarray],
-                    eps: float, mbits: int) -> NormKernel:
+                    eps: float, mbits: int, centred: bool = True) -> NormKernel:
     """gamma, beta (float constants of one broadcast shape) -> codes and the output stage (module docstring)."""
     gamma_f = np.asarray(gamma_f, dtype=np.float64)
     beta_f = np.zeros_like(gamma_f) if beta_f is None else np.asarray(beta_f, dtype=np.float64)
@@ -110,7 +118,7 @@ def quantize_affine(x_qp: QParams, y_qp: QParams, gamma_f: np.ndarray, beta_f: O
         raise QuantizationError("bias too large for the scale (|B| / max|scale| >= 2^13)")
     b_q = np.rint(b_real).astype(np.int64)
     stage = output_stage(s_g / 2.0 ** f, y_qp, mbits, None)
-    return NormKernel(x_qp, float(eps), g_q, b_q, stage)
+    return NormKernel(x_qp, float(eps), g_q, b_q, stage, centred=centred)
 
 
 @dataclass
@@ -172,6 +180,38 @@ class LayerNormalization(OpDef):
         kernel = quantize_affine(x_qp, y_qp, gamma, _constant(ctx, 2, "B"), float(ctx.node.attr("epsilon", 1e-5)),
                                  ctx.options.mbits)
         return QuantizedNorm(ctx.node, list(ctx.in_qparams), [y_qp] + [None] * (len(ctx.node.outputs) - 1), kernel)
+
+    def forward_int(self, q: QuantizedNorm, inputs, runtime: IntRuntime):
+        xc = centered(inputs[0], q.in_qparams[0])
+        k = q.kernel
+        return [k.apply(xc, layer_norm_axes(q.node, xc.ndim), k.gamma, k.beta)]
+
+
+@register
+class RMSNormalization(OpDef):
+    """ONNX RMSNormalization (opset 23): x / sqrt(mean(x^2) + eps) * scale over axis.. in integers, the
+    LayerNormalization kernel without the mean. Formula and LSB bound: module docstring."""
+
+    op_type = "RMSNormalization"
+    lsb_bound = 0.6
+    section = "4.5 / 4.46 (integer mean of squares; no chapter 4 entry of its own)"
+    int_types = "int8/uint8/int16 -> int64 statistics, int16 scale -> int8/uint8/int16"
+    granularity = "per-tensor activations; per-element scale (16-bit codes)"
+
+    def forward_float(self, node, inputs):
+        x = np.asarray(inputs[0], dtype=np.float64)
+        axes = layer_norm_axes(node, x.ndim)
+        n = x / np.sqrt((x * x).mean(axis=axes, keepdims=True) + float(node.attr("epsilon", 1e-5)))
+        return [(n * np.asarray(inputs[1], dtype=np.float64)).astype(np.float32)]
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedNorm:
+        x_qp, y_qp = activation_qparams(ctx), _output_qparams(ctx)
+        gamma = _constant(ctx, 1, "scale")
+        if gamma is None:
+            raise QuantizationError("scale (input 1) is required")
+        kernel = quantize_affine(x_qp, y_qp, gamma, None, float(ctx.node.attr("epsilon", 1e-5)), ctx.options.mbits,
+                                 centred=False)
+        return QuantizedNorm(ctx.node, list(ctx.in_qparams), [y_qp], kernel)
 
     def forward_int(self, q: QuantizedNorm, inputs, runtime: IntRuntime):
         xc = centered(inputs[0], q.in_qparams[0])

@@ -160,16 +160,20 @@ class SampleResult:
     label: Optional[int]
     skipped: Optional[str] = None
     seconds: float = 0.0
+    # an output that is no class-score vector: (values equal to the float model's, values compared);
+    # `classes` is then empty (`reports.run_shards.output_matches`)
+    matched: Optional[tuple[int, int]] = None
+    cosine: Optional[float] = None  # a float output that is neither class scores nor per-frame scores
 
     @property
     def agrees(self) -> Optional[bool]:
-        """Integer top-1 == float top-1 (None when skipped)."""
-        return None if self.classes is None else self.classes[0][0] == self.float_class
+        """Integer top-1 == float top-1 (None when skipped or no class scores)."""
+        return None if not self.classes else self.classes[0][0] == self.float_class
 
     @property
     def correct(self) -> Optional[bool]:
-        """Integer top-1 == label (None when skipped or unlabelled)."""
-        return None if self.classes is None or self.label is None else self.classes[0][0] == self.label
+        """Integer top-1 == label (None when skipped, unlabelled or no class scores)."""
+        return None if not self.classes or self.label is None else self.classes[0][0] == self.label
 
 
 @dataclass
@@ -180,6 +184,25 @@ class RunResult:
     float_nodes: list[FloatNode]  # name, op_type, reason
     overflows: dict[str, int]
     inputs: dict
+    output: str = ""  # the graph output the figures are of
+
+    @property
+    def class_scores(self) -> bool:
+        """Whether the output is class scores (top-k per sample, top-1 agreement), not indices or frames."""
+        return not any(s.matched is not None or s.cosine is not None for s in self.classified)
+
+    @property
+    def output_agreement(self) -> Optional[float]:
+        """For an output that is no class-score vector: the fraction of its values (index/bool outputs) or
+        last-axis argmax decisions (float outputs) equal to the float model's, over every sample; else None."""
+        pairs = [s.matched for s in self.classified if s.matched is not None]
+        return sum(m for m, _ in pairs) / max(1, sum(n for _, n in pairs)) if pairs else None
+
+    @property
+    def output_cosine(self) -> Optional[float]:
+        """For a float output with neither classes nor a last axis to take the argmax of: the mean cosine."""
+        values = [s.cosine for s in self.classified if s.cosine is not None]
+        return sum(values) / len(values) if values else None
 
     @property
     def classified(self) -> list[SampleResult]:
@@ -199,7 +222,10 @@ class RunResult:
 
     @property
     def agreement(self) -> float:
-        """Fraction of the samples whose integer top-1 is the float top-1."""
+        """Fraction of the samples whose integer top-1 is the float top-1; for an output that is no class-score
+        vector, `output_agreement`."""
+        if not self.class_scores:
+            return self.output_agreement if self.output_agreement is not None else self.output_cosine
         return sum(bool(s.agrees) for s in self.classified) / max(1, self.images)
 
     @property
@@ -248,8 +274,6 @@ def run(
     with quiet_logging(opts.quiet):
         loaded = load(model, quant, opts)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
-        if len(graph.outputs) != 1:
-            raise ValueError(f"`ptq run` prints classes of a model with one output; this one has {graph.outputs}")
         files = samples.files[:samples.limit] if samples.limit else samples.files
         prepared = prepare(graph, table, float_nodes=list(float_nodes), backend=backend,
                            options=ExecutorOptions(strict=strict))
@@ -264,8 +288,10 @@ def run(
             for path in tqdm(files, unit="img", desc="run", disable=None if opts.progress else True, leave=False):
                 outcomes.append(classify_image(context, path, top))
     result = RunResult(
-        [SampleResult(o.path, o.ranked, o.float_class, samples.labels(o.path), o.skipped, o.seconds) for o in outcomes],
-        list(prepared.float_nodes), {}, loaded.inputs)
+        [SampleResult(o.path, o.ranked, o.float_class, samples.labels(o.path), o.skipped, o.seconds, o.matched,
+                      o.cosine)
+         for o in outcomes],
+        list(prepared.float_nodes), {}, loaded.inputs, graph.outputs[0])
     for outcome in outcomes:
         for node, count in outcome.overflows.items():
             result.overflows[node] = result.overflows.get(node, 0) + count

@@ -37,6 +37,7 @@ def build_report(ev: Evaluation, model: str, quant: str, top: Optional[int] = No
         layers=layer_reports,
         outputs=[OutputReport(name, acc.result()) for name, acc in ev.outputs.items()],
         classification=ev.classification.to_dict() if ev.classification is not None else None,
+        index_outputs={name: acc.to_dict() for name, acc in ev.index_outputs.items()},
         bottlenecks=rank_bottlenecks(layer_reports, top=top),
         float_nodes=list(ev.float_nodes),
         float_reasons=dict(ev.float_reasons),

@@ -36,7 +36,7 @@ from reports.evaluation import Evaluation
 from reports.float_reference import float_reference
 from ptq.data.image_source import ImageSet
 from ptq.data.labels import LabelResolver
-from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreement
+from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreement, ValueAgreement
 from reports.value_histogram import ValueHistogram
 
 
@@ -161,6 +161,8 @@ def merge_evaluations(parts: Sequence[Evaluation]) -> Evaluation:
         classification=None if first.classification is None else TopKAgreement(k=first.classification.k),
         float_nodes=first.float_nodes, float_reasons=first.float_reasons,
         clipped={name: ClipAccumulator() for name in first.clipped},
+        index_outputs={name: reduce(ValueAgreement.merge, (part.index_outputs[name] for part in parts))
+                       for name in first.index_outputs},
         # integer counts and extremes: exact in any order
         histograms={name: reduce(ValueHistogram.merge, (part.histograms[name] for part in parts))
                     for name in first.histograms},

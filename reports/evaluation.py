@@ -6,7 +6,7 @@ from typing import Optional
 
 from ptq.core.qparams import QParams
 from reports.layer_specs import LayerSpec
-from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreement
+from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreement, ValueAgreement
 from reports.value_histogram import ValueHistogram
 
 
@@ -25,4 +25,6 @@ class Evaluation:
     clipped: dict[str, ClipAccumulator] = field(default_factory=dict)  # float values beyond each grid
     histograms: dict[str, ValueHistogram] = field(default_factory=dict)  # each layer's float values
     overflows: dict[str, int] = field(default_factory=dict)
+    # index and boolean graph outputs (ArgMax, TopK indices, masks): exact agreement with the float model's
+    index_outputs: dict[str, ValueAgreement] = field(default_factory=dict)
     images: int = 0

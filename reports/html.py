@@ -173,9 +173,14 @@ def _summary(report: Report) -> str:
         rows.append((f"output {out.name}",
                      f"cosine {s.cosine:.6f}, mse {_fmt(s.mse, 4)}, sqnr {_fmt(s.sqnr_db, 4)} dB, "
                      f"max abs err {_fmt(s.max_abs_err, 4)}"))
+    for name, agreement in report.index_outputs.items():
+        rows.append((f"output {name}", f"agreement with float {agreement['agreement']:.4f} "
+                                       f"({agreement['equal']}/{agreement['values']} values)"))
     c = report.classification
-    if c:
+    if c and "top5_agreement" in c:
         rows.append(("top-1 / top-5 agreement", f"{c['top1_agreement']:.3f} / {c['top5_agreement']:.3f}"))
+    elif c:
+        rows.append(("top-1 agreement", f"{c['top1_agreement']:.3f}"))
         if "labelled" in c:
             rows.append(("accuracy (float / int)",
                          f"{c['float_accuracy']:.3f} / {c['int_accuracy']:.3f} over {c['labelled']} labelled images"))

@@ -108,7 +108,10 @@ class ImageRun:
     def _fold_outputs(self, floats: dict, codes: dict, label: Optional[int]) -> None:
         ev = self.ev
         for name in self.outputs:
-            ev.outputs[name].add(compare(floats[name], codes[name], ev.qparams[name])[0])
+            if name in ev.index_outputs:
+                ev.index_outputs[name].update(floats[name], codes[name])
+            else:
+                ev.outputs[name].add(compare(floats[name], codes[name], ev.qparams[name])[0])
         if ev.classification is not None:
             first = self.outputs[0]
             ev.classification.update(floats[first], dequantize32(ev.qparams[first], codes[first]), label)

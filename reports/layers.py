@@ -152,6 +152,8 @@ class Report:
     outputs: list[OutputReport]
     classification: Optional[dict]  # TopKAgreement.to_dict() of the first output, when it is a score vector
     bottlenecks: list[Bottleneck]
+    # per index/boolean graph output (ArgMax, TopK indices): ValueAgreement.to_dict() against the float model
+    index_outputs: dict[str, dict] = field(default_factory=dict)
     float_nodes: list[str] = field(default_factory=list)
     float_reasons: dict[str, str] = field(default_factory=dict)  # node -> "OpType: why it runs in float"
     notes: list[str] = field(default_factory=list)
@@ -160,6 +162,8 @@ class Report:
 
     def to_dict(self) -> dict:
         outputs: dict = {"tensors": [o.to_dict() for o in self.outputs]}
+        if self.index_outputs:
+            outputs["index_outputs"] = [{"name": name, **value} for name, value in self.index_outputs.items()]
         if self.classification:
             outputs.update(self.classification)
         return {
@@ -195,5 +199,7 @@ METRIC_DEFINITIONS = {
                   "width w = (high - low)/inner_bins below low, inner_bins bins across the grid, margin_bins bins "
                   "above high, and counts[-1] beyond; below/above: values outside [low, high] (saturated)",
     "top1_agreement": "fraction of images where the integer argmax equals the float argmax",
-    "top5_agreement": "fraction of images where the float argmax is among the integer top 5",
+    "top5_agreement": "fraction of images where the float argmax is among the integer top 5 (10 classes or more)",
+    "index_outputs": "per index or boolean graph output (ArgMax, TopK indices, a mask): the fraction of its values "
+                     "equal to the float model's, over all images",
 }

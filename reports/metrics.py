@@ -173,16 +173,40 @@ class TopKAgreement:
     def to_dict(self) -> dict:
         if self.samples == 0:
             raise ValueError("top-k agreement: no samples were accumulated")
-        out = {
-            "samples": self.samples,
-            "top1_agreement": self.top1_agree / self.samples,
-            f"top{self.k}_agreement": self.topk_agree / self.samples,
-        }
+        out = {"samples": self.samples, "top1_agreement": self.top1_agree / self.samples}
+        if self.k > 1:  # top-k of fewer classes than 2k says little: `evaluate` keeps top-5 for >= 10 classes
+            out[f"top{self.k}_agreement"] = self.topk_agree / self.samples
         if self.labelled:
             out["labelled"] = self.labelled
             out["float_accuracy"] = self.reference_correct / self.labelled
             out["int_accuracy"] = self.test_correct / self.labelled
         return out
+
+
+@dataclass
+class ValueAgreement:
+    """How many values of an index or boolean output (ArgMax, TopK indices, a mask) equal the reference's:
+    exact comparison, element by element. Merging adds the counts."""
+
+    values: int = 0
+    equal: int = 0
+
+    def update(self, reference: np.ndarray, test: np.ndarray) -> None:
+        x, y = np.asarray(reference), np.asarray(test)
+        if x.shape != y.shape:
+            raise ValueError(f"agreement: output shapes {x.shape} and {y.shape} must match")
+        self.values += x.size
+        self.equal += int(np.count_nonzero(x == y))
+
+    def merge(self, other: "ValueAgreement") -> "ValueAgreement":
+        return ValueAgreement(self.values + other.values, self.equal + other.equal)
+
+    @property
+    def fraction(self) -> float:
+        return self.equal / self.values if self.values else float("nan")
+
+    def to_dict(self) -> dict:
+        return {"agreement": self.fraction, "values": self.values, "equal": self.equal}
 
 
 @dataclass

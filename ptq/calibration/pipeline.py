@@ -29,7 +29,7 @@ from ptq.engine.clip_ranges import folded_ranges
 from ptq.core.graph import Graph, load_model
 from ptq.data.images import ImageLog, InputSpec, Preprocess, iter_batches
 from ptq.parallel.workers import QuietLog, choose_workers
-from ptq.data.samples import ArrayFormat, ImageFormat, SampleSource, iter_sample_batches, iter_samples
+from ptq.data.samples import ArrayFormat, ImageFormat, SampleSource, data_input_shapes, iter_sample_batches, iter_samples
 from ptq.qdq.check import CHECK_SAMPLES, QDQCheck
 from ptq.qdq.export import DEFAULT_TARGET, get_target
 from ptq.qdq.output import export_checked, summary_lines, write_model
@@ -99,7 +99,7 @@ class CalibrationResult:
 
 
 def _normalize_input_shapes(input_shapes: Optional[dict]) -> Optional[dict]:
-    return {k: [int(d) for d in v] for k, v in input_shapes.items()} if input_shapes else None
+    return {k: [None if d is None else int(d) for d in v] for k, v in input_shapes.items()} if input_shapes else None
 
 
 def input_spec(graph: Graph, pre: Preprocess) -> InputSpec:
@@ -228,7 +228,7 @@ def _check_feeds(graph: Graph, source: Union[SampleSource, np.ndarray], used: li
         name = image_input(graph)
         return [{name: sample[None]} for sample in source[:min(CHECK_SAMPLES, len(used))]]
     reader = source.format.reader(graph)
-    return [{k: v[None] for k, v in reader.read(path).items()} for path in used[:CHECK_SAMPLES]]
+    return [reader.read(path) for path in used[:CHECK_SAMPLES]]
 
 
 def output_paths(model: ModelSource, out_dir: Union[str, Path]) -> tuple[Path, Path]:
@@ -324,6 +324,8 @@ def calibrate(
         source = images
     else:
         source = sample_source(images, preprocess)
+    if isinstance(source, SampleSource):  # --data: dynamic dimensions past axis 0 take the first sample's sizes
+        input_shapes = {**data_input_shapes(model, source, num_images, seed), **(input_shapes or {})} or None
     target = get_target(qdq_target)
     options = CalibrationOptions(
         calibrator=get_calibrator(calibrator).spelling,

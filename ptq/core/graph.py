@@ -141,8 +141,11 @@ def _set_input_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple]) ->
         if len(dims) and len(dims) != len(shape):
             raise ModelError(f"input {name!r} has rank {len(dims)}, --input-shape gives {len(shape)} dims")
         del dims[:]
-        for d in shape:
-            dims.add().dim_value = int(d)
+        for axis, d in enumerate(shape):
+            if d is None:  # left dynamic (axis 0 of shapes taken from --data samples)
+                dims.add().dim_param = f"{name}_dim{axis}"
+            else:
+                dims.add().dim_value = int(d)
     # stale inferred shapes would contradict the new input shapes
     del model.graph.value_info[:]
 

@@ -434,6 +434,16 @@ def table_float_nodes(graph: Graph, table: QuantTable, options: Optional[Executo
     return _table_float_layers(table, _rewriter(graph, NodeFloatEvaluator(graph.opset), options), ())
 
 
+def pattern_internal_tensors(graph: Graph, table: QuantTable, options: Optional[ExecutorOptions] = None) -> set[str]:
+    """The activations of `graph` inside a transformer pattern that `prepare(graph, table)` fuses into one op
+    (`ptq.engine.transformer_patterns`: a GELU's Tanh input, a LayerNorm's variance, masked attention scores): the
+    integer graph never quantizes them, so neither does the QDQ export."""
+    options = options or ExecutorOptions()
+    rewrite = _rewriter(graph, NodeFloatEvaluator(graph.opset), options)
+    _, log = rewrite(_table_float_layers(table, rewrite, ()))
+    return {tensor for fusion in log.patterns for tensor in fusion.removed_tensors}
+
+
 def prepare(
     graph: Graph,
     quant_table: QuantTable,

@@ -4,7 +4,8 @@ reports compare the integer graph against them (`reports.evaluate`, `reports.dum
 
 Each batch's activations are folded into per-tensor `TensorStatistics` and dropped, so memory stays at one
 batch of activations however many images are used (onnxruntime's own calibration keeps all of them).
-A model whose batch dimension is fixed at 1 is run sample by sample. When a calibrator needs per-batch
+A model whose batch dimension is fixed at 1 is run sample by sample; a model with an input whose axis 0 is
+fixed at another size (a recurrent state) is only given single samples, at their full shape. When a calibrator needs per-batch
 statistics (`mean`), each tensor's per-sample activations are concatenated along axis 0 into the batch
 before folding, so statistics see the same batches as with a dynamic-batch model; otherwise every sample
 is folded on its own (the result is the same, the memory one sample's activations).
@@ -20,6 +21,7 @@ from onnx import helper
 
 from ptq.core.graph import Graph, ModelError, Node
 from ptq.engine.threads import session_options
+from ptq.engine.transformer_patterns import attention_mask_tensors
 
 if TYPE_CHECKING:
     from calibrators import TensorStatistics
@@ -73,14 +75,10 @@ class FloatRunner:
         way, `ptq.engine.threads`)."""
         import onnxruntime as ort  # imported lazily: it is slow to import
 
-        fixed = None
-        for name in graph.inputs:
-            shape = graph.tensors[name].shape
-            batch_dim = shape[0] if shape else None
-            if batch_dim not in (None, 0, 1):
-                raise ModelError(f"input {name!r} has a fixed batch of {batch_dim}; ptq needs batch 1 or a "
-                                 "dynamic batch")
-            fixed = fixed or batch_dim or None
+        # a model whose axis 0 is fixed at 1 runs a batch sample by sample; one with another fixed axis 0 (a
+        # state [2, 1, 128]) is never given a batch (`ptq.data.samples.batchable`), its samples run as they are
+        first_dims = [(graph.tensors[name].shape or (None,))[0] for name in graph.inputs]
+        fixed = 1 if 1 in first_dims and all(d in (None, 0, 1) for d in first_dims) else None
         tensors = list(dict.fromkeys(tensors))
         options = session_options(intra_op_threads)
         options.log_severity_level = 3
@@ -135,8 +133,10 @@ class FloatRunner:
 
 
 def batch_size(feeds: Mapping[str, np.ndarray]) -> int:
-    """The samples in a batch of feeds (axis 0 of its inputs)."""
-    return len(next(iter(feeds.values())))
+    """The samples in a batch of feeds: axis 0 of its inputs when they all agree on it, else 1 (a sample
+    taken at its full shape, whose axis 0 is no batch: `ptq.data.samples`)."""
+    sizes = {np.shape(value)[0] if np.ndim(value) else None for value in feeds.values()}
+    return sizes.pop() if len(sizes) == 1 and None not in sizes else 1
 
 
 def _ort_errors() -> tuple:
@@ -162,6 +162,18 @@ def layer_inputs(graph: Graph, layers: Sequence[Node], batches: Iterable) -> Ite
                 yield node, x
 
 
+MASK_FLOOR = -1e4  # the grid of a pure mask tensor: [-1e4, 0] (e^-1e4 is 0: a masked position keeps its meaning)
+
+
+def unmasked_values(value: np.ndarray, threshold: float) -> np.ndarray:
+    """What calibration sees of a tensor an attention mask flows into: its values that are no masked position
+    (above `threshold`), flattened. A pure mask (nothing else than 0 there: `(1 - mask) * finfo.min`) gets
+    [MASK_FLOOR, 0] instead, so its grid keeps zero exact and a masked end (a -1e4 mask, as HF's fp16 models
+    use); masked scores take their range from the real scores."""
+    kept = value[value > threshold]
+    return kept if kept.any() else np.array([MASK_FLOOR, 0.0], dtype=value.dtype)
+
+
 def collect_statistics(
     graph: Graph,
     batches: Iterable[np.ndarray],
@@ -182,6 +194,7 @@ def collect_statistics(
 
     runner = runner or FloatRunner.create(graph, tensors, providers)
     stats = {name: TensorStatistics(needs, axis=None) for name in tensors}
+    masked = attention_mask_tensors(graph)  # their masked positions never set a range
     # Only per-batch statistics depend on how samples are grouped (min/max, moments and the fixed-grid
     # histograms do not), so without them a batch-1 model folds sample by sample: one sample's activations
     # in memory instead of a batch's.
@@ -192,6 +205,8 @@ def collect_statistics(
         for part in ([{n: v[i : i + 1] for n, v in feeds.items()} for i in range(size)] if sample_by_sample
                      else [feeds]):
             for name, value in runner.run(part):
+                if name in masked:
+                    value = unmasked_values(value, masked[name])
                 try:
                     stats[name].update(value)
                 except ValueError as exc:

@@ -169,6 +169,8 @@ def _cases() -> list[Case]:
         Case("Einsum", inputs=(X, X), attrs={"equation": "bcik,bcjk->bcij"}, note="x x^T, two activations"),
         Case("LayerNormalization", inputs=(X, "g", "b"), constants={"g": _c("lng", (5,), 0.5, 1.5), "b": _c("lnb", (5,))},
              attrs={"axis": -1}),
+        Case("RMSNormalization", inputs=(X, "g"), constants={"g": _c("rmsg", (5,), 0.5, 1.5)}, attrs={"axis": -1},
+             opset=23, path="direct", note="opset 23, past what ptq loads: the rewrites fuse a written-out RMSNorm"),
         Case("InstanceNormalization", inputs=(X, "g", "b"),
              constants={"g": _c("ing", (3,), 0.5, 1.5), "b": _c("inb", (3,))}),
         Case("ReduceMean", attrs={"axes": [2, 3]}),

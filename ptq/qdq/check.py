@@ -4,6 +4,9 @@ QDQ groups fused into integer kernels, which is what a user deploying the model 
 
     cosine = mean over samples and graph outputs of cos(float output, QDQ output)
 
+(an index or boolean output, ArgMax tags or a mask, counts by the fraction of its values equal to float's: the
+cosine of two index vectors says nothing).
+
 The two figures should agree: a gap above `TOLERANCE` means the fused kernels of this machine do not compute
 what the QDQ graph describes (see docs/qdq_targets.md).
 """
@@ -76,6 +79,8 @@ def _session(model: onnx.ModelProto, optimize: bool):
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    if not np.issubdtype(np.asarray(a).dtype, np.floating):  # indices, booleans: agreement (module docstring)
+        return float(np.mean(np.asarray(a) == np.asarray(b))) if np.size(a) else 1.0
     a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
     norm = np.linalg.norm(a) * np.linalg.norm(b)
     return float(a @ b / norm) if norm > 0 else float(np.array_equal(a, b))

@@ -12,6 +12,11 @@
   constant added after such a layer is folded into its bias first, as the integer executor does
   (`ptq.engine.bias_add_fold`): the exported layer has the int32 bias and writes the Add's tensor, the Add is gone.
 
+Fused patterns: the internal tensors of a transformer pattern the integer graph runs as one op (a written-out
+GELU's Tanh input, a LayerNorm's variance, the masked scores of an AddSoftmax: `ptq.engine.executor.
+pattern_internal_tensors`) get no Q/DQ pair: onnxruntime computes the pattern in float between the Q/DQ of its
+input and of its output, as the integer op does in integers (a mask added to the scores keeps its meaning).
+
 Float layers: a tensor the table marks float (`"float": true`) has the layer computing it run in float by the
 integer executor: the nodes `ptq.engine.executor.table_float_nodes` names (its producer plus the BatchNormalization
 and Relu/Clip the rewrites would fuse into it), each dequantizing its inputs, computing in float with the
@@ -57,7 +62,7 @@ from onnx import helper, numpy_helper, version_converter
 from ptq.engine.bias_add_fold import fold_bias_adds
 from ptq.core.graph import Graph, ModelError
 from ptq.engine.rewrites import copy_graph
-from ptq.engine.executor import table_float_nodes
+from ptq.engine.executor import pattern_internal_tensors, table_float_nodes
 from ptq.core.qparams import QParams
 from ptq.table.quant_table import QuantTable
 from ops.registry import bias_role, bias_slot, weight_role
@@ -328,10 +333,11 @@ def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = 
     weight_nodes, replaced = _quantize_weights(graph, table, b, initializers, target, float_nodes)
     float_copies: dict[str, str] = {}
 
+    fused = pattern_internal_tensors(graph, table)
     activations = {
         name: table.tensors[name].qparams
         for name in graph.activations
-        if name in table.tensors and table.tensors[name].kind == "activation"
+        if name in table.tensors and table.tensors[name].kind == "activation" and name not in fused
     }
     for name, qp in activations.items():
         if graph.tensors[name].dtype != np.float32:

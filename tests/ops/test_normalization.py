@@ -21,8 +21,9 @@ def _round_half_away(num: int, den: int) -> int:
     return q if (num < 0) == (den < 0) else -q
 
 
-def _reference(kernel, x_c: np.ndarray, axes, gamma: np.ndarray, beta: np.ndarray) -> np.ndarray:
-    """The module docstring's formula in Python integers, row by row (gamma, beta: codes broadcast to x)."""
+def _reference(kernel, x_c: np.ndarray, axes, gamma: np.ndarray, beta: np.ndarray, centred: bool = True) -> np.ndarray:
+    """The module docstring's formula in Python integers, row by row (gamma, beta: codes broadcast to x);
+    `centred=False`: RMSNormalization's (S1 taken as 0)."""
     kept = [a for a in range(x_c.ndim) if a not in axes]
     order = kept + list(axes)
     moved = np.transpose(x_c, order)
@@ -38,7 +39,7 @@ def _reference(kernel, x_c: np.ndarray, axes, gamma: np.ndarray, beta: np.ndarra
     flat, gf, bf, of = (a.reshape(-1, count) for a in (moved, g, b, out))
     for row, grow, brow, orow in zip(flat, gf, bf, of):
         vals = [int(v) for v in row]
-        s1, s2 = sum(vals), sum(v * v for v in vals)
+        s1, s2 = sum(vals) if centred else 0, sum(v * v for v in vals)
         root = max(isqrt((count * s2 - s1 * s1 + eps_q) << (2 * sqrt_bits)), 1)
         for j, v in enumerate(vals):
             n_f = _round_half_away((count * v - s1) << (f + sqrt_bits), root)
@@ -81,6 +82,30 @@ def test_layer_norm(shape, axis, bits):
     count = int(np.prod(norm_shape))
     assert lsb_error(y_qp, y, want) <= _bound(q.kernel, y_qp, gamma, count)
     np.testing.assert_allclose(op.forward_float(node, [x_qp.dequantize(x_q), gamma, beta])[0], want, atol=1e-5)
+
+
+@covers("RMSNormalization", check=Check.INT_REFERENCE)
+@covers("RMSNormalization", check=Check.ONNXRUNTIME)
+@pytest.mark.parametrize("shape, axis", [((2, 5, 16), -1), ((3, 4, 6), 1)])
+@pytest.mark.parametrize("bits", [8, 16])
+def test_rms_norm(shape, axis, bits):
+    rng = np.random.default_rng(len(shape) + bits - axis)
+    x_qp = random_qparams(rng, -2.0, 3.0, bits)
+    x_q = random_codes(rng, x_qp, shape)
+    gamma = rng.uniform(-1.5, 1.5, shape[axis:]).astype(np.float32)
+    want = ort_single("RMSNormalization", {"x": x_qp.dequantize(x_q)}, {"axis": axis, "epsilon": 1e-5},
+                      constants={"gamma": gamma}, opset=23)[0]
+    y_qp = random_qparams(rng, float(want.min()), float(want.max()), bits, symmetric=False)
+    node = Node("rms", "RMSNormalization", ["x", "gamma"], ["y"], attrs={"axis": axis, "epsilon": 1e-5})
+    op = get_op("RMSNormalization")
+    q = op.quantize(context(node, [x_qp, None], [y_qp], {1: gamma}))
+    y = op.forward_int(q, [x_q, gamma], runtime())[0]
+    axes = tuple(range(axis % len(shape), len(shape)))
+    x_c = x_q.astype(np.int64) - int(x_qp.zero_point[0])
+    np.testing.assert_array_equal(y, _reference(q.kernel, x_c, axes, q.kernel.gamma, q.kernel.beta, centred=False))
+    count = int(np.prod(shape[axis:]))
+    assert lsb_error(y_qp, y, want) <= _bound(q.kernel, y_qp, gamma, count + 1)  # n_max = sqrt(D)
+    np.testing.assert_allclose(op.forward_float(node, [x_qp.dequantize(x_q), gamma])[0], want, atol=1e-5)
 
 
 @covers("InstanceNormalization", check=Check.INT_REFERENCE)
