@@ -48,7 +48,7 @@ from ops.linear import (
 )
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.bias import bias_scale, quantize_bias
-from ptq.core.roles import BiasRole, WeightRole
+from ptq.core.roles import BiasRole, LayerKind, WeightRole
 
 
 @dataclass
@@ -151,9 +151,13 @@ class Conv(OpDef):
     granularity = "per-channel weights"
     absorbs_activation = True
     absorbs_batchnorm = True
+    layer_kind = LayerKind.CONVOLUTION
 
     def weight_role(self, node):
         return WeightRole(1, 0)
+
+    def channel_groups(self, node):
+        return int(node.attr("group", 1))
 
     def bias_role(self, node):
         return _bias_role(node)
@@ -231,6 +235,9 @@ class ConvTranspose(OpDef):
 
     def weight_role(self, node):
         return WeightRole(1, 1)
+
+    def channel_groups(self, node):
+        return int(node.attr("group", 1))
 
     def bias_role(self, node):
         return _bias_role(node)

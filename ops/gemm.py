@@ -44,7 +44,7 @@ from ops.linear import (
 )
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.bias import bias_scale, quantize_bias
-from ptq.core.roles import BiasRole, WeightRole
+from ptq.core.roles import BiasRole, LayerKind, WeightRole
 
 
 @dataclass
@@ -95,6 +95,7 @@ class Gemm(OpDef):
     granularity = "per-channel weights"
     int_types = "int8/uint8/int16 x int8/int16 -> int32 (48 for 16-bit) acc"
     absorbs_activation = True
+    layer_kind = LayerKind.FULLY_CONNECTED
 
     def weight_role(self, node):
         """B, per output channel: its axis 0 when transposed (transB=1), else axis 1."""

@@ -217,6 +217,7 @@ class GlobalAveragePool(OpDef):
 
     op_type = "GlobalAveragePool"
     lsb_bound = 0.51  # 0.5 + |y_q - zp_y| * 2^-(mbits-1) or less, 8-bit
+    preserves_channel_mean = True
     section = "4.4"
     int_types = "int8/uint8/int16/uint16 -> int8/uint8/int16/uint16"
 

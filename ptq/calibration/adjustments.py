@@ -15,7 +15,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ops.registry import bias_role, layer_kind
 from ptq.core.graph import Graph, load_model
+from ptq.core.roles import LayerKind
 from ptq.data.images import ImageLog, iter_batches
 from ptq.table.quant_table import QuantTable
 from ptq.data.samples import SampleSource, iter_sample_batches, iter_samples
@@ -66,16 +68,23 @@ def rescaled_statistics(before: Graph, after: Graph, stats: dict) -> dict:
     out = {}
     for tensor, st in stats.items():
         n0, n1 = producer_before.get(tensor), producer_after.get(tensor)
-        if n0 is None or n1 is None or n0.op_type != "Conv" or n1.op_type != "Conv":
+        if n0 is None or n1 is None or not (layer_kind(n0) is layer_kind(n1) is LayerKind.CONVOLUTION):
             out[tensor] = st
             continue
         w0, w1 = (g.initializers[n.inputs[1]].astype(np.float64) for g, n in ((before, n0), (after, n1)))
         r0, r1 = (np.abs(w).reshape(w.shape[0], -1).max(axis=1) for w in (w0, w1))
         s = np.where((r0 > 0) & (r1 > 0), r0 / np.where(r1 > 0, r1, 1), 1.0)
-        b0, b1 = (g.initializers[n.inputs[2]].astype(np.float64) if len(n.inputs) > 2 and n.inputs[2]
-                  else np.zeros(len(s)) for g, n in ((before, n0), (after, n1)))
+        b0, b1 = (_bias(g, n, len(s)) for g, n in ((before, n0), (after, n1)))
         out[tensor] = ChannelStats((st.mean - b0) / s + b1, st.std / s)
     return out
+
+
+def _bias(graph: Graph, node, channels: int) -> np.ndarray:
+    """The node's bias (its op's `bias_role`) as float64, zeros when it has none."""
+    role = bias_role(node)
+    if role is None or len(node.inputs) <= role.input_index or not node.inputs[role.input_index]:
+        return np.zeros(channels)
+    return graph.initializers[node.inputs[role.input_index]].astype(np.float64)
 
 
 def searched_ranges(graph: Graph, stats: dict, options, batches) -> dict:

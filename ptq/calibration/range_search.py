@@ -24,8 +24,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ops.registry import op_of
 from ptq.core.graph import Graph
+from ptq.engine.fused_layers import fused_output
 from ptq.engine.float_fallback import NodeFloatEvaluator
 from ptq.engine.float_run import FloatRunner
 from ptq.table.quant_table import CalibrationOptions, TensorEntry
@@ -48,12 +48,8 @@ class RangeSearchLog:
 
 
 def _fused_away(graph: Graph, tensor: str, consumers: dict, producer: dict) -> bool:
-    users = consumers.get(tensor, [])
     host = producer.get(tensor)
-    if len(users) != 1 or host is None or tensor in graph.outputs:
-        return False
-    act, host_op = op_of(users[0]), op_of(host)
-    return act is not None and act.absorbable and host_op is not None and host_op.absorbs_activation
+    return host is not None and host.outputs[0] == tensor and fused_output(graph, host, consumers) != tensor
 
 
 def _inputs(node, values: dict, graph: Graph, replaced: str = "", value=None) -> list:

@@ -53,8 +53,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ops.registry import channel_groups, layer_kind
+from ptq.adjust.bias_correction import CORRECTED_LAYERS, mean_patches, recorrected_biases
 from ptq.calibration.adjustments import with_initializers
 from ptq.core.graph import Graph, load_model
+from ptq.core.roles import LayerKind
+from ptq.engine.fused_layers import fused_output
 from ptq.engine.executor import prepare
 from ptq.qdq.check import QDQCheck
 from ptq.qdq.output import summary_lines
@@ -216,20 +220,14 @@ def searched_table(state: _State, stats: dict, fit: Samples) -> QuantTable:
 
 
 def _depthwise(graph: Graph) -> list:
-    return [n for n in graph.nodes if n.op_type == "Conv" and int(n.attr("group", 1)) > 1]
+    """The grouped convolutions (group > 1: depthwise on the models ptq meets)."""
+    return [n for n in graph.nodes if layer_kind(n) is LayerKind.CONVOLUTION and channel_groups(n) > 1]
 
 
 def depthwise_outputs(graph: Graph) -> list[str]:
-    """The tensors the depthwise Convs write once fused: through a single-consumer Relu/Clip to its output."""
+    """The tensors the depthwise Convs write once fused (`ptq.engine.fused_layers.fused_output`)."""
     consumers = graph.consumers()
-    out = []
-    for node in _depthwise(graph):
-        name = node.outputs[0]
-        users = consumers.get(name, [])
-        if len(users) == 1 and users[0].op_type in ("Relu", "Clip") and name not in graph.outputs:
-            name = users[0].outputs[0]
-        out.append(name)
-    return out
+    return [fused_output(graph, node, consumers) for node in _depthwise(graph)]
 
 
 def depthwise_weights(graph: Graph) -> list[str]:
@@ -262,19 +260,14 @@ def wide_activations(graph: Graph, table: QuantTable, stats: dict, names: Sequen
 
 
 def layer_outputs(graph: Graph) -> dict[str, str]:
-    """Weight -> the tensor its layer writes once fused (through a single-consumer Relu/Clip), the name the
+    """Weight -> the tensor its layer writes once fused (`ptq.engine.fused_layers.fused_output`), the name the
     bottleneck ranking gives the layer."""
     consumers = graph.consumers()
     out = {}
     for node in graph.nodes:
         for w in node.inputs[1:2]:
-            if w not in graph.initializers:
-                continue
-            name = node.outputs[0]
-            users = consumers.get(name, [])
-            if len(users) == 1 and users[0].op_type in ("Relu", "Clip") and name not in graph.outputs:
-                name = users[0].outputs[0]
-            out[w] = name
+            if w in graph.initializers:
+                out[w] = fused_output(graph, node, consumers)
     return out
 
 
@@ -342,11 +335,9 @@ class _Tuner:
         """The current graph, its biases re-corrected for `weights` moving to `table`'s grids."""
         if not weights or not self.original.options.bias_correction:
             return self.state.graph
-        from ptq.adjust.bias_correction import mean_patches, recorrected_biases
-
         graph = self.state.graph
         if self._patches is None:  # the layers' mean input patches on the fit samples, once
-            layers = [n for n in graph.nodes if n.op_type in ("Conv", "Gemm") and len(n.inputs) > 1
+            layers = [n for n in graph.nodes if layer_kind(n) in CORRECTED_LAYERS and len(n.inputs) > 1
                       and n.inputs[1] in self.original.tensors]
             self._patches = mean_patches(graph, layers, (x for _, x, _ in self.fit.samples(graph)))
         biases = recorrected_biases(graph, self.state.table, table, weights, self._patches)
