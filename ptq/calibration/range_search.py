@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ptq.calibration.entries import activation_entries
 from ptq.core.graph import Graph
 from ptq.engine.fused_layers import fused_output
 from ptq.engine.float_fallback import NodeFloatEvaluator
@@ -67,7 +68,7 @@ def _relative_error(a: np.ndarray, ref: np.ndarray) -> float:
 
 def search_ranges(graph: Graph, candidates: dict[str, dict[str, TensorEntry]], samples: Iterable[np.ndarray],
                   max_images: int = DEFAULT_MAX_IMAGES) -> tuple[dict[str, TensorEntry], RangeSearchLog]:
-    """`candidates`: calibrator name -> its activation entries (`ptq.calibration.pipeline.activation_entries`);
+    """`candidates`: calibrator name -> its activation entries (`ptq.calibration.entries.activation_entries`);
     `samples`: model inputs with a batch axis. Returns the chosen entry per searched tensor and the log."""
     names = list(candidates)
     consumers, producer = graph.consumers(), graph.producer()
@@ -115,7 +116,5 @@ def search_ranges(graph: Graph, candidates: dict[str, dict[str, TensorEntry]], s
 def candidate_entries(graph: Graph, stats: dict, options: CalibrationOptions,
                       calibrators: Sequence[str] = DEFAULT_CANDIDATES) -> dict[str, dict[str, TensorEntry]]:
     """Calibrator name -> the activation entries it gives on `stats` (same bits, symmetry, Clip folding)."""
-    from ptq.calibration.pipeline import activation_entries
-
     return {name: activation_entries(graph, stats, dataclasses.replace(options, calibrator=name))
             for name in calibrators}
