@@ -22,6 +22,9 @@ codes (0.5 LSB rounding + M/2^N relative error 2^-(mbits-1) + bias rounding 0.5 
 """
 from __future__ import annotations
 
+# imports inside functions: `ops.compiled`'s numba kernels, imported by the first run that takes the compiled path
+# (numba's import costs about half a second; `ops.compiled.enabled` decides)
+
 from dataclasses import dataclass
 from typing import Optional
 

@@ -24,6 +24,9 @@ elements as the floats do, so the indices are exact too.
 """
 from __future__ import annotations
 
+# imports inside functions: `ops.compiled`'s numba kernels, imported by the first run that takes the compiled path
+# (numba's import costs about half a second; `ops.compiled.enabled` decides)
+
 from dataclasses import dataclass
 from functools import partial
 

@@ -16,8 +16,9 @@ from calibrators import TensorStatistics
 from ptq.core.graph import Graph
 from ptq.engine.float_run import FloatRunner, collect_statistics
 from ptq.data.images import ImageLog
+from ptq.parallel.runners import make_runner
 from ptq.parallel.workers import (
-    Shard, ShardResult, ShippedModel, load_shipped_model, make_runner, run_sharded, shard_batches_for, ship_model,
+    Shard, ShardResult, ShippedModel, load_shipped_model, run_sharded, shard_batches_for, ship_model,
 )
 from ptq.data.samples import SampleFormat, SampleSource, UnreadableSample, stack
 

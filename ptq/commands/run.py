@@ -10,6 +10,9 @@ that ran in float and nodes whose int32 accumulator saturated.
 """
 from __future__ import annotations
 
+# imports inside functions: every `ptq ...` call, `--help` included, builds the whole parser, so what a command
+# runs is imported when it runs (tests/test_cli_imports.py)
+
 import argparse
 
 from ptq.commands.data_options import add_data_arguments, data_kwargs

@@ -15,6 +15,9 @@ from typing import Optional, Sequence
 import numpy as np
 import onnx
 
+# imports inside functions: onnxruntime, where a session is made: its import starts a thread, and a process
+# that has loaded it no longer forks workers (`ptq.parallel.workers.fork_is_safe`)
+
 CHECK_SAMPLES = 8  # calibration samples the check runs: enough to see a kernel's saturation, cheap
 TOLERANCE = 0.002
 

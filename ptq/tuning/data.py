@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Iterator, Optional, Protocol, Sequence, Union
 
 import numpy as np
+from tqdm import tqdm
 
 from calibrators import required_stats
 from ptq.core.graph import Graph
@@ -161,8 +162,6 @@ class Validation:
 
     def run(self, prepared: IntegerGraph, output: str, samples: Sequence[int]) -> list[float]:
         """The cosines of the listed samples (by index) through `prepared`, whose `output` is compared."""
-        from tqdm import tqdm
-
         values = []
         for k in tqdm(samples, unit="img", desc="tune", disable=None if self.progress else True, leave=False):
             y = prepared.run(self.inputs[k], keep_all=False).outputs[output].astype(np.float64).ravel()

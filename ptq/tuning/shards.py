@@ -36,8 +36,9 @@ from ptq.core.graph import Graph, load_model
 from ptq.engine.executor import IntegerGraph, prepare
 from ptq.engine.float_run import FloatRunner
 from ptq.data.images import ImageLog
+from ptq.parallel.runners import make_runner
 from ptq.parallel.workers import (
-    CallRunner, ShardResult, ShippedModel, load_shipped_model, make_runner, run_sharded, shard_batches_for,
+    CallRunner, ShardResult, ShippedModel, load_shipped_model, run_sharded, shard_batches_for,
     ship_model,
 )
 from ptq.table.quant_table import QuantTable
