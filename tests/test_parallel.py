@@ -111,7 +111,7 @@ def run_driver(code: str, start: str) -> list[str]:
         "import json, sys",
         f"sys.path[:0] = {[str(REPO), str(REPO / 'tests'), str(REPO / 'tests' / 'ops')]!r}",
         "import onnxruntime" if start == "spawn" else "",
-        "from ptq import parallel",
+        "from ptq.parallel import workers as parallel",
         "methods = []",
         "leave = parallel.LocalPool.__exit__",
         "parallel.LocalPool.__exit__ = lambda pool, *exc: (methods.extend(pool.methods), leave(pool, *exc))[1]",
@@ -299,7 +299,7 @@ def test_ctrl_c_stops_the_workers_and_writes_nothing(model_path, calib_dir, quan
 
 
 def test_default_workers_are_the_usable_cores_one_per_50_images(monkeypatch):
-    from ptq.parallel.workers import workers as parallel
+    from ptq.parallel import workers as parallel
     from ptq.cli import build_parser
 
     monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
@@ -314,7 +314,7 @@ def test_default_workers_are_the_usable_cores_one_per_50_images(monkeypatch):
 
 
 def test_report_workers_run_helper_threads_only_beside_idle_cores(monkeypatch):
-    from ptq.parallel.workers import workers as parallel
+    from ptq.parallel import workers as parallel
     from reports.evaluate_shards import worker_threads
 
     monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
