@@ -260,7 +260,8 @@ def _write(graph: Graph, pairs: list[_Pair], weights: dict, biases: dict) -> onn
 
 
 def _split_clip(model: onnx.ModelProto, clip: onnx.NodeProto, bound: np.ndarray, spatial: int, fresh) -> None:
-    """Clip(0, b) -> Clip(0, max b) -> Min(., b per channel) (module docstring), in place."""
+    """Clip(0, b) -> Clip(0, max b) -> Min(., b per channel) (module docstring), in place. The clamp is a Clip:
+    the only op whose `OpDef.clip_range` has a finite upper bound (Relu's is infinite)."""
     lo = fresh(f"{clip.name}.equalized_min")
     hi = fresh(f"{clip.name}.equalized_max")
     per_channel = fresh(f"{clip.name}.equalized_bound")

@@ -132,6 +132,7 @@ def _resolve_float_nodes(graph: Graph, specs: Iterable[str]) -> frozenset:
         elif spec in by_output:
             selected.add(by_output[spec])
         else:
+            # the user selecting nodes by op type (--float-node Conv), not code switching on types
             matches = {node.name for node in graph.nodes if node.op_type == spec}
             if not matches:
                 raise ExecutorError(f"float node {spec!r} is neither a node name, a tensor name nor an op type of the model")
