@@ -1,7 +1,7 @@
 """The operator registry. Each module of this package registers the ops it defines (`@register`); the registry
 imports a module when one of its ops is first looked up (`ops.index.OP_MODULES` names the module of every op),
-or every module when it is iterated. Adding an op is adding its module and its line in `ops/index.py` (a test
-lists any op missing there). Subpackages (kernel collections) are imported by the modules that use them.
+or every module when it is iterated. Adding an op is adding its module, then `python -m ops.index --write` (a test
+fails while the index is stale). Subpackages (kernel collections) are imported by the modules that use them.
 """
 from __future__ import annotations
 

@@ -62,6 +62,7 @@ class Relu(OpDef):
     int_types = "int8/uint8/int16 -> uint8/uint16 (4.54) or the input's type"
     section = "4.54"
     absorbable = True
+    positively_homogeneous = True
 
     def clip_range(self, node, constant):
         return 0.0, np.inf
@@ -130,6 +131,7 @@ class LeakyRelu(OpDef):
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
     section = "4.39"
     absorbable = True
+    positively_homogeneous = True
 
     def activation_params(self, node, constant):
         return [float(node.attr("alpha", LEAKY_RELU_DEFAULT_ALPHA))]
@@ -156,6 +158,7 @@ class PRelu(OpDef):
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
     section = "4.52"
     granularity = "per-channel slope"
+    positively_homogeneous = True
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)

@@ -33,6 +33,7 @@ from ops.linear import (
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.bias import bias_scale, quantize_bias
 from ptq.core.qparams import QParams, compute_qparams
+from ptq.core.roles import LayerKind
 
 
 @dataclass
@@ -61,6 +62,7 @@ class BatchNormalization(OpDef):
     section = "4.5"
     granularity = "per-channel 16-bit weights"
     int_types = "int8/uint8/int16 x int16 -> int48 acc"
+    layer_kind = LayerKind.BATCH_NORMALIZATION
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)

@@ -24,6 +24,9 @@ multipliers; quantizing x and w adds their own error against the unquantized flo
 """
 from __future__ import annotations
 
+# imports inside functions: `ops.compiled`'s numba kernels, imported by the first run that takes the compiled path
+# (numba's import costs about half a second; `ops.compiled.enabled` decides)
+
 from dataclasses import dataclass
 from typing import Optional
 
@@ -48,7 +51,7 @@ from ops.linear import (
 )
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.bias import bias_scale, quantize_bias
-from ptq.core.roles import BiasRole, BiasSlot, WeightRole
+from ptq.core.roles import BiasRole, BiasSlot, LayerKind, WeightRole
 
 
 @dataclass
@@ -151,9 +154,13 @@ class Conv(OpDef):
     granularity = "per-channel weights"
     absorbs_activation = True
     absorbs_batchnorm = True
+    layer_kind = LayerKind.CONVOLUTION
 
     def weight_role(self, node):
         return WeightRole(1, 0)
+
+    def channel_groups(self, node):
+        return int(node.attr("group", 1))
 
     def bias_role(self, node):
         return _bias_role(node)
@@ -235,6 +242,9 @@ class ConvTranspose(OpDef):
 
     def weight_role(self, node):
         return WeightRole(1, 1)
+
+    def channel_groups(self, node):
+        return int(node.attr("group", 1))
 
     def bias_role(self, node):
         return _bias_role(node)

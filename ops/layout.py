@@ -82,6 +82,7 @@ class Identity(_Layout):
 
     op_type = "Identity"
     lsb_bound = 0.0
+    preserves_channel_mean = True
 
     def is_noop(self, node):
         return True
@@ -147,6 +148,7 @@ class Flatten(_Layout):
 
     op_type = "Flatten"
     lsb_bound = 0.0
+    preserves_channel_mean = True  # over (N, C, 1, ...) inputs, the only ones analytic bias correction meets
 
     def apply(self, node, x, inputs):
         axis = int(node.attr("axis", 1))

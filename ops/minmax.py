@@ -95,3 +95,9 @@ class Min(_Extremum):
     lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
     section = "4.26"
     reduce_fn = staticmethod(np.minimum)
+
+    def clamp_bounds(self, node, constant):
+        """Min(x, b) with a constant b clamps x from above to b (per channel for a (C, 1, ...) b: the bound of
+        an equalized Clip, `ptq.adjust.equalize`)."""
+        bound = constant(1) if len(node.inputs) == 2 else None
+        return None if bound is None else (-np.inf, np.asarray(bound, dtype=np.float64))

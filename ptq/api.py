@@ -10,6 +10,9 @@ table records), `labels` (run, report, debug), `num_images`, `seed`, `batch_size
 """
 from __future__ import annotations
 
+# imports inside functions: `import ptq` and the command line stay cheap; a function imports what it runs
+# (tests/test_cli_imports.py)
+
 import dataclasses
 import json
 from dataclasses import dataclass, field

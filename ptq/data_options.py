@@ -8,6 +8,9 @@ preprocessing option applies to them.
 """
 from __future__ import annotations
 
+# imports inside functions: the command line's parser imports this module; the workers' and the samples'
+# machinery (numpy, onnx) is imported when the options are used
+
 import contextlib
 import logging
 from dataclasses import dataclass, fields

@@ -17,6 +17,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Optional, Sequence, Union
 
+from tqdm import tqdm
+
 from ptq.core.graph import Graph
 from ptq.engine.executor import IntegerGraph, prepare
 from ptq.engine.float_run import FloatRunner
@@ -84,8 +86,6 @@ def evaluate(
     `threads=False`: no helper threads, every step in the calling thread (a sharded report's worker when the
     workers already take every core: `reports.evaluate_shards`).
     """
-    from tqdm import tqdm
-
     if isolated and not layers:
         raise ValueError("isolated metrics need layers=True")
     if isolated_images is not None and isolated_images < 0:

@@ -20,14 +20,16 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import onnx
+from tqdm import tqdm
 
 from ptq.core.graph import Graph
 from ptq.engine.executor import IntegerGraph, prepare
 from ptq.engine.float_run import FloatRunner
 from ptq.data.images import ImageLog
+from ptq.parallel.runners import make_runner
 from ptq.parallel.workers import (
     CallRunner, QuietLog, Shard, ShardResult, ShardRunner, ShippedModel, choose_workers, guided_shard_batches,
-    load_shipped_model, make_runner, run_sharded, ship_model, usable_cores,
+    load_shipped_model, run_sharded, ship_model, usable_cores,
 )
 from ptq.table.quant_table import QuantTable
 from ptq.data.samples import SampleFormat
@@ -228,8 +230,6 @@ def evaluate_on(runner: ShardRunner, workers: int, table: QuantTable, images: Im
                 wrap: Callable[[EvaluateCall], Any] = lambda call: call) -> Evaluation:
     """One `evaluate` on `runner`, a pool of `workers` whose job runs (`wrap(call)`, `Shard`) items as
     `ReportJob.run` does (`ptq tune`'s pool wraps the call with the graph it is for)."""
-    from tqdm import tqdm
-
     if backend is not None and not isinstance(backend, str):
         raise ValueError("workers take the backend by name (ptq.engine.backends)")
     if isolated and not layers:

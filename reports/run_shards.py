@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
+from tqdm import tqdm
 
 from ptq.core.graph import Graph
 from ptq.engine.executor import ExecutorOptions, IntegerGraph, prepare
 from ptq.engine.float_run import FloatRunner
+from ptq.parallel.runners import make_runner
 from ptq.parallel.workers import (
-    Shard, ShardResult, ShippedModel, load_shipped_model, make_runner, plan_shards, shard_batches_for,
+    Shard, ShardResult, ShippedModel, load_shipped_model, plan_shards, shard_batches_for,
 )
 from ptq.table.quant_table import QuantTable
 from ptq.data.samples import SampleFormat, UnreadableSample
@@ -131,8 +133,6 @@ def output_matches(want: np.ndarray, got: np.ndarray) -> tuple[int, int]:
 def classify_sharded(job: ClassifyJob, files: list[Path], workers: int, ray: Optional[str],
                      on_outcome: Callable[[ImageOutcome], None], progress: bool = False) -> None:
     """Classify `files` on workers; `on_outcome(outcome)` is called in file order."""
-    from tqdm import tqdm
-
     shards = plan_shards(files, 1, shard_batches_for(len(files), 1, workers))
     index = {shard: k for k, shard in enumerate(shards)}
     done: dict[int, list[ImageOutcome]] = {}

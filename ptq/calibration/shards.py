@@ -10,12 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from tqdm import tqdm
+
 from calibrators import TensorStatistics
 from ptq.core.graph import Graph
 from ptq.engine.float_run import FloatRunner, collect_statistics
 from ptq.data.images import ImageLog
+from ptq.parallel.runners import make_runner
 from ptq.parallel.workers import (
-    Shard, ShardResult, ShippedModel, load_shipped_model, make_runner, run_sharded, shard_batches_for, ship_model,
+    Shard, ShardResult, ShippedModel, load_shipped_model, run_sharded, shard_batches_for, ship_model,
 )
 from ptq.data.samples import SampleFormat, SampleSource, UnreadableSample, stack
 
@@ -63,9 +66,8 @@ def sharded_statistics(
     batch_size: int, seed: int, input_shapes: Optional[dict], workers: int, ray: Optional[str] = None,
     progress: bool = False,
 ) -> tuple[dict[str, TensorStatistics], ImageLog]:
-    """What `ptq.calibration.pipeline.collect_image_statistics` returns, computed by `workers` processes (or on Ray)."""
-    from tqdm import tqdm
-
+    """What `ptq.calibration.statistics.collect_image_statistics` returns, computed by `workers` processes (or on
+    Ray)."""
     log = ImageLog()
     candidates = source.candidates(log, num_images, seed)
     source.format.reader(graph)  # errors (no image input, ...) before spawning

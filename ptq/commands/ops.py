@@ -2,6 +2,9 @@
 how many of the whitepaper's 79 chapter-4 operators the registry implements (`ptq.opdocs.whitepaper`)."""
 from __future__ import annotations
 
+# imports inside functions: every `ptq ...` call, `--help` included, builds the whole parser, so what a command
+# runs is imported when it runs (tests/test_cli_imports.py)
+
 import argparse
 
 HELP = "list the operators ptq runs in integers, with their quantization rule's whitepaper section"

@@ -10,6 +10,9 @@ always cover every image.
 """
 from __future__ import annotations
 
+# imports inside functions: every `ptq ...` call, `--help` included, builds the whole parser, so what a command
+# runs is imported when it runs (tests/test_cli_imports.py)
+
 import argparse
 
 from ptq.core.option_defaults import DEFAULT_ISOLATED_IMAGES

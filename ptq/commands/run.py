@@ -14,6 +14,9 @@ agreement of that output over all samples; a float output with nothing to take t
 """
 from __future__ import annotations
 
+# imports inside functions: every `ptq ...` call, `--help` included, builds the whole parser, so what a command
+# runs is imported when it runs (tests/test_cli_imports.py)
+
 import argparse
 
 from ptq.commands.data_options import add_data_arguments, data_kwargs

@@ -12,6 +12,9 @@ model of MODEL with any table (`ptq.api.export_table`), checked in onnxruntime w
 """
 from __future__ import annotations
 
+# imports inside functions: every `ptq ...` call, `--help` included, builds the whole parser, so what a command
+# runs is imported when it runs (tests/test_cli_imports.py)
+
 import argparse
 
 from ptq.commands.data_options import add_data_arguments, data_kwargs

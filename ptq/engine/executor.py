@@ -45,6 +45,7 @@ from ops.registry import (
     get_op,
     node_label,
 )
+from ptq.engine.backends import get_backend
 from ptq.engine.compile_notice import first_run_notice
 from ptq.engine.float_fallback import NodeFloatEvaluator
 from ptq.engine.fused_layers import layer_nodes
@@ -131,6 +132,7 @@ def _resolve_float_nodes(graph: Graph, specs: Iterable[str]) -> frozenset:
         elif spec in by_output:
             selected.add(by_output[spec])
         else:
+            # the user selecting nodes by op type (--float-node Conv), not code switching on types
             matches = {node.name for node in graph.nodes if node.op_type == spec}
             if not matches:
                 raise ExecutorError(f"float node {spec!r} is neither a node name, a tensor name nor an op type of the model")
@@ -458,8 +460,6 @@ def prepare(
     the layers computing the tensors the table marks float.
     `backend`: the dot product under Conv, Gemm and MatMul, a `DotBackend` or a name of `ptq.engine.backends`.
     """
-    from ptq.engine.backends import get_backend
-
     options = options or ExecutorOptions()
     backend = get_backend(backend)  # None: the default; a name; or a backend object as it is
     marked = dict.fromkeys(_resolve_float_nodes(graph, float_nodes), "marked float")

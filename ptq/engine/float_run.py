@@ -13,19 +13,19 @@ is folded on its own (the result is the same, the memory one sample's activation
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper
 
+from calibrators import Stat, TensorStatistics
 from ptq.core.graph import Graph, ModelError, Node
 from ptq.engine.threads import session_options
 from ptq.engine.transformer_patterns import attention_mask_tensors
 
-if TYPE_CHECKING:
-    from calibrators import TensorStatistics
-
+# imports inside functions: onnxruntime, where a session is made: its import starts a thread, and a process
+# that has loaded it no longer forks workers (`ptq.parallel.workers.fork_is_safe`)
 
 def stats_model(graph: Graph, tensors: Sequence[str]) -> onnx.ModelProto:
     """A copy of the model with every tensor in `tensors` (that is not a graph input) as an extra output."""
@@ -73,7 +73,7 @@ class FloatRunner:
                intra_op_threads: Optional[int] = None) -> "FloatRunner":
         """`intra_op_threads`: onnxruntime's intra-op pool size (None: the usable cores; no spinning either
         way, `ptq.engine.threads`)."""
-        import onnxruntime as ort  # imported lazily: it is slow to import
+        import onnxruntime as ort  # slow to import, and it stops forking: module comment
 
         # a model whose axis 0 is fixed at 1 runs a batch sample by sample; one with another fixed axis 0 (a
         # state [2, 1, 128]) is never given a batch (`ptq.data.samples.batchable`), its samples run as they are
@@ -190,8 +190,6 @@ def collect_statistics(
     `on_batch(n)` is called after each batch of n samples (progress reporting). `runner`: a session made
     once for `tensors` (a worker process computing many shards), instead of a new one.
     """
-    from calibrators import Stat, TensorStatistics  # calibration's, not the reports' (which only run the model)
-
     runner = runner or FloatRunner.create(graph, tensors, providers)
     stats = {name: TensorStatistics(needs, axis=None) for name in tensors}
     masked = attention_mask_tensors(graph)  # their masked positions never set a range

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ptq.core.graph import Graph
+from ops.registry import op_of
+from ptq.core.graph import Graph, Node
 from ptq.engine.rewrites import RewriteLog
 
 
@@ -36,6 +37,19 @@ def absorbed_names(rewrites: RewriteLog) -> dict[str, str]:
     for fusion in rewrites.fusions:
         hosts[fusion.activation] = hosts[fusion.removed_tensor] = fusion.host
     return hosts
+
+
+def fused_output(graph: Graph, node: Node, consumers: dict[str, list[Node]]) -> str:
+    """The tensor `node` writes once the rewrites fuse an activation into it: the output of its first output's
+    only consumer when the node absorbs activations and that consumer is absorbable (`OpDef.absorbs_activation`,
+    `OpDef.absorbable`), else its first output. `consumers`: `graph.consumers()`."""
+    name = node.outputs[0]
+    users = consumers.get(name, [])
+    if len(users) != 1 or name in graph.outputs:
+        return name
+    host, act = op_of(node), op_of(users[0])
+    return users[0].outputs[0] if host is not None and host.absorbs_activation and act is not None \
+        and act.absorbable else name
 
 
 def resolve_layer(graph: Graph, rewrites: RewriteLog, layer: str) -> ResolvedLayer:

@@ -32,7 +32,10 @@ from onnx import TensorProto, helper, numpy_helper
 from ops import REGISTRY, get_op
 from ops.backend import NumpyBackend
 from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizeOptions, check_quantized
+from ptq.calibration.pipeline import calibrate
 from ptq.core.graph import Node
+from ptq.engine.executor import ExecutorOptions, NodeKind, prepare
+from ptq.opdocs.operators_doc import render
 from ptq.core.qparams import QParams, compute_qparams
 
 SAMPLES = 8  # calibration samples per case; the first EVAL_SAMPLES are compared
@@ -323,7 +326,7 @@ def _model(case: Case, constants: dict) -> onnx.ModelProto:
 
 
 def _ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    import onnxruntime as ort
+    import onnxruntime as ort  # at first use: see `ptq.parallel.workers.fork_is_safe`
 
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
@@ -352,9 +355,6 @@ def _own_qparams(values: np.ndarray) -> QParams:
 
 
 def _run_calibrated(case: Case, op: OpDef) -> tuple[Optional[float], bool]:
-    from ptq.engine.executor import ExecutorOptions, NodeKind, prepare
-    from ptq.calibration.pipeline import calibrate
-
     model = _model(case, case.constants)
     samples = _draw(case, _rng(case.op_type), SAMPLES)
     result = calibrate(model, samples, write_qdq=False, bits=BITS)
@@ -465,10 +465,8 @@ def main(argv=None) -> int:
     results = run_all()
     print(format_results(results))
     if args.write:
-        from ptq.opdocs.operators_doc import render
-
         with open(args.write, "w", encoding="utf-8") as fh:
-            fh.write(render(results))
+            fh.write(render(results, case_for, KNOWN_OUT_OF_BOUND))
     return 0 if all(r.passed for r in results) else 1
 
 

@@ -3,6 +3,8 @@
 (the harness is seeded), so the file is the same on every machine; a test fails when it is stale."""
 from __future__ import annotations
 
+from typing import Any, Callable, Optional
+
 from ops.registry import REGISTRY, OpDef
 from ptq.opdocs.whitepaper import SECTIONS, ops_by_section, sections_of
 
@@ -21,6 +23,8 @@ run; ai.ptq ops are compared with their `forward_float`, itself checked against 
 means the op's only outputs are indices or booleans, and they were equal.
 """
 
+CaseLookup = Callable[[str, str], Optional[Any]]  # (op_type, domain) -> the conformance case, or None
+
 COLUMNS = ("section", "whitepaper", "ptq op", "domain", "integer in/out types", "granularity", "LSB bound",
            "measured", "notes")
 
@@ -37,9 +41,7 @@ def _row(cells) -> str:
     return "| " + " | ".join(_cell(c) for c in cells) + " |"
 
 
-def _op_cells(op: OpDef, results: dict, known: dict, section_note: bool = True) -> list[str]:
-    from ptq.opdocs.conformance import case_for
-
+def _op_cells(op: OpDef, results: dict, case_for: CaseLookup, known: dict, section_note: bool = True) -> list[str]:
     key = (op.domain, op.op_type)
     result = results.get(key)
     case = case_for(op.op_type, op.domain)
@@ -57,9 +59,10 @@ def _op_cells(op: OpDef, results: dict, known: dict, section_note: bool = True) 
             "; ".join(notes)]
 
 
-def render(results) -> str:
-    from ptq.opdocs.conformance import KNOWN_OUT_OF_BOUND
-
+def render(results, case_for: CaseLookup, known: dict) -> str:
+    """The document from the harness's `results`, its `case_for(op_type, domain)` (the case of an op, or None)
+    and its `known` out-of-bound ops ((domain, op_type) -> why): `ptq.opdocs.conformance` passes its own (it
+    imports this module, not the other way round)."""
     by_key = {(r.domain, r.op_type): r for r in results}
     table = ops_by_section()
     lines = [HEADER, "## Whitepaper chapter 4", "", _row(COLUMNS), _row(["---"] * len(COLUMNS))]
@@ -68,12 +71,12 @@ def render(results) -> str:
         if not ops:
             lines.append(_row([number, name, "(none)", "", "", "", "", "", "not implemented"]))
         for op in ops:
-            lines.append(_row([number, name] + _op_cells(op, by_key, KNOWN_OUT_OF_BOUND)))
+            lines.append(_row([number, name] + _op_cells(op, by_key, case_for, known)))
     implemented = sum(1 for number, _ in SECTIONS if table[number])
     lines += ["", f"{implemented} of {len(SECTIONS)} whitepaper chapter-4 operators implemented.", "",
               "## Ops without a whitepaper section (ONNX extras)", "", _row(COLUMNS[2:]), _row(["---"] * 7)]
     for key in sorted(REGISTRY):
         op = REGISTRY[key]
         if not sections_of(op):
-            lines.append(_row(_op_cells(op, by_key, KNOWN_OUT_OF_BOUND, section_note=False)))
+            lines.append(_row(_op_cells(op, by_key, case_for, known, section_note=False)))
     return "\n".join(lines) + "\n"

@@ -33,6 +33,7 @@ about 3 s of CPU for imports, the model and the compiled kernels, is the work of
 """
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import multiprocessing
@@ -46,6 +47,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Protocol, Sequence, Union
+
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from ptq.data.image_log import ImageLog
 from ptq.engine.threads import usable_cores
@@ -215,9 +218,9 @@ def ship_model(model) -> ShippedModel:
 def load_shipped_model(model: ShippedModel, input_shapes: Optional[dict]):
     """In a worker: the `ptq.core.graph.Graph` of a shipped model (onnx is loaded here, not at import, which
     the command line pays for)."""
-    import onnx
+    import onnx  # the command line's parser imports this module (--workers): onnx is loaded at first use
 
-    from ptq.core.graph import load_model
+    from ptq.core.graph import load_model  # it imports numpy and onnx: as above
 
     return load_model(model if isinstance(model, str) else onnx.load_from_string(model), input_shapes)
 
@@ -267,8 +270,6 @@ def _init_worker(job: Union[bytes, "ShardJob"]) -> None:
     if isinstance(job, bytes):
         job = pickle.loads(job)
     else:  # forked: numpy was loaded in the driver, before the environment asked for one BLAS thread
-        from threadpoolctl import threadpool_limits
-
         threadpool_limits(int(os.environ["OPENBLAS_NUM_THREADS"]), user_api="blas")
     _WORKER["job"] = job
     _WORKER["context"] = job.setup()
@@ -286,8 +287,6 @@ def fork_is_safe() -> bool:
         return False
     if "numpy" not in sys.modules:
         return True
-    from threadpoolctl import threadpool_info
-
     return all(lib["num_threads"] == 1 or (lib["internal_api"] == "openblas" and lib["threading_layer"] == "pthreads")
                for lib in threadpool_info())
 
@@ -379,14 +378,6 @@ class LocalPool:
                     raise RuntimeError(f"worker processes died {self.crashes} times; giving up")
 
 
-def make_runner(job: ShardJob, workers: int, ray: Optional[str] = None):
-    """A `LocalPool`, or with `ray` ('auto', an address, or 'local' for a cluster in this process) a
-    `RayPool`; both are context managers."""
-    if ray is not None:
-        from ptq.parallel.ray_backend import RayPool
-
-        return RayPool(job, ray)
-    return LocalPool(job, workers)
 
 
 def choose_workers(requested: Optional[int], images: int) -> int:
@@ -409,8 +400,6 @@ def add_parallel_arguments(parser) -> None:
 
 
 def positive_workers(text: str) -> int:
-    import argparse
-
     try:
         value = int(text)
     except ValueError:

@@ -20,6 +20,9 @@ import onnx
 
 from ptq.engine.threads import session_options
 
+# imports inside functions: onnxruntime, where a session is made: its import starts a thread, and a process
+# that has loaded it no longer forks workers (`ptq.parallel.workers.fork_is_safe`)
+
 CHECK_SAMPLES = 8  # calibration samples the check runs: enough to see a kernel's saturation, cheap
 TOLERANCE = 0.002
 

@@ -108,6 +108,7 @@ class _Builder:
         self.uses_ms_domain = False
         self.chains: dict[str, tuple[str, QParams]] = {}  # output of a Q/DQ chain -> (its codes, their storage)
         self.reread: set[str] = set()  # chain outputs float layers read through their own DQ instead
+        self.chain_dequantize: dict[str, onnx.NodeProto] = {}  # output of a Q/DQ chain -> the chain's DQ node
 
     def name(self, base: str) -> str:
         candidate, k = base, 1
@@ -155,7 +156,8 @@ class _Builder:
         axis = {} if stored.axis is None else {"axis": int(stored.axis)}
         nodes.append(helper.make_node("QuantizeLinear", [x, scale, zp], [quantized],
                                       name=self.name(f"{out}_QuantizeLinear"), domain=self.domain(stored.dtype), **axis))
-        nodes.append(self.dequantize(quantized, scale, zp, out, stored.dtype, stored.axis))
+        self.chain_dequantize[out] = self.dequantize(quantized, scale, zp, out, stored.dtype, stored.axis)
+        nodes.append(self.chain_dequantize[out])
         self.chains[out] = (quantized, stored)
         return nodes
 
@@ -270,11 +272,12 @@ def check_table_matches(graph: Graph, table: QuantTable) -> None:
                          f"no entry ({_named(missing)}); {hint}")
 
 
-def _without_unread_dequantize(nodes: list[onnx.NodeProto], reread: set[str], outputs: set[str]) -> list:
-    """The nodes but the DequantizeLinear of a tensor in `reread` that nothing reads any more (only float
-    layers read it, through their own DQ)."""
+def _without_unread_dequantize(nodes: list[onnx.NodeProto], b: _Builder, outputs: set[str]) -> list:
+    """The nodes but the chain DequantizeLinear of a tensor in `b.reread` that nothing reads any more (only
+    float layers read it, through their own DQ)."""
     read = {name for node in nodes for name in node.input} | outputs
-    return [n for n in nodes if not (n.op_type == "DequantizeLinear" and n.output[0] in reread - read)]
+    unread = {id(b.chain_dequantize[tensor]) for tensor in b.reread - read}
+    return [n for n in nodes if id(n) not in unread]
 
 
 def _with_bias_adds_folded(graph: Graph, protected: Container[str]) -> Graph:
@@ -383,7 +386,7 @@ def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = 
     del model.graph.input[:]
     model.graph.input.extend(graph_inputs)
     del model.graph.node[:]
-    model.graph.node.extend(_without_unread_dequantize(head + body, b.reread, {o.name for o in model.graph.output}))
+    model.graph.node.extend(_without_unread_dequantize(head + body, b, {o.name for o in model.graph.output}))
     if b.uses_ms_domain and not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     try:

@@ -1,15 +1,10 @@
 """Which module of `ops` registers each op, (domain, op_type) -> module: what lets the registry import an op's
 module when the op is first looked up instead of every module up front (`ops.registry.OpRegistry`).
 
-Generated: `python -m ops.index --write` imports every module of `ops/` and rewrites `OP_MODULES` from the ops they
-really register; `tests/test_op_index.py` fails while the file is stale. Adding an op is its module (or a class in
+Generated: `python -m ops.index --write` (`ops/index/__main__.py`) imports every module of `ops/` and rewrites
+`OP_MODULES` from the ops they really register; `tests/test_op_index.py` fails while the file is stale. Adding an op is its module (or a class in
 one) plus its test; never edit `OP_MODULES` by hand.
 """
-from __future__ import annotations
-
-import argparse
-from pathlib import Path
-
 OP_MODULES = {
     ("", "Clip"): "ops.activation",
     ("", "LeakyRelu"): "ops.activation",
@@ -120,41 +115,3 @@ OP_MODULES = {
     ("ai.ptq", "BNLL"): "ops.unary_lut",
     ("ai.ptq", "Rsqrt"): "ops.unary_lut",
 }
-
-
-def registered_modules() -> dict[tuple[str, str], str]:
-    """(domain, op_type) -> the module that registers it: iterating the registry imports every module of the
-    package, whatever this file says."""
-    from ops.registry import REGISTRY  # imported here: the registry reads OP_MODULES from this module
-
-    return {key: type(op).__module__ for key, op in REGISTRY.items()}
-
-
-def render(modules: dict[tuple[str, str], str]) -> str:
-    """This file with `OP_MODULES` listing `modules`, sorted by module, then domain, then op type."""
-    text = Path(__file__).read_text()
-    start = text.index("OP_MODULES = {")
-    end = text.index("\n}\n", start) + 3
-    rows = sorted(modules.items(), key=lambda item: (item[1], item[0]))
-    listing = "OP_MODULES = {\n" + "".join(f'    ("{d}", "{t}"): "{m}",\n' for (d, t), m in rows) + "}\n"
-    return text[:start] + listing + text[end:]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ops.index", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write", action="store_true", help="rewrite ops/index.py (default: say whether it is stale)")
-    args = parser.parse_args(argv)
-    text = render(registered_modules())
-    if text == Path(__file__).read_text():
-        print("ops/index.py is up to date")
-        return 0
-    if args.write:
-        Path(__file__).write_text(text)
-        print("wrote ops/index.py")
-        return 0
-    print("ops/index.py is stale: run python -m ops.index --write")
-    return 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
