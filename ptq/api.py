@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 from ptq.backends import DEFAULT_BACKEND_NAME
 from ptq.data_options import DataOptions, quiet_logging
+from ptq.output_paths import check_file, check_outputs, note_replaced
 from ptq.parallel import choose_workers, ship_model
 from ptq.qdq_targets import DEFAULT_TARGET
 from ptq.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_ISOLATED_IMAGES, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR
@@ -101,6 +102,14 @@ def calibrate(
     from ptq.pipeline import calibrate as run_calibration
 
     opts = _options("calibrate", options, labels=False)
+    if out is not None:
+        from ptq.adjusted_model import adjusted_path
+        from ptq.pipeline import output_paths
+
+        table_path, qdq_path = output_paths(model, out)
+        adjusts = equalize or bias_correction or adaround or analytic_bias_correction or scheme != DEFAULT_SCHEME
+        check_outputs(out, [table_path.name, qdq_path.name] + ([adjusted_path(table_path).name] if adjusts else []),
+                      note=not opts.quiet)
     with quiet_logging(opts.quiet):
         return run_calibration(
             model, images=opts.images, data=opts.data, out_dir=out,
@@ -305,13 +314,17 @@ class ReportResult:
         return self.report.layers
 
 
+REPORT_FILES = ("report.json", "report.csv", "report.html")
+
+
 def write_report(report: Report, out_dir: Path) -> list[Path]:
     from reports.html import write_html
     from reports.writers import write_csv, write_json
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [write_json(report, out_dir / "report.json"), write_csv(report, out_dir / "report.csv"),
-            write_html(report, out_dir / "report.html")]
+    json_name, csv_name, html_name = REPORT_FILES
+    return [write_json(report, out_dir / json_name), write_csv(report, out_dir / csv_name),
+            write_html(report, out_dir / html_name)]
 
 
 def report(
@@ -342,6 +355,9 @@ def report(
     from reports.evaluate import evaluate
 
     opts = _options("report", options)
+    if out is not None:
+        check_outputs(out, REPORT_FILES + (("dsp_report.json",) if backend.startswith("dsp:") else ()),
+                      note=not opts.quiet)
     with quiet_logging(opts.quiet):
         loaded = load(model, quant, opts, strict)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
@@ -456,6 +472,15 @@ def debug(
         raise ValueError("--auto tries its own layers: not with --fake-quant or --fake-quant-ops")
     if write_quant and auto is None:
         raise ValueError("--write-quant needs --auto")
+    existing = []
+    if out is not None:
+        existing += check_outputs(out, ("debug.json",) + (REPORT_FILES if auto is not None else ()), note=False)
+    if write_quant:
+        existing += [Path(write_quant)] if check_file(write_quant, "--write-quant") else []
+    if dump:
+        existing += check_outputs(dump, ("index.json",), "--dump", note=False)
+    if not opts.quiet:
+        note_replaced(existing)
     with quiet_logging(opts.quiet):
         loaded = load(model, quant, opts, strict)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
@@ -528,7 +553,7 @@ def tune(
     >>> result.qdq_path.name, result.qdq_target
     ('efficientnet_lite0.tuned.qdq.onnx', 'ort-cpu')
     """
-    from ptq.adjusted_model import save_adjusted
+    from ptq.adjusted_model import adjusted_path, save_adjusted
     from ptq.atomic import refuse_to_overwrite
     from ptq.core.graph import load_model
     from ptq.qdq_output import export_checked, sample_feeds, write_model
@@ -546,17 +571,22 @@ def tune(
     if unknown:
         raise ValueError(f"unknown --views {', '.join(unknown)}; known: {', '.join(VIEWS)}, or none")
     table_path = Path(quant)
+    out_dir = Path(out) if out is not None else table_path.parent
+    stem = _table_stem(table_path)
+    tuned_path, qdq_path = out_dir / f"{stem}.tuned.quant.json", out_dir / f"{stem}.tuned.qdq.onnx"
+    refuse_to_overwrite({"model": model, "quant table": quant}, [tuned_path, qdq_path])
+    # the adjusted weights written with a table that records them: checked whether or not it does
+    written = [tuned_path, qdq_path, out_dir / f"{stem}.tune.json", adjusted_path(tuned_path)]
+    existing = check_outputs(out_dir, [p.name for p in written], note=False)
     with quiet_logging(opts.quiet):
         loaded = load(model, quant, opts)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
+        if not opts.quiet:
+            note_replaced([p for p in existing if table.options.adjusted_model is not None or p != written[-1]])
         held = None
         if validation is not None:  # the same format (and preprocessing) as the tuning samples
             held = ImageSet.from_source(dataclasses.replace(loaded.source, location=Path(validation)))
         reference = load_model(model, table.options.input_shapes)  # the user's model: the goal
-        out_dir = Path(out) if out is not None else table_path.parent
-        stem = _table_stem(table_path)
-        tuned_path, qdq_path = out_dir / f"{stem}.tuned.quant.json", out_dir / f"{stem}.tuned.qdq.onnx"
-        refuse_to_overwrite({"model": model, "quant table": quant}, [tuned_path, qdq_path])
         result = run_tuning(
             graph, table, samples, target_cosine, budget_int16=budget_int16, allow_float=allow_float,
             validation=held, reference=reference, validation_fraction=validation_fraction, margin=margin, z=z,
@@ -646,6 +676,8 @@ def export_table(
         table = load_quant_table(quant)
         refuse_to_overwrite({"model": model, "quant table": quant, "adjusted model": resolve_adjusted(table, quant)},
                             [path])
+        if check_file(path, "--out") and not quiet:
+            note_replaced([path])
         graph = load_model_for_table(model, table, quant, note=not quiet)
         check_table_matches(graph, table)
         feeds: list = []

@@ -144,10 +144,15 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_set(args: argparse.Namespace) -> int:
+    from ptq.output_paths import check_file, note_replaced
     from ptq.quant_table import load_quant_table, save_quant_table
     from ptq.table_edit import edit_entry, entry_changes
 
+    target = args.out or args.table
+    replaced = check_file(target, "--out" if args.out else "TABLE")
     table = load_quant_table(args.table)
+    if replaced and args.out:
+        note_replaced([target])
     edited = edit_entry(table, args.tensor, bits=args.bits, value_range=args.value_range, scale=args.scale,
                         zero_point=args.zero_point, run_in_float=args.run_in_float, source=args.table)
     changes = entry_changes(table.tensors[args.tensor], edited.tensors[args.tensor])
