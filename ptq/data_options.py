@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Optional, Sequence, Union
 
 from ptq.images import Preprocess
+from ptq.input_warnings import warn_unit_normalization
 
 if TYPE_CHECKING:  # ptq.samples loads onnx: not needed to build the command line
     from ptq.samples import SampleSource
@@ -83,10 +84,13 @@ class DataOptions:
         flags = {"mean": self.mean, "std": self.std, "resize": self.resize, "crop_ratio": self.crop_ratio,
                  "bgr": self.bgr, "layout": self.layout}
         if self.config is not None:
-            return Preprocess.from_config(self.config, **flags)
-        merged = dict(recorded or {})
-        merged.update({k: v for k, v in flags.items() if v is not None})
-        return Preprocess(**merged)
+            preprocess = Preprocess.from_config(self.config, **flags)
+        else:
+            merged = dict(recorded or {})
+            merged.update({k: v for k, v in flags.items() if v is not None})
+            preprocess = Preprocess(**merged)
+        warn_unit_normalization(preprocess.mean, preprocess.std)
+        return preprocess
 
     def source(self, recorded_preprocess: Optional[dict] = None) -> "SampleSource":
         """Where the samples come from and how they are read."""

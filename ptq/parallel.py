@@ -41,6 +41,7 @@ import pickle
 import signal
 import sys
 import threading
+import warnings
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Protocol, Sequence, Union
 
 from ptq.image_log import ImageLog
+from ptq.notes import Note
 
 DEFAULT_POOL_RESTARTS = 3
 # small shards balance the load (the run ends when the last shard does) and re-run little after a crash; a
@@ -399,6 +401,10 @@ def choose_workers(requested: Optional[int], images: int) -> int:
     """`requested` when given (--workers N); else the usable cores, but no more than one worker per
     MIN_IMAGES_PER_WORKER images (at least 1): below that a worker's start-up costs more than it saves."""
     if requested is not None:
+        if requested > 1 and images < requested * MIN_IMAGES_PER_WORKER:
+            warnings.warn(f"--workers {requested} on {images} samples: a worker's start-up is the work of 20-60 "
+                          f"samples, so one process is likely faster below {requested * MIN_IMAGES_PER_WORKER} "
+                          f"(without --workers ptq starts one per {MIN_IMAGES_PER_WORKER} samples)", Note)
         return requested
     return max(1, min(usable_cores(), images // MIN_IMAGES_PER_WORKER))
 

@@ -31,6 +31,7 @@ from ptq.parallel import QuietLog, choose_workers
 from ptq.samples import ArrayFormat, ImageFormat, SampleSource, iter_sample_batches, iter_samples
 from ptq.qdq_check import CHECK_SAMPLES, QDQCheck
 from ptq.qdq_export import DEFAULT_TARGET, get_target
+from ptq.input_warnings import warn_few_images
 from ptq.qdq_output import export_checked, summary_lines, write_model
 from ptq.core.qparams import compute_qparams
 from ptq.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
@@ -347,8 +348,8 @@ def calibrate(
     if rewritten:
         graph, _copies = int4_dsp.with_requantize(graph)
     needs = required_stats([options.calibrator] + (list(RANGE_SEARCH_CANDIDATES) if range_search else []))
-    if isinstance(source, SampleSource) and workers is None:
-        workers = choose_workers(None, len(source.candidates(QuietLog(), num_images, seed)))
+    if isinstance(source, SampleSource):  # the default, or a hint when more workers than samples warrant
+        workers = choose_workers(workers, len(source.candidates(QuietLog(), num_images, seed)))
     if ((workers or 1) > 1 or ray is not None) and isinstance(source, SampleSource):
         from ptq.calibration_shards import sharded_statistics
 
@@ -360,6 +361,7 @@ def calibrate(
     else:
         stats, log = collect_image_statistics(graph, source, needs, num_images=num_images, batch_size=batch_size,
                                               seed=seed, progress=progress)
+    warn_few_images(len(log.used), len(log.used) + len(log.skipped))
     if rewritten:
         table = int4_dsp.build_table(graph, stats, options, folded_ranges(graph) if fold_clip else {})
     else:
