@@ -319,7 +319,11 @@ class LocalPool:
         self.methods: list[str] = []  # how each pool of this run started its workers ('fork' or 'spawn')
 
     def __enter__(self) -> "LocalPool":
-        self._executor()
+        try:
+            self._executor()
+        except BaseException:  # Ctrl-C comes when the start unblocks it: `__exit__` will not run, stop them here
+            self._close(abort=True)
+            raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -336,9 +340,14 @@ class LocalPool:
                 self.pool.submit(os.getpid)
         return self.pool
 
-    def _close(self, abort: bool, join: bool = False) -> None:
-        """`abort`: do not wait for the running shards; `join`: wait for the pool's own thread to end (a broken
-        pool's ends at once), so that this driver may fork the next pool."""
+    def _close(self, abort: bool) -> None:
+        """`abort`: do not wait for the running shards (terminate the workers), but wait for the pool's own
+        thread to end, which it does at once once the workers are gone. That thread closes the pool's wake-up
+        pipe as it ends: left running, it races the interpreter's exit, whose hook writes to that pipe
+        (`concurrent.futures.process._python_exit` checks that the pipe is open, then writes without the
+        pool's lock), and a Ctrl-C ended with a traceback after `interrupted` ("Bad file descriptor", or
+        "'NoneType' object cannot be interpreted as an integer" once the connection dropped its handle).
+        Joined, it also lets this driver fork the next pool after a crash."""
         if self.pool is None:
             return
         if abort:  # interrupted or failed: do not wait for the running shards
@@ -347,7 +356,7 @@ class LocalPool:
             self.pool.shutdown(wait=False, cancel_futures=True)
             for process in processes:
                 process.terminate()
-            if join and manager is not None:
+            if manager is not None:
                 manager.join()
         else:
             self.pool.shutdown(wait=True)  # quick: a worker skips its interpreter's teardown (`_leave_now`)
@@ -374,7 +383,7 @@ class LocalPool:
                     pending.discard(futures[future])
                     yield items[futures[future]], result
             if broken:
-                self._close(abort=True, join=True)
+                self._close(abort=True)
                 self.crashes += 1
                 if self.crashes > self.restarts:
                     raise RuntimeError(f"worker processes died {self.crashes} times; giving up")
