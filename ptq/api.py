@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 from ptq.backends import DEFAULT_BACKEND_NAME
 from ptq.data_options import DataOptions, quiet_logging
+from ptq.notes import Note
 from ptq.output_paths import check_file, check_outputs, note_replaced
 from ptq.parallel import choose_workers, ship_model
 from ptq.qdq_targets import DEFAULT_TARGET
@@ -137,16 +139,24 @@ class Loaded:
     inputs: dict  # what report.json / debug.json / tune.json record as the samples used
 
 
-def load(model: PathLike, quant: PathLike, opts: DataOptions, strict: bool = False) -> Loaded:
+def load(model: PathLike, quant: PathLike, opts: DataOptions, strict: bool = False, labelled: bool = True) -> Loaded:
+    """`labelled`: the command uses labels (run, report, debug); labels it cannot trust (`usable_labels`) are
+    dropped with a note."""
     from ptq.adjusted_model import load_model_for_table
     from ptq.quant_table import load_quant_table
+    from reports.evaluate import score_classes
     from reports.image_source import ImageSet
+    from reports.labels import usable_labels
 
     table = load_quant_table(quant)
     graph = load_model_for_table(model, table, quant)
     source = opts.source(table.options.preprocess)
     samples = ImageSet.from_source(source, opts.labels, opts.num_images, opts.seed)
     source.format.reader(graph)  # a model the samples cannot feed is an error before any work
+    if labelled:
+        samples.labels, why = usable_labels(samples.labels, samples.files, score_classes(graph, graph.outputs[0]))
+        if why is not None and not opts.quiet:
+            warnings.warn(f"no labels: {why}", Note)
     if strict:  # the first node that would run in float is an error naming it and the reason
         from ptq.executor import ExecutorOptions, prepare
 
@@ -579,7 +589,7 @@ def tune(
     written = [tuned_path, qdq_path, out_dir / f"{stem}.tune.json", adjusted_path(tuned_path)]
     existing = check_outputs(out_dir, [p.name for p in written], note=False)
     with quiet_logging(opts.quiet):
-        loaded = load(model, quant, opts)
+        loaded = load(model, quant, opts, labelled=False)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
         if not opts.quiet:
             note_replaced([p for p in existing if table.options.adjusted_model is not None or p != written[-1]])

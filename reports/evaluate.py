@@ -34,13 +34,18 @@ from reports.value_histogram import ValueHistogram
 from reports.worker import MetricWorker
 
 
-def _is_scores(graph: Graph, name: str) -> bool:
-    """A classification output: a float tensor with one non-batch axis of more than one class."""
+def score_classes(graph: Graph, name: str) -> Optional[int]:
+    """The number of classes of a classification output (a float tensor with one non-batch axis of more than
+    one class), or None."""
     info = graph.tensors.get(name)
     if info is None or not info.is_float or info.shape is None:
-        return False
+        return None
     dims = [d for d in info.shape[1:] if d != 1]
-    return len(dims) == 1 and (dims[0] or 0) > 1
+    return dims[0] if len(dims) == 1 and (dims[0] or 0) > 1 else None
+
+
+def _is_scores(graph: Graph, name: str) -> bool:
+    return score_classes(graph, name) is not None
 
 
 def evaluate(

@@ -175,7 +175,10 @@ def _summary(report: Report) -> str:
                      f"max abs err {_fmt(s.max_abs_err, 4)}"))
     c = report.classification
     if c:
-        rows.append(("top-1 / top-5 agreement", f"{c['top1_agreement']:.3f} / {c['top5_agreement']:.3f}"))
+        if "top5_agreement" in c:  # only with 10 classes or more
+            rows.append(("top-1 / top-5 agreement", f"{c['top1_agreement']:.3f} / {c['top5_agreement']:.3f}"))
+        else:
+            rows.append(("top-1 agreement", f"{c['top1_agreement']:.3f}"))
         if "labelled" in c:
             rows.append(("accuracy (float / int)",
                          f"{c['float_accuracy']:.3f} / {c['int_accuracy']:.3f} over {c['labelled']} labelled images"))

@@ -195,5 +195,5 @@ METRIC_DEFINITIONS = {
                   "width w = (high - low)/inner_bins below low, inner_bins bins across the grid, margin_bins bins "
                   "above high, and counts[-1] beyond; below/above: values outside [low, high] (saturated)",
     "top1_agreement": "fraction of images where the integer argmax equals the float argmax",
-    "top5_agreement": "fraction of images where the float argmax is among the integer top 5",
+    "top5_agreement": "fraction of images where the float argmax is among the integer top 5 (10 classes or more)",
 }

@@ -22,7 +22,8 @@ class OutputMetrics:
         c = ev.classification
         top1 = top5 = None
         if c is not None and c.samples:
-            top1, top5 = c.top1_agree / c.samples, c.topk_agree / c.samples
+            top1 = c.top1_agree / c.samples
+            top5 = c.topk_agree / c.samples if c.meaningful_topk else None
         return cls(sim.cosine, sim.mse, sim.sqnr_db, top1, top5)
 
     def to_dict(self) -> dict:
@@ -32,5 +33,7 @@ class OutputMetrics:
     def line(self) -> str:
         text = f"cosine {self.cosine:.6f}  sqnr {self.sqnr_db:.2f} dB"
         if self.top1_agreement is not None:
-            text += f"  top-1 agreement {self.top1_agreement:.3f}  top-5 agreement {self.top5_agreement:.3f}"
+            text += f"  top-1 agreement {self.top1_agreement:.3f}"
+        if self.top5_agreement is not None:
+            text += f"  top-5 agreement {self.top5_agreement:.3f}"
         return text

@@ -77,7 +77,9 @@ def summary_text(report: Report, top: int = 5) -> str:
         lines.append(f"output {out.name}: cosine {s.cosine:.6f}  mse {s.mse:.4g}  sqnr {s.sqnr_db:.2f} dB")
     c = report.classification
     if c:
-        line = f"top-1 agreement {c['top1_agreement']:.3f}  top-5 agreement {c['top5_agreement']:.3f}"
+        line = f"top-1 agreement {c['top1_agreement']:.3f}"
+        if "top5_agreement" in c:  # only with 10 classes or more
+            line += f"  top-5 agreement {c['top5_agreement']:.3f}"
         if "labelled" in c:
             line += f"  accuracy float {c['float_accuracy']:.3f} int {c['int_accuracy']:.3f} ({c['labelled']} labelled)"
         else:
