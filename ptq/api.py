@@ -47,7 +47,7 @@ PathLike = Union[str, Path]
 def _options(function: str, options: dict, *, labels: bool = True) -> DataOptions:
     opts = DataOptions.of(function, options)
     if not labels and opts.labels is not None:
-        raise ValueError(f"--labels: `ptq {function}` uses no labels")
+        raise ValueError(f"labels: `ptq.{function}` uses no labels")
     return opts
 
 
