@@ -11,6 +11,7 @@ table records), `labels` (run, report, debug), `num_images`, `seed`, `batch_size
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import warnings
 from dataclasses import dataclass, field
@@ -45,7 +46,10 @@ PathLike = Union[str, Path]
 
 
 def _options(function: str, options: dict, *, labels: bool = True) -> DataOptions:
-    opts = DataOptions.of(function, options)
+    """The shared options given to `ptq.<function>`; an unknown keyword is a TypeError that lists the function's
+    own keywords too."""
+    own = [p.name for p in inspect.signature(globals()[function]).parameters.values() if p.kind == p.KEYWORD_ONLY]
+    opts = DataOptions.of(function, options, own)
     if not labels and opts.labels is not None:
         raise ValueError(f"labels: `ptq.{function}` uses no labels")
     return opts

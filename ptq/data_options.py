@@ -60,13 +60,18 @@ class DataOptions:
             raise ValueError(f"--workers must be at least 1, got {self.workers}")
 
     @classmethod
-    def of(cls, function: str, options: dict) -> "DataOptions":
-        """From keyword arguments of `ptq.<function>`; an unknown name is a TypeError listing the known ones."""
+    def of(cls, function: str, options: dict, own: Sequence[str] = ()) -> "DataOptions":
+        """From keyword arguments of `ptq.<function>`; an unknown name is a TypeError listing the function's
+        `own` keywords and the shared ones, with the closest names."""
+        from ptq.names import close_names
+
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise TypeError(f"ptq.{function}() got unexpected keyword argument(s) {unknown}; "
-                            f"the shared options are {sorted(known)}")
+            close = [c for name in unknown for c in close_names(name, [*own, *known])]
+            hint = f" (did you mean {', '.join(map(repr, dict.fromkeys(close)))}?)" if close else ""
+            raise TypeError(f"ptq.{function}() got unexpected keyword argument(s) {unknown}{hint}; its own keywords "
+                            f"are {sorted(own)}, the shared options {sorted(known)}")
         return cls(**options)
 
     def sharded(self, samples: int) -> bool:

@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     change.add_argument("tensor", help="the tensor whose entry changes")
     change.add_argument("--bits", type=int, help="bit width (2-16); scale and zero point follow from the range")
     change.add_argument("--range", type=_range, metavar="MIN,MAX", dest="value_range",
-                        help="new range; scale and zero point follow (write --range=-1.5,6 when MIN is negative)")
+                        help="new range; scale and zero point follow (--range -1.5,6 and --range=-1.5,6 both work)")
     change.add_argument("--scale", type=float, help="new scale, taken as given (rounded to float32)")
     change.add_argument("--zero-point", type=int, help="new zero point, taken as given")
     flag = change.add_mutually_exclusive_group()
