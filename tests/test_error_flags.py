@@ -23,6 +23,7 @@ MODULE_COMMANDS = {
     "ptq/commands/report.py": ("report",),
     "ptq/commands/debug.py": ("debug",),
     "ptq/commands/dsp_report.py": ("dsp-report",),
+    "ptq/commands/ops.py": ("ops",),
     "ptq/core/graph.py:parse_input_shapes": ("calibrate",),
     "ptq/parallel.py": POOLED,
     "ptq/ray_backend.py": POOLED,
