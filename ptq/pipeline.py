@@ -25,6 +25,7 @@ from ptq.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
 from ptq.atomic import refuse_to_overwrite
 from ptq.float_run import collect_statistics, image_input
 from ptq.clip_ranges import folded_ranges
+from ptq.compile_notice import first_run_note
 from ptq.core.graph import Graph, load_model
 from ptq.images import ImageLog, InputSpec, Preprocess, iter_batches
 from ptq.parallel import QuietLog, choose_workers
@@ -57,6 +58,7 @@ class CalibrationResult:
     qdq_path: Optional[Path] = None
     qdq_target: str = DEFAULT_TARGET
     qdq_check: Optional[QDQCheck] = None
+    first_run: str = ""  # `ptq.compile_notice.first_run_note`: said beside the time
 
     @property
     def images_skipped(self) -> int:
@@ -88,7 +90,7 @@ class CalibrationResult:
             f"({self.table.options.calibrator}, {self._activation_bits()}), "
             f"{self.weights_quantized} weights ({self.table.options.weight_calibrator}, "
             f"{self.table.options.weight_bits}-bit, {'per-channel' if self.table.options.per_channel else 'per-tensor'})",
-            f"time: {self.seconds:.1f} s",
+            f"time: {self.seconds:.1f} s{self.first_run}",
         ]
         if self.table_path is not None:
             lines.append(f"quantization table: {self.table_path}")
@@ -390,5 +392,6 @@ def calibrate(
         if qdq is not None:
             result.qdq_path = write_model(qdq.model, paths[1])
     result.seconds = time.perf_counter() - start
+    result.first_run = first_run_note()
     return result
 

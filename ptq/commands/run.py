@@ -36,13 +36,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def print_result(result) -> None:
     """Per sample its top-k, then the summary."""
+    from ptq.compile_notice import first_run_note
+
     for s in result.samples:
         if s.classes is None:
             print(f"{s.path.name}: skipped ({s.skipped})")
         else:
             print(f"{s.path.name}: " + "  ".join(f"{c}:{p:.4f}" for c, p in s.classes))
     skipped = f", {result.skipped} skipped" if result.skipped else ""
-    print(f"\n{result.images} image(s) in integers, {1000 * result.seconds / result.images:.1f} ms per image{skipped}")
+    print(f"\n{result.images} image(s) in integers, {1000 * result.seconds / result.images:.1f} ms per image{skipped}"
+          f"{first_run_note()}")
     agree = sum(bool(s.agrees) for s in result.classified)
     print(f"top-1 agreement with the float model {agree}/{result.images}")
     if result.labelled:
