@@ -157,7 +157,7 @@ def load(model: PathLike, quant: PathLike, opts: DataOptions, strict: bool = Fal
     source = opts.source(table.options.preprocess)
     samples = ImageSet.from_source(source, opts.labels, opts.num_images, opts.seed)
     source.format.reader(graph)  # a model the samples cannot feed is an error before any work
-    if labelled:
+    if labelled and (opts.labels is not None or opts.images is not None):  # --data samples: a labels file only
         samples.labels, why = usable_labels(samples.labels, samples.files, score_classes(graph, graph.outputs[0]))
         if why is not None and not opts.quiet:
             warnings.warn(f"no labels: {why}", Note)
