@@ -14,13 +14,17 @@ from __future__ import annotations
 # (tests/test_cli_imports.py)
 
 import dataclasses
+import inspect
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 from ptq.engine.backends import DEFAULT_BACKEND_NAME
 from ptq.data_options import DataOptions, quiet_logging
+from ptq.core.notes import Note
+from ptq.output_paths import check_file, check_outputs, note_replaced
 from ptq.parallel.workers import choose_workers, ship_model
 from ptq.qdq.targets import DEFAULT_TARGET
 from ptq.core.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_ISOLATED_IMAGES, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR
@@ -45,9 +49,12 @@ PathLike = Union[str, Path]
 
 
 def _options(function: str, options: dict, *, labels: bool = True) -> DataOptions:
-    opts = DataOptions.of(function, options)
+    """The shared options given to `ptq.<function>`; an unknown keyword is a TypeError that lists the function's
+    own keywords too."""
+    own = [p.name for p in inspect.signature(globals()[function]).parameters.values() if p.kind == p.KEYWORD_ONLY]
+    opts = DataOptions.of(function, options, own)
     if not labels and opts.labels is not None:
-        raise ValueError(f"--labels: `ptq {function}` uses no labels")
+        raise ValueError(f"labels: `ptq.{function}` uses no labels")
     return opts
 
 
@@ -104,6 +111,14 @@ def calibrate(
     from ptq.calibration.pipeline import calibrate as run_calibration
 
     opts = _options("calibrate", options, labels=False)
+    if out is not None:
+        from ptq.adjust.adjusted_model import adjusted_path
+        from ptq.calibration.pipeline import output_paths
+
+        table_path, qdq_path = output_paths(model, out)
+        adjusts = equalize or bias_correction or adaround or analytic_bias_correction or scheme != DEFAULT_SCHEME
+        check_outputs(out, [table_path.name, qdq_path.name] + ([adjusted_path(table_path).name] if adjusts else []),
+                      note=not opts.quiet)
     with quiet_logging(opts.quiet):
         return run_calibration(
             model, images=opts.images, data=opts.data, out_dir=out,
@@ -131,16 +146,24 @@ class Loaded:
     inputs: dict  # what report.json / debug.json / tune.json record as the samples used
 
 
-def load(model: PathLike, quant: PathLike, opts: DataOptions, strict: bool = False) -> Loaded:
+def load(model: PathLike, quant: PathLike, opts: DataOptions, strict: bool = False, labelled: bool = True) -> Loaded:
+    """`labelled`: the command uses labels (run, report, debug); labels it cannot trust (`usable_labels`) are
+    dropped with a note."""
     from ptq.adjust.adjusted_model import load_model_for_table
     from ptq.table.quant_table import load_quant_table
+    from reports.evaluate import class_count
     from ptq.data.image_source import ImageSet
+    from ptq.data.labels import usable_labels
 
     table = load_quant_table(quant)
     graph = load_model_for_table(model, table, quant)
     source = opts.source(table.options.preprocess)
     samples = ImageSet.from_source(source, opts.labels, opts.num_images, opts.seed)
     source.format.reader(graph)  # a model the samples cannot feed is an error before any work
+    if labelled and (opts.labels is not None or opts.images is not None):  # --data samples: a labels file only
+        samples.labels, why = usable_labels(samples.labels, samples.files, class_count(graph, graph.outputs[0]))
+        if why is not None and not opts.quiet:
+            warnings.warn(f"no labels: {why}", Note)
     if strict:  # the first node that would run in float is an error naming it and the reason
         from ptq.engine.executor import ExecutorOptions, prepare
 
@@ -334,13 +357,17 @@ class ReportResult:
         return self.report.layers
 
 
+REPORT_FILES = ("report.json", "report.csv", "report.html")
+
+
 def write_report(report: Report, out_dir: Path) -> list[Path]:
     from reports.html import write_html
     from reports.writers import write_csv, write_json
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [write_json(report, out_dir / "report.json"), write_csv(report, out_dir / "report.csv"),
-            write_html(report, out_dir / "report.html")]
+    json_name, csv_name, html_name = REPORT_FILES
+    return [write_json(report, out_dir / json_name), write_csv(report, out_dir / csv_name),
+            write_html(report, out_dir / html_name)]
 
 
 def report(
@@ -371,6 +398,9 @@ def report(
     from reports.evaluate import evaluate
 
     opts = _options("report", options)
+    if out is not None:
+        check_outputs(out, REPORT_FILES + (("dsp_report.json",) if backend.startswith("dsp:") else ()),
+                      note=not opts.quiet)
     with quiet_logging(opts.quiet):
         loaded = load(model, quant, opts, strict)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
@@ -485,6 +515,15 @@ def debug(
         raise ValueError("--auto tries its own layers: not with --fake-quant or --fake-quant-ops")
     if write_quant and auto is None:
         raise ValueError("--write-quant needs --auto")
+    existing = []
+    if out is not None:
+        existing += check_outputs(out, ("debug.json",) + (REPORT_FILES if auto is not None else ()), note=False)
+    if write_quant:
+        existing += [Path(write_quant)] if check_file(write_quant, "--write-quant") else []
+    if dump:
+        existing += check_outputs(dump, ("index.json",), "--dump", note=False)
+    if not opts.quiet:
+        note_replaced(existing)
     with quiet_logging(opts.quiet):
         loaded = load(model, quant, opts, strict)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
@@ -557,7 +596,7 @@ def tune(
     >>> result.qdq_path.name, result.qdq_target
     ('efficientnet_lite0.tuned.qdq.onnx', 'ort-cpu')
     """
-    from ptq.adjust.adjusted_model import save_adjusted
+    from ptq.adjust.adjusted_model import adjusted_path, save_adjusted
     from ptq.core.atomic import refuse_to_overwrite
     from ptq.core.graph import load_model
     from ptq.qdq.output import export_checked, sample_feeds, write_model
@@ -575,17 +614,22 @@ def tune(
     if unknown:
         raise ValueError(f"unknown --views {', '.join(unknown)}; known: {', '.join(VIEWS)}, or none")
     table_path = Path(quant)
+    out_dir = Path(out) if out is not None else table_path.parent
+    stem = _table_stem(table_path)
+    tuned_path, qdq_path = out_dir / f"{stem}.tuned.quant.json", out_dir / f"{stem}.tuned.qdq.onnx"
+    refuse_to_overwrite({"model": model, "quant table": quant}, [tuned_path, qdq_path])
+    # the adjusted weights written with a table that records them: checked whether or not it does
+    written = [tuned_path, qdq_path, out_dir / f"{stem}.tune.json", adjusted_path(tuned_path)]
+    existing = check_outputs(out_dir, [p.name for p in written], note=False)
     with quiet_logging(opts.quiet):
-        loaded = load(model, quant, opts)
+        loaded = load(model, quant, opts, labelled=False)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
+        if not opts.quiet:
+            note_replaced([p for p in existing if table.options.adjusted_model is not None or p != written[-1]])
         held = None
         if validation is not None:  # the same format (and preprocessing) as the tuning samples
             held = ImageSet.from_source(dataclasses.replace(loaded.source, location=Path(validation)))
         reference = load_model(model, table.options.input_shapes)  # the user's model: the goal
-        out_dir = Path(out) if out is not None else table_path.parent
-        stem = _table_stem(table_path)
-        tuned_path, qdq_path = out_dir / f"{stem}.tuned.quant.json", out_dir / f"{stem}.tuned.qdq.onnx"
-        refuse_to_overwrite({"model": model, "quant table": quant}, [tuned_path, qdq_path])
         result = run_tuning(
             graph, table, samples, target_cosine, budget_int16=budget_int16, allow_float=allow_float,
             validation=held, reference=reference, validation_fraction=validation_fraction, margin=margin, z=z,
@@ -675,6 +719,8 @@ def export_table(
         table = load_quant_table(quant)
         refuse_to_overwrite({"model": model, "quant table": quant, "adjusted model": resolve_adjusted(table, quant)},
                             [path])
+        if check_file(path, "--out") and not quiet:
+            note_replaced([path])
         graph = load_model_for_table(model, table, quant, note=not quiet)
         check_table_matches(graph, table)
         feeds: list = []

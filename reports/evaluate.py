@@ -36,9 +36,6 @@ from reports.value_histogram import ValueHistogram
 from reports.worker import MetricWorker
 
 
-TOP5_CLASSES = 10  # top-5 agreement is reported for 10 classes or more (of 5 classes it is always 1)
-
-
 def class_count(graph: Graph, name: str) -> Optional[int]:
     """The classes of a classification output (a float tensor with one non-batch axis of more than one
     class), else None."""
@@ -149,11 +146,11 @@ def evaluate(
 
 
 def _classification(graph: Graph, outputs: list[str]) -> Optional[TopKAgreement]:
-    """Top-k agreement of the first output when it is class scores: top-1, and top-5 from 10 classes."""
-    classes = class_count(graph, outputs[0]) if outputs else None
-    if classes is None:
+    """Top-k agreement of the first output when it is class scores: top-1, and top-5 (reported from 10 classes,
+    `TopKAgreement.meaningful_topk`)."""
+    if not outputs or class_count(graph, outputs[0]) is None:
         return None
-    return TopKAgreement(k=5 if classes >= TOP5_CLASSES else 1)
+    return TopKAgreement()
 
 
 def _start_float_run(pool: ThreadPoolExecutor, runner: FloatRunner, samples: Iterator):

@@ -12,8 +12,11 @@ from html import escape
 from pathlib import Path
 from typing import Optional, Union
 
+from ptq.core.atomic import atomic_write_text
+from reports.diagnosis import next_step_lines
 from reports.html_histogram import histogram_caption, histogram_svg
 from reports.layers import Report
+from reports.writers import suspect_line
 
 PLOT_W, PLOT_H = 960, 320
 HISTOGRAM_SUSPECTS = 5  # the top suspects that get a value histogram
@@ -28,6 +31,8 @@ td.t,th.t{text-align:left}
 th{background:#f0f0f0;cursor:pointer;user-select:none}
 th.asc::after{content:" \\25B2"} th.desc::after{content:" \\25BC"}
 tr.suspect td{background:#fde8e8}
+#layers th{white-space:normal;padding:3px 4px} #layers td{padding:3px 4px}
+#layers td.name{white-space:normal;overflow-wrap:anywhere;min-width:10em;max-width:18em}
 .summary td{text-align:left}
 svg text{font-size:11px;fill:#333}
 .legend span{display:inline-block;margin-right:16px;font-size:13px}
@@ -91,8 +96,10 @@ def _sort_key(value) -> str:
     return str(value)
 
 
-def _cell(value, text: Optional[str] = None, left: bool = False) -> str:
-    cls = ' class="t"' if left else ""
+def _cell(value, text: Optional[str] = None, left: bool = False, cls: str = "") -> str:
+    """A cell whose data-v attribute sorts it; `left`: text aligned left; `cls`: more classes."""
+    classes = " ".join(c for c in ("t" if left else "", cls) if c)
+    cls = f' class="{classes}"' if classes else ""
     shown = escape(text if text is not None else str(value))
     return f'<td{cls} data-v="{escape(_sort_key(value))}">{shown}</td>'
 
@@ -177,10 +184,11 @@ def _summary(report: Report) -> str:
         rows.append((f"output {name}", f"agreement with float {agreement['agreement']:.4f} "
                                        f"({agreement['equal']}/{agreement['values']} values)"))
     c = report.classification
-    if c and "top5_agreement" in c:
-        rows.append(("top-1 / top-5 agreement", f"{c['top1_agreement']:.3f} / {c['top5_agreement']:.3f}"))
-    elif c:
-        rows.append(("top-1 agreement", f"{c['top1_agreement']:.3f}"))
+    if c:
+        if "top5_agreement" in c:  # only with 10 classes or more
+            rows.append(("top-1 / top-5 agreement", f"{c['top1_agreement']:.3f} / {c['top5_agreement']:.3f}"))
+        else:
+            rows.append(("top-1 agreement", f"{c['top1_agreement']:.3f}"))
         if "labelled" in c:
             rows.append(("accuracy (float / int)",
                          f"{c['float_accuracy']:.3f} / {c['int_accuracy']:.3f} over {c['labelled']} labelled images"))
@@ -195,9 +203,15 @@ def _summary(report: Report) -> str:
         rows.append(("float nodes", "none: every node ran in integers"))
     for note in report.notes:
         rows.append(("note", note))
+    for line in next_step_lines(report):
+        rows.append(("where the loss is", line))
     body = "".join(f'<tr><th class="t">{escape(k)}</th><td>{escape(v)}</td></tr>' for k, v in rows)
-    suspects = "".join(f"<li><b>{escape(b.name)}</b>: {escape(b.reason)}</li>" for b in report.bottlenecks[:10])
+    suspects = "".join(f"<li><b>{escape(b.name)}</b>: {escape(suspect_line(report, b)[len(b.name) + 2:])}</li>"
+                       for b in report.bottlenecks[:10])
     return (f'<table class="summary">{body}</table><h2>Top suspects</h2>'
+            "<p>Isolated: the layer alone on quantized float inputs (the error it makes); cumulative: the integer "
+            "graph end to end (the error that reaches it). A layer that adds almost nothing alone while the "
+            "cumulative cosine falls across it amplifies error made upstream.</p>"
             + (f"<ol>{suspects}</ol>" if suspects else "<p>None: every layer keeps its cosine.</p>"))
 
 
@@ -241,7 +255,7 @@ def _table(report: Report) -> str:
         cls = ' class="suspect"' if rank is not None and rank <= 10 else ""
         op = layer.op_type + (" (float)" if layer.float_fallback else "")
         cells = [
-            _cell(i), _cell(layer.name, left=True), _cell(op, left=True), _cell(qp.bits), _cell(scale_v, scale_t),
+            _cell(i), _cell(layer.name, left=True, cls="name"), _cell(op, left=True), _cell(qp.bits), _cell(scale_v, scale_t),
             _cell(zp_v, zp_t), _cell(cum.cosine, f"{cum.cosine:.6f}"), _cell(cum.sqnr_db, _fmt(cum.sqnr_db, 4)),
             _cell(cum.mse, _fmt(cum.mse, 4)), _cell(cum.max_abs_err, _fmt(cum.max_abs_err, 4)),
             _cell(iso.cosine, f"{iso.cosine:.6f}"), _cell(iso.sqnr_db, _fmt(iso.sqnr_db, 4)),
@@ -271,6 +285,4 @@ def render_html(report: Report, histograms: int = HISTOGRAM_SUSPECTS) -> str:
 
 
 def write_html(report: Report, path: Union[str, Path], histograms: int = HISTOGRAM_SUSPECTS) -> Path:
-    path = Path(path)
-    path.write_text(render_html(report, histograms), encoding="utf-8")
-    return path
+    return atomic_write_text(path, render_html(report, histograms))

@@ -81,16 +81,39 @@ def cosine_drops(names: list[str], inputs: dict[str, list[str]], cumulative_cosi
 
 @dataclass(frozen=True)
 class Bottleneck:
+    """A suspect: `added`, the cosine it loses alone beyond what its inputs' quantization costs (where error is
+    made); `drop`, how far the cumulative cosine falls across it (where error shows, made here or amplified)."""
+
     name: str
     score: float
     reason: str
+    added: float = 0.0
+    drop: float = 0.0
+
+    @property
+    def amplifies(self) -> bool:
+        """The fall of the cumulative cosine counts for more than what the layer adds alone: it carries (and
+        amplifies) error made upstream, and floating it recovers little."""
+        return self.added < DROP_WEIGHT * self.drop
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "score": self.score, "reason": self.reason}
+        return {"name": self.name, "score": self.score, "reason": self.reason, "added": self.added,
+                "drop": self.drop, "kind": "amplifies" if self.amplifies else "makes"}
 
 
 DROP_WEIGHT = 0.1  # weight of the cumulative drop in the score (see rank_bottlenecks)
 CLIP_NOTE = 0.001  # a suspect that saturates at least this fraction of its values says so
+
+
+def added_errors(layers: list[LayerReport]) -> dict[str, float]:
+    """Per layer, the cosine it loses alone beyond what the quantization of its inputs already costs:
+    max(0, (1 - isolated cosine) - max over the inputs of (1 - their isolated cosine))."""
+    by_name = {layer.name: layer for layer in layers}
+    added = {}
+    for layer in layers:
+        inherited = max((1.0 - by_name[i].isolated.cosine for i in layer.inputs if i in by_name), default=0.0)
+        added[layer.name] = max(0.0, (1.0 - layer.isolated.cosine) - inherited)
+    return added
 
 
 def rank_bottlenecks(layers: list[LayerReport], top: Optional[int] = None, min_score: float = 1e-4) -> list[Bottleneck]:
@@ -106,12 +129,10 @@ def rank_bottlenecks(layers: list[LayerReport], top: Optional[int] = None, min_s
     while adding almost nothing itself), and floating such a layer cannot remove an error made upstream.
     Layers scoring below `min_score` are not suspects.
     """
-    by_name = {layer.name: layer for layer in layers}
+    added_by_layer = added_errors(layers)
     suspects = []
     for layer in layers:
-        own = 1.0 - layer.isolated.cosine
-        inherited = max((1.0 - by_name[i].isolated.cosine for i in layer.inputs if i in by_name), default=0.0)
-        added = max(0.0, own - inherited)
+        added = added_by_layer[layer.name]
         drop = max(0.0, layer.cosine_drop)
         score = added + DROP_WEIGHT * drop
         if score < min_score:
@@ -126,7 +147,7 @@ def rank_bottlenecks(layers: list[LayerReport], top: Optional[int] = None, min_s
             parts.append(f"{100 * layer.clipped:.2f}% of its float values lie beyond its range (saturate)")
         if layer.float_fallback:
             parts.append("runs in float")
-        suspects.append(Bottleneck(layer.name, score, "; ".join(parts)))
+        suspects.append(Bottleneck(layer.name, score, "; ".join(parts), added, drop))
     suspects.sort(key=lambda b: (-b.score, b.name))
     return suspects if top is None else suspects[:top]
 

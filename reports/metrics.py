@@ -123,13 +123,15 @@ class TopKAgreement:
     """How often the test model's classification agrees with the reference's, per sample (rows of logits).
 
     - top1_agreement: argmax(test) == argmax(reference)
-    - top5_agreement: argmax(reference) is among the 5 largest test scores
+    - top5_agreement: argmax(reference) is among the 5 largest test scores; reported only for at least
+      2 x 5 = 10 classes (`meaningful_topk`: with 4 classes the top 5 holds every class and agrees always)
     - accuracy: with labels, the fraction of labelled samples whose argmax equals the label (for the
       reference and the test model separately); unlabelled samples are skipped (label None).
     Ties in argmax resolve to the lowest index (numpy's argmax).
     """
 
     k: int = 5
+    classes: int = 0  # the score vectors' length (0: no sample yet)
     samples: int = 0
     top1_agree: int = 0
     topk_agree: int = 0
@@ -147,6 +149,7 @@ class TopKAgreement:
         test_top1 = int(np.argmax(y))
         k = min(self.k, y.size)
         test_topk = np.argpartition(-y, k - 1)[:k]
+        self.classes = x.size
         self.samples += 1
         self.top1_agree += int(ref_top1 == test_top1)
         self.topk_agree += int(ref_top1 in test_topk)
@@ -157,11 +160,17 @@ class TopKAgreement:
             self.reference_correct += int(ref_top1 == label)
             self.test_correct += int(test_top1 == label)
 
+    @property
+    def meaningful_topk(self) -> bool:
+        """Whether top-k agreement tells anything: at least 2k classes (top 5 of 10 already holds half)."""
+        return self.classes >= 2 * self.k
+
     def merge(self, other: "TopKAgreement") -> "TopKAgreement":
         if self.k != other.k:
             raise ValueError(f"cannot merge top-{self.k} and top-{other.k} agreement")
         return TopKAgreement(
             k=self.k,
+            classes=max(self.classes, other.classes),
             samples=self.samples + other.samples,
             top1_agree=self.top1_agree + other.top1_agree,
             topk_agree=self.topk_agree + other.topk_agree,
@@ -174,7 +183,7 @@ class TopKAgreement:
         if self.samples == 0:
             raise ValueError("top-k agreement: no samples were accumulated")
         out = {"samples": self.samples, "top1_agreement": self.top1_agree / self.samples}
-        if self.k > 1:  # top-k of fewer classes than 2k says little: `evaluate` keeps top-5 for >= 10 classes
+        if self.meaningful_topk:
             out[f"top{self.k}_agreement"] = self.topk_agree / self.samples
         if self.labelled:
             out["labelled"] = self.labelled

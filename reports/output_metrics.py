@@ -26,7 +26,7 @@ class OutputMetrics:
         top1 = top5 = None
         if c is not None and c.samples:
             top1 = c.top1_agree / c.samples
-            top5 = c.topk_agree / c.samples if c.k > 1 else None  # top-5 from 10 classes (`reports.evaluate`)
+            top5 = c.topk_agree / c.samples if c.meaningful_topk else None
         return cls(sim.cosine, sim.mse, sim.sqnr_db, top1, top5)
 
     def to_dict(self) -> dict:

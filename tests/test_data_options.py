@@ -280,3 +280,19 @@ def test_progress_bars_on_a_terminal_and_quiet_silences_them(command, tiny, tmp_
         bars = "/3 [" in terminal.text or (command == "tune" and "/7 [" in terminal.text)
         assert bars != quiet, terminal.text
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("function, own", [("report", ["out", "quant", "isolated_images", "float_nodes"]),
+                                            ("calibrate", ["out", "calibrator", "input_shape"]),
+                                            ("tune", ["out", "quant", "target_cosine"])])
+def test_an_unknown_keyword_lists_the_functions_own_keywords_with_the_closest(function, own):
+    """Issue 27, item 7: `ptq.report(..., outdir=...)` listed the shared options only, not `out`, `quant`, ..."""
+    import ptq
+
+    required = {"report": {"quant": "q.json"}, "calibrate": {}, "tune": {"quant": "q.json", "target_cosine": 0.9}}
+    with pytest.raises(TypeError) as caught:
+        getattr(ptq, function)("model.onnx", outdir="o", images="x", **required[function])
+    message = str(caught.value)
+    assert message.startswith(f"ptq.{function}() got unexpected keyword argument(s) ['outdir'] (did you mean 'out'")
+    own_part = message.split("its own keywords are ")[1].split("], the shared options")[0]
+    assert all(repr(name) in own_part for name in own)

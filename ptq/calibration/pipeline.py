@@ -31,6 +31,7 @@ from ptq.core.graph import Graph, load_model
 from ptq.core.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
 from ptq.data.images import InputSpec, Preprocess
 from ptq.data.samples import ArrayFormat, SampleSource, data_input_shapes
+from ptq.engine.compile_notice import first_run_note
 from ptq.engine.float_run import image_input
 from ptq.qdq.check import CHECK_SAMPLES, QDQCheck
 from ptq.qdq.export import DEFAULT_TARGET, get_target
@@ -59,6 +60,7 @@ class CalibrationResult:
     qdq_path: Optional[Path] = None
     qdq_target: str = DEFAULT_TARGET
     qdq_check: Optional[QDQCheck] = None
+    first_run: str = ""  # `ptq.engine.compile_notice.first_run_note`: said beside the time
 
     @property
     def images_skipped(self) -> int:
@@ -91,7 +93,7 @@ class CalibrationResult:
             f"{self.weights_quantized} weights ({self.table.options.weight_calibrator}, "
             f"{self.table.options.weight_bits}-bit, {'per-channel' if self.table.options.per_channel else 'per-tensor'})",
             *(f"own grid for {name!r}: {entry.why}" for name, entry in self.table.tensors.items() if entry.why),
-            f"time: {self.seconds:.1f} s",
+            f"time: {self.seconds:.1f} s{self.first_run}",
         ]
         if self.table_path is not None:
             lines.append(f"quantization table: {self.table_path}")
@@ -242,4 +244,5 @@ def calibrate(
         if qdq is not None:
             result.qdq_path = write_model(qdq.model, paths[1])
     result.seconds = time.perf_counter() - start
+    result.first_run = first_run_note()
     return result

@@ -38,6 +38,7 @@ from ptq.data.images import ImageLog
 from ptq.data.samples import SampleSource
 from ptq.engine.clip_ranges import folded_ranges
 from ptq.engine.executor import prepare
+from ptq.data.input_warnings import warn_few_images
 from ptq.parallel.workers import QuietLog, choose_workers
 from ptq.table.quant_table import CalibrationOptions, QuantTable, TensorEntry
 
@@ -145,8 +146,8 @@ class RangeStatistics:
         source = state.samples.source
         needs = required_stats([options.calibrator] + (list(RANGE_SEARCH_CANDIDATES) if options.range_search else []))
         workers = self.workers
-        if isinstance(source, SampleSource) and workers is None:
-            workers = choose_workers(None, len(source.candidates(QuietLog(), options.num_images, options.seed)))
+        if isinstance(source, SampleSource):  # the default, or a hint when more workers than samples warrant
+            workers = choose_workers(workers, len(source.candidates(QuietLog(), options.num_images, options.seed)))
         if ((workers or 1) > 1 or self.ray is not None) and isinstance(source, SampleSource):
             # the workers load the model they are sent: the adjusted one when the steps changed it
             shipped = state.graph.model if adjusts_model(options) else state.model
@@ -158,6 +159,7 @@ class RangeStatistics:
             stats, log = collect_image_statistics(state.graph, source, needs, num_images=options.num_images,
                                                   batch_size=options.batch_size, seed=options.seed,
                                                   progress=self.progress)
+        warn_few_images(len(log.used), len(log.used) + len(log.skipped))
         return dataclasses.replace(state, statistics=stats, image_log=log)
 
 

@@ -35,11 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ptq.adjust.adjusted_model import load_model_for_table
+    from ptq.output_paths import check_outputs
     from ptq.table.quant_table import load_quant_table
     from reports.dsp_resources import DspArray, accuracy_ranks, dsp_report, report_text
 
     if args.top <= 0:
         raise ValueError(f"--top must be positive, got {args.top}")
+    if args.out:
+        check_outputs(args.out, ("dsp_report.json",))
     table = load_quant_table(args.quant)
     graph = load_model_for_table(args.model, table, args.quant)
     report = dsp_report(graph, table, DspArray(args.dsps, args.clock_mhz))

@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def print_result(result) -> None:
     """Per sample its top-k, then the summary."""
+    from ptq.engine.compile_notice import first_run_note
+
     for s in result.samples:
         if s.classes is None:
             print(f"{s.path.name}: skipped ({s.skipped})")
@@ -53,7 +55,8 @@ def print_result(result) -> None:
         else:
             print(f"{s.path.name}: " + "  ".join(f"{c}:{p:.4f}" for c, p in s.classes))
     skipped = f", {result.skipped} skipped" if result.skipped else ""
-    print(f"\n{result.images} image(s) in integers, {1000 * result.seconds / result.images:.1f} ms per image{skipped}")
+    print(f"\n{result.images} image(s) in integers, {1000 * result.seconds / result.images:.1f} ms per image{skipped}"
+          f"{first_run_note()}")
     if result.output_cosine is not None:
         print(f"cosine of output {result.output} with the float model {result.output_cosine:.6f} "
               f"(mean over {result.images} samples)")

@@ -136,10 +136,12 @@ def _set_input_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple]) ->
     graph_inputs = {i.name: i for i in model.graph.input if i.name not in init_names}
     for name, shape in input_shapes.items():
         if name not in graph_inputs:
-            raise ModelError(f"--input-shape names {name!r}, but the model's inputs are {sorted(graph_inputs)}")
+            raise ModelError(f"the input shapes (`ptq calibrate --input-shape`, recorded in the quant table) name "
+                             f"{name!r}, but the model's inputs are {sorted(graph_inputs)}")
         dims = graph_inputs[name].type.tensor_type.shape.dim
         if len(dims) and len(dims) != len(shape):
-            raise ModelError(f"input {name!r} has rank {len(dims)}, --input-shape gives {len(shape)} dims")
+            raise ModelError(f"input {name!r} has rank {len(dims)}; its shape (`ptq calibrate --input-shape`, "
+                             f"recorded in the quant table) gives {len(shape)} dims")
         del dims[:]
         for axis, d in enumerate(shape):
             if d is None:  # left dynamic (axis 0 of shapes taken from --data samples)
@@ -275,12 +277,13 @@ def load_model(
     for name in inputs:
         shape = tensors[name].shape
         if shape is None:
-            raise ModelError(f"input {name!r} has unknown rank; give --input-shape {name}:d0,d1,...")
+            raise ModelError(f"input {name!r} has unknown rank; give its shape to `ptq calibrate --input-shape "
+                             f"{name}:d0,d1,...` (the quant table records it for the other commands)")
         dynamic = [axis for axis, d in enumerate(shape) if d is None or d == 0]
         if [a for a in dynamic if a != 0]:
             raise ModelError(
-                f"input {name!r} has dynamic dimensions {dynamic} (shape {shape}); "
-                f"give them with --input-shape {name}:1,3,224,224 (for example)"
+                f"input {name!r} has dynamic dimensions {dynamic} (shape {shape}); give them to `ptq calibrate "
+                f"--input-shape {name}:1,3,224,224` (for example; the quant table records them for the other commands)"
             )
 
     proto_nodes = _toposort(list(model.graph.node), set(initializers) | set(inputs))

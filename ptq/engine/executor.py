@@ -49,6 +49,10 @@ from ptq.engine.backends import get_backend
 from ptq.engine.compile_notice import first_run_notice
 from ptq.engine.float_fallback import NodeFloatEvaluator
 from ptq.engine.fused_layers import layer_nodes
+from ptq.engine.compile_notice import first_run_notice
+from ptq.engine.float_fallback import NodeFloatEvaluator
+from ptq.engine.fused_layers import layer_nodes
+from ptq.core.names import did_you_mean
 from ptq.core.graph import Graph, Node, load_model
 from ptq.core.qparams import QParams, compute_qparams
 from ptq.table.quant_table import QuantTable, load_quant_table
@@ -135,7 +139,9 @@ def _resolve_float_nodes(graph: Graph, specs: Iterable[str]) -> frozenset:
             # the user selecting nodes by op type (--float-node Conv), not code switching on types
             matches = {node.name for node in graph.nodes if node.op_type == spec}
             if not matches:
-                raise ExecutorError(f"float node {spec!r} is neither a node name, a tensor name nor an op type of the model")
+                known = [*names, *by_output, *(node.op_type for node in graph.nodes)]
+                raise ExecutorError(f"float node {spec!r} is neither a node name, a tensor name nor an op type of the "
+                                    f"model{did_you_mean(spec, known)}")
             selected |= matches
     return frozenset(selected)
 

@@ -14,6 +14,9 @@ from typing import Optional
 from ops.registry import op_of
 from ptq.core.graph import Graph, Node
 from ptq.engine.rewrites import RewriteLog
+from ptq.core.graph import Graph
+from ptq.core.names import did_you_mean
+from ptq.engine.rewrites import RewriteLog
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,8 @@ def resolve_layer(graph: Graph, rewrites: RewriteLog, layer: str) -> ResolvedLay
         raise ValueError(f"{layer!r} is a graph input: it has no layer to run in float")
     host = absorbed_names(rewrites).get(layer)
     if host is None:
-        raise ValueError(f"{layer!r} is neither a tensor nor a node of the integer graph")
+        known = [*nodes, *producer, *absorbed_names(rewrites)]
+        raise ValueError(f"{layer!r} is neither a tensor nor a node of the integer graph{did_you_mean(layer, known)}")
     node = nodes[host]
     outputs = ", ".join(repr(o) for o in node.outputs if o)
     return ResolvedLayer(host, f"{layer!r} is not in the integer graph: a rewrite fused it into {node.op_type} node "

@@ -42,6 +42,7 @@ import pickle
 import signal
 import sys
 import threading
+import warnings
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -52,6 +53,8 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 from ptq.data.image_log import ImageLog
 from ptq.engine.threads import usable_cores
+from ptq.data.image_log import ImageLog
+from ptq.core.notes import Note
 
 DEFAULT_POOL_RESTARTS = 3
 # small shards balance the load (the run ends when the last shard does) and re-run little after a crash; a
@@ -317,7 +320,11 @@ class LocalPool:
         self.methods: list[str] = []  # how each pool of this run started its workers ('fork' or 'spawn')
 
     def __enter__(self) -> "LocalPool":
-        self._executor()
+        try:
+            self._executor()
+        except BaseException:  # Ctrl-C comes when the start unblocks it: `__exit__` will not run, stop them here
+            self._close(abort=True)
+            raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -334,9 +341,14 @@ class LocalPool:
                 self.pool.submit(os.getpid)
         return self.pool
 
-    def _close(self, abort: bool, join: bool = False) -> None:
-        """`abort`: do not wait for the running shards; `join`: wait for the pool's own thread to end (a broken
-        pool's ends at once), so that this driver may fork the next pool."""
+    def _close(self, abort: bool) -> None:
+        """`abort`: do not wait for the running shards (terminate the workers), but wait for the pool's own
+        thread to end, which it does at once once the workers are gone. That thread closes the pool's wake-up
+        pipe as it ends: left running, it races the interpreter's exit, whose hook writes to that pipe
+        (`concurrent.futures.process._python_exit` checks that the pipe is open, then writes without the
+        pool's lock), and a Ctrl-C ended with a traceback after `interrupted` ("Bad file descriptor", or
+        "'NoneType' object cannot be interpreted as an integer" once the connection dropped its handle).
+        Joined, it also lets this driver fork the next pool after a crash."""
         if self.pool is None:
             return
         if abort:  # interrupted or failed: do not wait for the running shards
@@ -345,7 +357,7 @@ class LocalPool:
             self.pool.shutdown(wait=False, cancel_futures=True)
             for process in processes:
                 process.terminate()
-            if join and manager is not None:
+            if manager is not None:
                 manager.join()
         else:
             self.pool.shutdown(wait=True)  # quick: a worker skips its interpreter's teardown (`_leave_now`)
@@ -372,7 +384,7 @@ class LocalPool:
                     pending.discard(futures[future])
                     yield items[futures[future]], result
             if broken:
-                self._close(abort=True, join=True)
+                self._close(abort=True)
                 self.crashes += 1
                 if self.crashes > self.restarts:
                     raise RuntimeError(f"worker processes died {self.crashes} times; giving up")
@@ -384,6 +396,10 @@ def choose_workers(requested: Optional[int], images: int) -> int:
     """`requested` when given (--workers N); else the usable cores, but no more than one worker per
     MIN_IMAGES_PER_WORKER images (at least 1): below that a worker's start-up costs more than it saves."""
     if requested is not None:
+        if requested > 1 and images < requested * MIN_IMAGES_PER_WORKER:
+            warnings.warn(f"--workers {requested} on {images} samples: a worker's start-up is the work of 20-60 "
+                          f"samples, so one process is likely faster below {requested * MIN_IMAGES_PER_WORKER} "
+                          f"(without --workers ptq starts one per {MIN_IMAGES_PER_WORKER} samples)", Note)
         return requested
     return max(1, min(usable_cores(), images // MIN_IMAGES_PER_WORKER))
 
