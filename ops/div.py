@@ -14,8 +14,10 @@ A divisor computed at run time takes the whitepaper's integer division, rounded 
     LSB bound: 0.5 + 0.5 * 2^-N + |y_q - zp_y| * 2^-(mbits-1)
 
 or, with `QuantizeOptions.reciprocal_div`, the LUT variant of 4.23 (`lut.arith.build_divider`: a 16-bit
-reciprocal table on b, at most 10-bit b). b_c = 0 saturates with the sign of a (0 when a_c = 0), as the table
-does. A constant numerator is quantized per tensor on its own range with 16 bits.
+reciprocal table on b, at most 10-bit b, R(b_c) = round_half_away(32767 / b_c) computed in integers).
+b_c = 0 saturates with the sign of a (zp_y when a_c = 0), in both variants. LSB bound of the table variant:
+0.5 + |y_c| * (0.5 * |b_c| / 32767 + 2^-(mbits-1)), at most 1.5 for 8-bit codes (tests/ops/test_div.py checks
+every pair of 8-bit codes). A constant numerator is quantized per tensor on its own range with 16 bits.
 """
 from __future__ import annotations
 
