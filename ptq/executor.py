@@ -19,9 +19,11 @@ tensor name or op type), runs as dequantize inputs -> float op (the op's `forwar
 layer computing it run so: its producing node plus the BatchNormalization and Relu/Clip the rewrites would have
 folded or fused into it (`ptq.fused_layers`; the layer `ptq debug --fake-quant TENSOR` floats), kept apart from
 its neighbours. Such nodes are listed in every run's summary. Nodes that
-compute only shapes/indices (non-float outputs) at run time are evaluated in float and never quantized,
-except a registered op with index outputs (`OpDef.index_outputs`: Equal, Cast to int64) that reads a quantized
-activation: it runs its `forward_int` on the codes, and its index outputs pass on unquantized.
+compute only shapes/indices (non-float outputs) from shapes and index tensors at run time are evaluated in
+float and never quantized. A node with only non-float outputs that reads the values of a quantized activation
+runs its `forward_int` on the codes when its op declares those outputs (`OpDef.index_outputs`: Equal, Cast to
+int64, ArgMax), its index outputs passed on unquantized; otherwise (NonZero, IsNaN, an unregistered op) it is a
+float node, listed like any other (`Shape` and `Size` read only the shape: `ops.registry.reads_values`).
 """
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ from ptq.core.qparams import QParams, compute_qparams
 from ptq.quant_table import QuantTable, load_quant_table
 from ptq.rewrites import RewriteLog, apply_rewrites
 from ptq.weight_scale_floor import floor_folded_weight
-from ops.registry import bias_role, weight_role
+from ops.registry import bias_role, reads_values, weight_role
 
 
 class ExecutorError(ValueError):
@@ -332,17 +334,22 @@ class _Quantizer:
 
     def _kind(self, node: Node, op: Optional[OpDef]) -> tuple[NodeKind, str]:
         float_outputs = [o for o in node.outputs if o and o not in self.graph.shape_tensors]
-        if not float_outputs and not self._indexes_activations(node, op):
+        if not float_outputs and not self._reads_activation(node):
             return NodeKind.SHAPE, ""
         if node.name in self.marked:
             return NodeKind.FLOAT, self.marked[node.name]
         if op is None:
             return NodeKind.FLOAT, "not registered"
+        if not float_outputs and not op.index_outputs(node):
+            return NodeKind.FLOAT, "no integer kernel for its non-float outputs"
         return NodeKind.INTEGER, ""
 
-    def _indexes_activations(self, node: Node, op: Optional[OpDef]) -> bool:
-        """An op with index outputs (Equal, ArgMax) reading a quantized activation runs on its integer codes."""
-        return op is not None and bool(op.index_outputs(node)) and any(i in self.qparams for i in node.inputs if i)
+    def _reads_activation(self, node: Node) -> bool:
+        """The node reads the values of a quantized activation: an op with an integer kernel for its index
+        outputs (Equal, ArgMax) runs on the codes; any other op (NonZero, IsNaN, CastLike to int) runs in float
+        on the dequantized values and is reported as a float node, whatever its output dtype."""
+        return reads_values(node) and any(i in self.qparams and i not in self.graph.initializers
+                                           for i in node.inputs if i)
 
     def step(self, node: Node) -> Step:
         """How `node` runs: its op's integer forward, or float with the reason (not registered, marked by the
