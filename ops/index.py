@@ -17,6 +17,7 @@ OP_MODULES = {
     ("", "ConvTranspose"): "ops.conv",
     ("ai.ptq", "Crop"): "ops.crop",
     ("", "Div"): "ops.div",
+    ("", "Reciprocal"): "ops.div",
     ("", "Add"): "ops.elementwise",
     ("", "Mul"): "ops.elementwise",
     ("", "Sub"): "ops.elementwise",

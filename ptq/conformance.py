@@ -117,7 +117,7 @@ def _cases() -> list[Case]:
         Case("Abs"), Case("Neg"), Case("Sign", data="grid"), Case("Relu"), Case("Sigmoid"), Case("Tanh"),
         Case("Exp"), Case("Erf"), Case("Elu"), Case("Selu"), Case("Softplus"), Case("Softsign"), Case("Sin"),
         Case("Cos"), Case("HardSigmoid"), Case("HardSwish"), Case("LeakyRelu", attrs={"alpha": 0.1}),
-        Case("Log", data="positive"), Case("Sqrt", data="positive"),
+        Case("Log", data="positive"), Case("Sqrt", data="positive"), Case("Reciprocal", data="positive"),
         Case("Gelu", opset=20),
         Case("Clip", inputs=(X, "lo", "hi"), constants={"lo": np.float32(-0.5), "hi": np.float32(1.5)}),
         Case("PRelu", inputs=(X, "slope"), constants={"slope": _c("slope", (3, 1, 1), 0.05, 0.5)}),

@@ -159,3 +159,42 @@ def test_a_graph_with_div_runs_in_integers_end_to_end():
         got = graph.run({"x": sample}).outputs["d"]
         cosine = float(np.sum(got * want) / (np.linalg.norm(got) * np.linalg.norm(want)))
         assert cosine > 0.999
+
+
+@covers("Reciprocal", check=Check.INT_REFERENCE)
+@covers("Reciprocal", check=Check.ONNXRUNTIME)
+@pytest.mark.parametrize("x_range, y_range, bits", [
+    ((0.0, 4.0), (0.0, 10.0), 8),  # a positive input down to 0 (the saturated code)
+    ((-3.0, 2.0), (-4.0, 4.0), 8),  # both signs, asymmetric
+    ((0.001, 0.03), (30.0, 1000.0), 8),  # K = 1 / (s_x s_y) > 2^15: the numerator is shifted left
+    ((-2.0, 6.0), (-8.0, 8.0), 16),
+])
+def test_reciprocal_on_every_code(x_range, y_range, bits):
+    x_qp = compute_qparams(*x_range, bits, symmetric=False)
+    y_qp = compute_qparams(*y_range, bits, symmetric=False)
+    x_q = np.arange(x_qp.qmin, x_qp.qmax + 1, dtype=np.int64).astype(x_qp.dtype)
+    node = Node("r", "Reciprocal", ["x"], ["y"])
+    q = get_op("Reciprocal").quantize(context(node, [x_qp], [y_qp]))
+    y = get_op("Reciprocal").forward_int(q, [x_q], runtime())[0]
+    assert y.dtype == y_qp.dtype
+
+    k = 1.0 / (float(x_qp.scale[0]) * float(y_qp.scale[0]))
+    e = max(0, int(np.ceil(np.log2(k / (2 ** MBITS - 1)))))
+    m, n = (int(v[0]) for v in quantize_multiplier(k / 2.0 ** e, MBITS))
+    assert abs(m * 2.0 ** (e - n) - k) <= k * 2.0 ** -(MBITS - 1)
+    zp_y = int(y_qp.zero_point[0])
+    want = []
+    for code in x_q.astype(np.int64):
+        x_c = int(code) - int(x_qp.zero_point[0])
+        y_c = y_qp.qmax - zp_y if x_c == 0 else _round_half_away(m << e, x_c << n)
+        want.append(min(max(y_c + zp_y, y_qp.qmin), y_qp.qmax))
+    np.testing.assert_array_equal(y, want)
+
+    x_f = x_qp.dequantize(x_q)
+    with np.errstate(divide="ignore"):
+        y_float = ort_single("Reciprocal", {"x": x_f})[0]
+    assert np.all(y[x_f == 0] == y_qp.qmax) and np.isinf(y_float[x_f == 0]).all()
+    y_c = np.abs(y.astype(np.int64) - zp_y)
+    lo, hi = (float(v[0]) for v in y_qp.real_range())
+    err = np.abs(y_qp.dequantize(y).astype(np.float64) - np.clip(y_float.astype(np.float64), lo, hi)) / y_qp.scale[0]
+    assert np.all(err <= 0.5 + y_c * 2.0 ** -(MBITS - 1) + 1e-3)
