@@ -62,6 +62,13 @@ class ExecutorError(ValueError):
     """The model, the quant table or the inputs do not allow an integer run (the message says why)."""
 
 
+SUBGRAPHS_IN_FLOAT = "control flow: its subgraphs run in float (onnx.reference), outer-scope inputs dequantized"
+
+
+def _has_subgraphs(node: Node) -> bool:
+    return any(isinstance(v, onnx.GraphProto) for v in node.attrs.values())
+
+
 class NodeKind(enum.Enum):
     INTEGER = "integer"  # the op's forward_int
     FLOAT = "float"  # float fallback: dequantize -> float op -> quantize
@@ -215,7 +222,7 @@ class IntegerGraph:
         outputs = set(self.graph.outputs)
         for index, step in enumerate(self.steps):
             node = step.node
-            args = [(values[i] if i in values else constants[i]) if i else None for i in node.inputs]
+            args = [(values[i] if i in values else constants[i]) if i else None for i in node.all_inputs]
             results = self._execute(step, args, runtime)
             for name, value in zip(node.outputs, results):
                 if name:
@@ -225,7 +232,7 @@ class IntegerGraph:
                     if on_tensor is not None:
                         on_tensor(name, value)
             if not keep_all:
-                for name in node.inputs:
+                for name in node.all_inputs:
                     if name and self.last_use.get(name) == index and name not in outputs:
                         values.pop(name, None)
         float_out = {}
@@ -269,7 +276,7 @@ class IntegerGraph:
         return quantized
 
     def run_step(self, step: Step, args: list, runtime: Optional[IntRuntime] = None) -> list[np.ndarray]:
-        """Run one step alone. `args` align with `step.node.inputs`: integer codes for quantized tensors,
+        """Run one step alone. `args` align with `step.node.all_inputs`: integer codes for quantized tensors,
         raw arrays for constants, None for omitted inputs (reports run a layer on its quantized float inputs)."""
         return self._execute(step, args, runtime if runtime is not None else IntRuntime(backend=self.backend))
 
@@ -339,7 +346,7 @@ class _Quantizer:
         if node.name in self.marked:
             return NodeKind.FLOAT, self.marked[node.name]
         if op is None:
-            return NodeKind.FLOAT, "not registered"
+            return NodeKind.FLOAT, SUBGRAPHS_IN_FLOAT if node.implicit_inputs or _has_subgraphs(node) else "not registered"
         if not float_outputs and not op.index_outputs(node):
             return NodeKind.FLOAT, "no integer kernel for its non-float outputs"
         return NodeKind.INTEGER, ""
@@ -349,7 +356,7 @@ class _Quantizer:
         outputs (Equal, ArgMax) runs on the codes; any other op (NonZero, IsNaN, CastLike to int) runs in float
         on the dequantized values and is reported as a float node, whatever its output dtype."""
         return reads_values(node) and any(i in self.qparams and i not in self.graph.initializers
-                                           for i in node.inputs if i)
+                                           for i in node.all_inputs if i)
 
     def step(self, node: Node) -> Step:
         """How `node` runs: its op's integer forward, or float with the reason (not registered, marked by the
@@ -365,7 +372,7 @@ class _Quantizer:
                     raise QuantizationError(f"{node_label(node)}: {exc}") from exc
                 kind, reason = NodeKind.FLOAT, f"cannot quantize: {exc}"
         # float and shape nodes take constants as they are; only run-time tensors get dequantized
-        in_qp = [self.qparams.get(name) if name not in self.graph.initializers else None for name in node.inputs]
+        in_qp = [self.qparams.get(name) if name not in self.graph.initializers else None for name in node.all_inputs]
         if kind is NodeKind.SHAPE:
             return Step(node, kind, in_qp, [None] * len(node.outputs))
         if self.strict and node.name not in self.marked:
@@ -469,7 +476,7 @@ def prepare(
     for step in steps:
         if step.kind is not NodeKind.INTEGER and get_op(step.node.op_type, step.node.domain) is None:
             node_float.reference_evaluator(step.node)  # fail now, not in the middle of a run, if nothing can run it
-    last_use = {name: index for index, step in enumerate(steps) for name in step.node.inputs if name}
+    last_use = {name: index for index, step in enumerate(steps) for name in step.node.all_inputs if name}
     return IntegerGraph(rewritten, steps, quantizer.qparams, log, backend, node_float, last_use)
 
 

@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import external_data_helper, helper, numpy_helper, shape_inference, version_converter
 
+from ptq.core.subgraphs import implicit_inputs
+
 MIN_OPSET, MAX_OPSET = 7, 21
 CONVERTED_BELOW = 11  # models of opsets 7-10 are converted to opset 11 by onnx's version converter
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64))
@@ -46,9 +48,15 @@ class Node:
     attrs: dict[str, Any] = field(default_factory=dict)
     domain: str = ""
     opset: int = MAX_OPSET  # the opset version of the node's domain (ops whose semantics changed read it)
+    implicit_inputs: list[str] = field(default_factory=list)  # outer-scope tensors its subgraphs read (If, Loop)
 
     def attr(self, name: str, default=None):
         return self.attrs.get(name, default)
+
+    @property
+    def all_inputs(self) -> list[str]:
+        """Its inputs followed by the outer-scope tensors its subgraphs read: what it needs to run."""
+        return self.inputs + self.implicit_inputs if self.implicit_inputs else self.inputs
 
 
 @dataclass
@@ -70,7 +78,7 @@ class Graph:
     def consumers(self) -> dict[str, list[Node]]:
         users: dict[str, list[Node]] = {}
         for node in self.nodes:
-            for name in node.inputs:
+            for name in node.all_inputs:
                 if name:
                     users.setdefault(name, []).append(node)
         return users
@@ -151,7 +159,7 @@ def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.Nod
     """The nodes in rounds: each round, in file order, the pending nodes whose inputs the rounds before it
     (or `available`) produced. Linear in the graph: a node waits on a count of its distinct missing inputs."""
     ready = set(available)
-    waiting = [{i for i in n.input if i and i not in ready} for n in nodes]
+    waiting = [{i for i in list(n.input) + implicit_inputs(n) if i and i not in ready} for n in nodes]
     consumers: dict[str, list[int]] = {}
     for k, missing in enumerate(waiting):
         for name in missing:
@@ -293,6 +301,7 @@ def load_model(
             attrs={a.name: _attr_value(a) for a in n.attribute},
             domain=n.domain if n.domain != "ai.onnx" else "",
             opset=domain_opsets.get(n.domain if n.domain != "ai.onnx" else "", 1),
+            implicit_inputs=implicit_inputs(n),
         )
         for k, n in enumerate(proto_nodes)
     ]
@@ -304,7 +313,7 @@ def load_model(
     dynamic_tensors = set(inputs)
     activations, constants, shape_tensors = [], set(initializers), set()
     for node in nodes:
-        depends_on_input = any(i in dynamic_tensors for i in node.inputs if i)
+        depends_on_input = any(i in dynamic_tensors for i in node.all_inputs if i)
         for out in node.outputs:
             if not out:
                 continue
