@@ -74,6 +74,8 @@ OP_MODULES = {
     ("", "GlobalMaxPool"): "ops.pooling",
     ("", "MaxPool"): "ops.pooling",
     ("", "Pow"): "ops.pow",
+    ("", "GRU"): "ops.recurrent",
+    ("", "LSTM"): "ops.recurrent",
     ("", "ReduceMean"): "ops.reduce",
     ("", "ReduceL2"): "ops.reductions",
     ("", "ReduceMax"): "ops.reductions",
