@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from calibrators import TensorStatistics
+from ptq.core.bodies import calibrated_tensors
 from ptq.core.graph import Graph
 from ptq.float_run import FloatRunner, collect_statistics
 from ptq.images import ImageLog
@@ -39,7 +40,7 @@ class CalibrationJob:
     def setup(self) -> WorkerContext:
         graph = load_shipped_model(self.model, self.input_shapes)
         return WorkerContext(graph, self.format.reader(graph),
-                             FloatRunner.create(graph, graph.activations, intra_op_threads=1))
+                             FloatRunner.create(graph, calibrated_tensors(graph), intra_op_threads=1))
 
     def run(self, context: WorkerContext, shard: Shard) -> ShardResult:
         batches, skipped = [], []
@@ -53,7 +54,7 @@ class CalibrationJob:
             batches.append(batch)
         if skipped:  # the layout changes: the driver plans again
             return ShardResult(skipped=skipped)
-        stats = collect_statistics(context.graph, (stack(b) for b in batches), context.graph.activations,
+        stats = collect_statistics(context.graph, (stack(b) for b in batches), calibrated_tensors(context.graph),
                                    self.needs, runner=context.runner)
         return ShardResult(payload=stats)
 

@@ -27,6 +27,7 @@ float node, listed like any other (`Shape` and `Size` read only the shape: `ops.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +51,9 @@ from ops.registry import (
 from ptq.compile_notice import first_run_notice
 from ptq.float_fallback import NodeFloatEvaluator
 from ptq.fused_layers import layer_nodes
-from ptq.core.graph import Graph, Node, load_model
+from ptq.control_flow import IfStep, branch_output
+from ptq.core.bodies import Body, has_bodies, node_bodies
+from ptq.core.graph import Graph, Node, domain_opsets, load_model
 from ptq.core.qparams import QParams, compute_qparams
 from ptq.quant_table import QuantTable, load_quant_table
 from ptq.rewrites import RewriteLog, apply_rewrites
@@ -65,14 +68,11 @@ class ExecutorError(ValueError):
 SUBGRAPHS_IN_FLOAT = "control flow: its subgraphs run in float (onnx.reference), outer-scope inputs dequantized"
 
 
-def _has_subgraphs(node: Node) -> bool:
-    return any(isinstance(v, onnx.GraphProto) for v in node.attrs.values())
-
-
 class NodeKind(enum.Enum):
     INTEGER = "integer"  # the op's forward_int
     FLOAT = "float"  # float fallback: dequantize -> float op -> quantize
     SHAPE = "shape"  # computes shapes/indices only (non-float outputs), in float, never quantized
+    CONTROL = "control"  # an If whose branches run as integer graphs of their own (`ptq.control_flow`)
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,7 @@ class Step:
     op: Optional[OpDef] = None
     quantized: Optional[QuantizedNode] = None  # INTEGER steps only
     reason: str = ""
+    control: Optional[IfStep] = None  # CONTROL steps only
 
 
 @dataclass
@@ -170,7 +171,25 @@ class IntegerGraph:
 
     @property
     def float_nodes(self) -> list[FloatNode]:
-        return [FloatNode(s.node.name, s.node.op_type, s.reason) for s in self.steps if s.kind is NodeKind.FLOAT]
+        """The nodes that run in float, those inside If branches included (named `if/then_branch/node`)."""
+        found = []
+        for s in self.steps:
+            if s.kind is NodeKind.FLOAT:
+                found.append(FloatNode(s.node.name, s.node.op_type, s.reason))
+            elif s.kind is NodeKind.CONTROL:
+                found += s.control.float_nodes()
+        return found
+
+    def run_values(self, values: dict[str, np.ndarray], runtime: IntRuntime) -> dict[str, np.ndarray]:
+        """Run every step on `values` (codes of the tensors the steps read from outside: an If branch's outer
+        tensors), adding each step's outputs; returns `values`."""
+        constants = self.graph.initializers
+        for step in self.steps:
+            node = step.node
+            args = [(values[i] if i in values else constants[i]) if i else None for i in node.all_inputs]
+            values.update((name, value) for name, value in zip(node.outputs, self._execute(step, args, runtime))
+                          if name)
+        return values
 
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
         expected, given = set(self.graph.inputs), set(inputs)
@@ -245,6 +264,8 @@ class IntegerGraph:
 
     def _execute(self, step: Step, args: list, runtime: IntRuntime) -> list[np.ndarray]:
         node = step.node
+        if step.kind is NodeKind.CONTROL:
+            return step.control.run(node.all_inputs, args, runtime)
         if step.kind is NodeKind.INTEGER:
             for index, (name, value, qp) in enumerate(zip(node.inputs, args, step.in_qparams)):
                 if qp is not None and name not in self.graph.initializers and not np.issubdtype(value.dtype, np.integer):
@@ -288,8 +309,10 @@ class _Quantizer:
         self.graph, self.table, self.marked = graph, table, marked
         self.folded = rewrites.folded_weights
         self.qparams: dict[str, QParams] = {}
+        self.options = options
         self.quantize_options = options.quantize
         self.strict = options.strict
+        self.node_float: Optional[NodeFloatEvaluator] = None  # set by `prepare` (If branches' float steps)
 
     def _table_qparams(self, name: str) -> Optional[QParams]:
         return self.table.qparams(name)
@@ -346,7 +369,7 @@ class _Quantizer:
         if node.name in self.marked:
             return NodeKind.FLOAT, self.marked[node.name]
         if op is None:
-            return NodeKind.FLOAT, SUBGRAPHS_IN_FLOAT if node.implicit_inputs or _has_subgraphs(node) else "not registered"
+            return NodeKind.FLOAT, SUBGRAPHS_IN_FLOAT if has_bodies(node) else "not registered"
         if not float_outputs and not op.index_outputs(node):
             return NodeKind.FLOAT, "no integer kernel for its non-float outputs"
         return NodeKind.INTEGER, ""
@@ -375,6 +398,13 @@ class _Quantizer:
         in_qp = [self.qparams.get(name) if name not in self.graph.initializers else None for name in node.all_inputs]
         if kind is NodeKind.SHAPE:
             return Step(node, kind, in_qp, [None] * len(node.outputs))
+        if reason == SUBGRAPHS_IN_FLOAT:
+            try:
+                return self._if_step(node, in_qp)
+            except (QuantizationError, ExecutorError) as exc:
+                if self.strict:
+                    raise ExecutorError(f"{node_label(node)}: {exc}") from exc
+                reason = f"control flow: {exc}; its subgraphs run in float (onnx.reference)"
         if self.strict and node.name not in self.marked:
             raise ExecutorError(f"{node_label(node)} would run in float ({reason}); strict mode wants every "
                                 "node in integers")
@@ -397,6 +427,44 @@ class _Quantizer:
             raise QuantizationError(str(exc)) from exc
         self._record(node, q.out_qparams)
         return Step(node, NodeKind.INTEGER, in_qp, list(q.out_qparams), op=op, quantized=q)
+
+    def _if_step(self, node: Node, in_qp: list[Optional[QParams]]) -> Step:
+        """An If whose branches run as integer graphs (`ptq.control_flow`); QuantizationError / ExecutorError
+        when it cannot (not an If, a branch tensor without table qparams, ...)."""
+        bodies = {b.attribute: b for b in node_bodies(node, domain_opsets(self.graph.model))}
+        if set(bodies) != {"then_branch", "else_branch"}:
+            raise QuantizationError("only If branches run in integers; Loop bodies do not")
+        out_qp = [self._table_qparams(o) if o and o not in self.graph.shape_tensors else None for o in node.outputs]
+        branches, routes = [], []
+        for attribute in ("then_branch", "else_branch"):
+            body = bodies[attribute]
+            missing = [t for t in body.float_tensors if self._table_qparams(t) is None]
+            if missing:
+                raise QuantizationError(f"{attribute} tensor {missing[0]!r} has no qparams in the quant table (no "
+                                        "calibration sample took that branch)")
+            sub = self._branch_graph(body)
+            child = _Quantizer(sub, self.table, RewriteLog(), self.marked, self.options)
+            child.qparams = dict(self.qparams)
+            child.node_float = self.node_float
+            steps = [child.step(n) for n in body.nodes]
+            self.qparams.update((k, v) for k, v in child.qparams.items() if k not in self.qparams)
+            branches.append(IntegerGraph(sub, steps, child.qparams, RewriteLog(), None, self.node_float))
+            routes.append([branch_output(child.qparams.get(name) if sub.tensors.get(name) is None or
+                                         sub.tensors[name].is_float else None, target,
+                                         self.quantize_options.mbits, name)
+                           for name, target in zip(body.outputs, out_qp)])
+        self._record(node, out_qp)
+        control = IfStep(branches[0], branches[1], routes[0], routes[1])
+        return Step(node, NodeKind.CONTROL, in_qp, out_qp, control=control)
+
+    def _branch_graph(self, body: Body) -> Graph:
+        """A body as a graph of its own: the outer tensors and constants visible, its own added."""
+        tensors = {**self.graph.tensors, **body.tensors}
+        return dataclasses.replace(
+            self.graph, nodes=list(body.nodes), tensors=tensors,
+            initializers={**self.graph.initializers, **body.initializers}, inputs=[], outputs=list(body.outputs),
+            activations=body.float_tensors, constants=set(self.graph.constants) | set(body.initializers),
+            shape_tensors=set(self.graph.shape_tensors) | {n for n, t in body.tensors.items() if not t.is_float})
 
     def _record(self, node: Node, out_qparams: list[Optional[QParams]]) -> None:
         for name, qp in zip(node.outputs, out_qparams):
@@ -471,10 +539,11 @@ def prepare(
         marked.setdefault(name, f"float in the quant table ({tensor!r})")
     rewritten, log = rewrite(marked)
     quantizer = _Quantizer(rewritten, quant_table, log, marked, options)
+    quantizer.node_float = node_float
     quantizer.graph_inputs()
     steps = [quantizer.step(node) for node in rewritten.nodes]
     for step in steps:
-        if step.kind is not NodeKind.INTEGER and get_op(step.node.op_type, step.node.domain) is None:
+        if step.kind in (NodeKind.FLOAT, NodeKind.SHAPE) and get_op(step.node.op_type, step.node.domain) is None:
             node_float.reference_evaluator(step.node)  # fail now, not in the middle of a run, if nothing can run it
     last_use = {name: index for index, step in enumerate(steps) for name in step.node.all_inputs if name}
     return IntegerGraph(rewritten, steps, quantizer.qparams, log, backend, node_float, last_use)

@@ -23,6 +23,7 @@ from calibrators import TensorStatistics, calibrate_array, get_calibrator, requi
 from ptq import adjust, int4_dsp
 from ptq.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
 from ptq.atomic import refuse_to_overwrite
+from ptq.core.bodies import body_activations, calibrated_tensors
 from ptq.float_run import collect_statistics, image_input
 from ptq.clip_ranges import folded_ranges
 from ptq.core.graph import Graph, load_model
@@ -142,7 +143,7 @@ def collect_image_statistics(
         batches = iter_sample_batches(iter_samples(candidates, reader, log, num_images=num_images), batch_size)
     bar = tqdm(total=total, unit="img", desc="calibrating", disable=None if progress else True, leave=False)
     with bar, logging_redirect_tqdm():  # skip warnings are printed above the bar, not through it
-        stats = collect_statistics(graph, batches, graph.activations, needs, on_batch=bar.update)
+        stats = collect_statistics(graph, batches, calibrated_tensors(graph), needs, on_batch=bar.update)
     if not log.used:
         where = images.location if isinstance(images, SampleSource) else images
         raise ValueError(f"no valid image in {where} ({len(log.skipped)} files skipped)")
@@ -156,7 +157,10 @@ def activation_entries(
     calibrator = get_calibrator(options.calibrator).for_grid(options.symmetric)
     bounds = folded_ranges(graph) if options.fold_clip else {}
     entries = {}
-    for name in graph.activations:
+    inner = set(body_activations(graph))
+    for name in calibrated_tensors(graph):
+        if name in inner and (name not in stats or stats[name].empty):
+            continue  # a branch no sample took: no entry, and the executor runs its If in float
         try:
             rmin, rmax = calibrator.compute(stats[name], bits=options.bits)
         except ValueError as exc:

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ptq.adjust import with_initializers
+from ptq.core.bodies import calibrated_tensors
 from ptq.core.graph import Graph, load_model
 from ptq.executor import prepare
 from ptq.qdq_check import QDQCheck
@@ -177,7 +178,7 @@ def fit_statistics(graph: Graph, samples: Samples, calibrators: Sequence[str]) -
     from ptq.float_run import collect_statistics
 
     batches = (x for _, x, _ in samples.samples(graph))
-    return collect_statistics(graph, batches, graph.activations, required_stats(calibrators))
+    return collect_statistics(graph, batches, calibrated_tensors(graph), required_stats(calibrators))
 
 
 class InProcess:

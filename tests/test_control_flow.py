@@ -1,5 +1,5 @@
-"""Control flow (If, Loop): subgraphs that read outer-scope tensors run, as visible float nodes fed with the
-dequantized outer tensors; calibration, the integer run and strict mode treat them like any float node."""
+"""Control flow (If, Loop): calibration collects the tensors of their subgraphs (which read outer-scope
+tensors); If branches run in integers as graphs of their own, Loop bodies as a visible float node."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ptq.core.graph import load_model
-from ptq.executor import SUBGRAPHS_IN_FLOAT, ExecutorError, ExecutorOptions, NodeKind, prepare
+from ptq.executor import ExecutorError, ExecutorOptions, NodeKind, prepare
 from ptq.pipeline import calibrate
 
 F = TensorProto.FLOAT
@@ -31,15 +31,16 @@ def _branch(name: str, weight: str, act: str, inner_if: bool = False) -> onnx.Gr
 
 def if_model(nested: bool = False) -> onnx.ModelProto:
     """a = Relu(x); c = sum(x) > 0; b = If(c, tanh(a @ W1), relu(a @ W2)); y = b + a. The branches read `a`,
-    W1 and W2 from the outer graph."""
+    W1 and W2 from the outer graph; `nested` puts If(max(x) > 1, a + t, a - t) inside the then branch."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.normal(0, 0.5, (8, 8)).astype(np.float32), "W1"),
              numpy_helper.from_array(rng.normal(0, 0.5, (8, 8)).astype(np.float32), "W2"),
-             numpy_helper.from_array(np.float32(0), "zero")]
+             numpy_helper.from_array(np.float32(0), "zero"), numpy_helper.from_array(np.float32(1), "one")]
     nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
              helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name="sum"),
              helper.make_node("Greater", ["s", "zero"], ["c"], name="positive"),
-             helper.make_node("Less", ["s", "zero"], ["c2"], name="negative"),
+             helper.make_node("ReduceMax", ["x"], ["peak"], keepdims=0, name="peak"),
+             helper.make_node("Greater", ["peak", "one"], ["c2"], name="high"),
              helper.make_node("If", ["c"], ["b"], then_branch=_branch("then", "W1", "Tanh", nested),
                               else_branch=_branch("else", "W2", "Relu"), name="if"),
              helper.make_node("Add", ["b", "a"], ["y"], name="add")]
@@ -75,26 +76,72 @@ def _ort(model, x):
     return sess.run(None, {"x": x})[0]
 
 
-@pytest.mark.parametrize("build, float_node", [(lambda: if_model(), "if"), (lambda: if_model(nested=True), "if"),
-                                                (loop_model, "loop")])
-def test_control_flow_runs_as_a_visible_float_node(build, float_node):
-    model = build()
-    graph = load_model(model)
-    node = next(n for n in graph.nodes if n.name == float_node)
-    assert "a" in node.implicit_inputs and node.all_inputs[:len(node.inputs)] == node.inputs
-    rng = np.random.default_rng(2)
-    data = rng.normal(0, 1, (24, 1, 8)).astype(np.float32)
-    result = calibrate(model, data[:, 0], write_qdq=False)
-    prepared = prepare(result.graph, result.table)
-    kinds = {s.node.name: (s.kind, s.reason) for s in prepared.steps}
-    assert kinds[float_node] == (NodeKind.FLOAT, SUBGRAPHS_IN_FLOAT)
-    assert all(k is NodeKind.INTEGER for name, (k, _) in kinds.items() if name != float_node)
+def _calibrated(model, samples=24, seed=2, sign=None):
+    rng = np.random.default_rng(seed)
+    data = rng.normal(0, 1, (samples, 1, 8)).astype(np.float32)
+    if sign is not None:  # every sample takes one branch
+        data = sign * np.abs(data)
+    return calibrate(model, data[:, 0], write_qdq=False), data
+
+
+def _max_error(prepared, model, data) -> float:
     got = np.concatenate([prepared.run({"x": s}, keep_all=False).outputs["y"] for s in data])
     want = np.concatenate([_ort(model, s) for s in data])
-    scale = float(prepared.qparams["y"].scale[0])
-    assert np.abs(got - want).max() < 6 * scale  # a few LSB: the outer tensors reach the subgraph quantized
-    assert [f.name for f in prepared.run({"x": data[0]}).float_nodes] == [float_node]
-    with pytest.raises(ExecutorError, match="control flow"):
+    return float(np.abs(got - want).max()) / float(prepared.qparams["y"].scale[0])
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_if_branches_run_in_integers(nested):
+    """Calibration collects every branch tensor (ptq's float run of the branch each sample takes); the If's
+    branches then run as integer graphs of their own, the If output within a few LSB of onnxruntime."""
+    model = if_model(nested)
+    result, data = _calibrated(model)
+    inner = ["then_mm", "then_out", "else_mm", "else_out"] + (["then_nested", "in_t", "in_e"] if nested else [])
+    assert all(result.table.tensors[t].kind == "activation" for t in inner)
+    assert {"W1", "W2"} <= set(result.table.tensors)  # weights read inside the branches
+    prepared = prepare(result.graph, result.table, options=ExecutorOptions(strict=True))
+    kinds = {s.node.name: s.kind for s in prepared.steps}
+    assert kinds["if"] is NodeKind.CONTROL and not prepared.float_nodes
+    assert all(k is NodeKind.INTEGER for name, k in kinds.items() if name != "if")
+    assert _max_error(prepared, model, data) <= 3.0
+
+
+def test_a_branch_node_without_an_integer_kernel_is_a_float_node_of_the_branch():
+    model = if_model()
+    branch = next(a.g for n in model.graph.node if n.op_type == "If" for a in n.attribute if a.name == "then_branch")
+    branch.node[1].op_type = "Atan"  # then_act: not registered
+    result, data = _calibrated(model)
+    prepared = prepare(result.graph, result.table)
+    assert [(f.name, f.reason) for f in prepared.float_nodes] == [("if/then_branch/then_act", "not registered")]
+    assert _max_error(prepared, model, data) <= 3.0
+
+
+def test_an_if_whose_branch_no_sample_took_runs_in_float_with_the_reason():
+    model = if_model()
+    result, data = _calibrated(model, sign=1.0)  # sum(x) > 0 always: the else branch never runs
+    assert "else_mm" not in result.table.tensors
+    prepared = prepare(result.graph, result.table)
+    (node,) = prepared.float_nodes
+    assert node.name == "if" and "no calibration sample took that branch" in node.reason
+    assert _max_error(prepared, model, data) <= 6.0  # the branch calibrated (the other one has no ranges)
+    with pytest.raises(ExecutorError, match="no calibration sample took that branch"):
+        prepare(result.graph, result.table, options=ExecutorOptions(strict=True))
+
+
+def test_loop_runs_as_a_visible_float_node():
+    model = loop_model()
+    graph = load_model(model)
+    node = next(n for n in graph.nodes if n.name == "loop")
+    assert "a" in node.implicit_inputs and node.all_inputs[:len(node.inputs)] == node.inputs
+    result, data = _calibrated(model)
+    assert result.table.tensors["h_out"].kind == "activation"  # body tensors calibrated over every iteration
+    prepared = prepare(result.graph, result.table)
+    kinds = {s.node.name: (s.kind, s.reason) for s in prepared.steps}
+    assert kinds["loop"][0] is NodeKind.FLOAT and "Loop bodies" in kinds["loop"][1]
+    assert all(k is NodeKind.INTEGER for name, (k, _) in kinds.items() if name != "loop")
+    assert _max_error(prepared, model, data) <= 6.0  # the outer tensors reach the body quantized
+    assert [f.name for f in prepared.float_nodes] == ["loop"]
+    with pytest.raises(ExecutorError, match="Loop bodies"):
         prepare(result.graph, result.table, options=ExecutorOptions(strict=True))
 
 

@@ -97,7 +97,7 @@ def _dtype_of(elem_type: int) -> Optional[np.dtype]:
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
 
 
-def _tensor_info(value_info: onnx.ValueInfoProto) -> TensorInfo:
+def tensor_info(value_info: onnx.ValueInfoProto) -> TensorInfo:
     ttype = value_info.type.tensor_type
     shape = None
     if ttype.HasField("shape"):
@@ -114,6 +114,19 @@ def _attr_value(attr: onnx.AttributeProto):
     if isinstance(value, list) and value and isinstance(value[0], bytes):
         return [v.decode("utf-8") for v in value]
     return value
+
+
+def domain_opsets(model: onnx.ModelProto) -> dict[str, int]:
+    """The model's opset per domain ("" for ai.onnx)."""
+    return {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
+
+
+def ir_node(proto: onnx.NodeProto, name: str, opsets: dict[str, int]) -> Node:
+    """The IR node of an ONNX node (named `name`), its attributes as Python values (subgraphs as GraphProto)."""
+    domain = proto.domain if proto.domain != "ai.onnx" else ""
+    return Node(name=name, op_type=proto.op_type, inputs=list(proto.input), outputs=list(proto.output),
+                attrs={a.name: _attr_value(a) for a in proto.attribute}, domain=domain,
+                opset=opsets.get(domain, 1), implicit_inputs=implicit_inputs(proto))
 
 
 def _constant_value(node: onnx.NodeProto) -> np.ndarray:
@@ -256,7 +269,7 @@ def load_model(
         raise ModelError("model graph has no nodes")
     model = _upgrade_opset(model, opset)
     opset = max(opset, CONVERTED_BELOW)
-    domain_opsets = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
+    opsets = domain_opsets(model)
     _fold_constant_nodes(model)
     if input_shapes:
         _set_input_shapes(model, input_shapes)
@@ -270,7 +283,7 @@ def load_model(
     initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     tensors: dict[str, TensorInfo] = {}
     for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
-        tensors[vi.name] = _tensor_info(vi)
+        tensors[vi.name] = tensor_info(vi)
     for name, arr in initializers.items():
         tensors[name] = TensorInfo(name, arr.dtype, tuple(arr.shape))
 
@@ -292,19 +305,7 @@ def load_model(
     names = _unique_node_names(proto_nodes)
     for proto, name in zip(proto_nodes, names):
         proto.name = name  # in ptq's copy of the model too: onnxruntime refuses repeated node names
-    nodes = [
-        Node(
-            name=names[k],
-            op_type=n.op_type,
-            inputs=list(n.input),
-            outputs=list(n.output),
-            attrs={a.name: _attr_value(a) for a in n.attribute},
-            domain=n.domain if n.domain != "ai.onnx" else "",
-            opset=domain_opsets.get(n.domain if n.domain != "ai.onnx" else "", 1),
-            implicit_inputs=implicit_inputs(n),
-        )
-        for k, n in enumerate(proto_nodes)
-    ]
+    nodes = [ir_node(n, names[k], opsets) for k, n in enumerate(proto_nodes)]
     for node in nodes:
         for out in node.outputs:
             if out and out not in tensors:
