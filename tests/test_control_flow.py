@@ -150,3 +150,12 @@ def test_a_tensor_read_only_by_a_subgraph_counts_as_consumed():
     graph = load_model(if_model())
     users = [n.name for n in graph.consumers()["a"]]
     assert sorted(users) == ["add", "if"]
+
+
+def test_a_table_with_branch_tensors_matches_its_model(tmp_path):
+    """The table's entries for branch tensors are the model's: `ptq table export` accepts it."""
+    from ptq.qdq_export import check_table_matches
+
+    model = if_model()
+    result, _ = _calibrated(model)
+    check_table_matches(load_model(model), result.table)

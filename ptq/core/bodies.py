@@ -85,3 +85,8 @@ def calibrated_tensors(graph: Graph) -> list[str]:
     """What calibration collects: the graph's activations, then the float tensors of its bodies."""
     known = set(graph.activations)
     return graph.activations + [t for t in body_activations(graph) if t not in known]
+
+
+def body_weights(graph: Graph) -> set[str]:
+    """The constants the bodies define themselves (their initializers)."""
+    return {name for body in all_bodies(graph) for name in body.initializers}
