@@ -159,3 +159,47 @@ def test_a_table_with_branch_tensors_matches_its_model(tmp_path):
     model = if_model()
     result, _ = _calibrated(model)
     check_table_matches(load_model(model), result.table)
+
+
+def test_an_lstm_inside_a_branch_runs_in_integers(tmp_path):
+    """A VAD-like step: If(mode) picks one of two LSTM cells over the frame features, each reading the outer
+    state; the branch LSTM runs in integers inside the integer branch."""
+    rng = np.random.default_rng(5)
+    steps, feats, hidden = 20, 8, 12
+
+    def branch(name):
+        w = numpy_helper.from_array((rng.normal(0, 1, (1, 4 * hidden, feats)) / np.sqrt(feats)).astype(np.float32),
+                                    f"{name}_W")
+        r = numpy_helper.from_array((rng.normal(0, 1, (1, 4 * hidden, hidden)) / np.sqrt(hidden)).astype(np.float32),
+                                    f"{name}_R")
+        nodes = [helper.make_node("LSTM", ["xt", f"{name}_W", f"{name}_R", "", "", "h0"], ["", f"{name}_h"],
+                                  hidden_size=hidden, name=f"{name}_lstm")]
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"{name}_h", F, [1, 1, hidden])],
+                                 [w, r])
+
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2], name="time_first"),
+             helper.make_node("ReduceMean", ["x"], ["level"], keepdims=0, name="level"),
+             helper.make_node("Greater", ["level", "zero"], ["loud"], name="loud"),
+             helper.make_node("If", ["loud"], ["h"], then_branch=branch("loud_cell"),
+                              else_branch=branch("quiet_cell"), name="pick"),
+             helper.make_node("Sigmoid", ["h"], ["y"], name="prob")]
+    graph = helper.make_graph(nodes, "vad", [helper.make_tensor_value_info("x", F, [1, steps, feats]),
+                                             helper.make_tensor_value_info("h0", F, [1, 1, hidden])],
+                              [helper.make_tensor_value_info("y", F, [1, 1, hidden])],
+                              [numpy_helper.from_array(np.float32(0), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    samples = [{"x": (rng.normal(0, 1, (1, steps, feats)) + rng.choice([-0.3, 0.3])).astype(np.float32),
+                "h0": rng.uniform(-0.5, 0.5, (1, 1, hidden)).astype(np.float32)} for _ in range(16)]
+    for k, sample in enumerate(samples):
+        np.savez(tmp_path / f"s{k:02d}.npz", **sample)
+    onnx.save(model, tmp_path / "vad.onnx")
+    result = calibrate(tmp_path / "vad.onnx", out_dir=tmp_path, data=tmp_path)
+    prepared = prepare(result.graph, result.table, options=ExecutorOptions(strict=True))
+    pick = next(s for s in prepared.steps if s.node.name == "pick")
+    assert pick.kind is NodeKind.CONTROL
+    for branch_graph in (pick.control.then_branch, pick.control.else_branch):
+        assert [s.kind for s in branch_graph.steps] == [NodeKind.INTEGER]  # the LSTM
+    scale = float(prepared.qparams["y"].scale[0])
+    for sample in samples:
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, sample)[0]
+        assert np.abs(prepared.run(sample).outputs["y"] - want).max() <= 3 * scale
