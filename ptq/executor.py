@@ -24,6 +24,11 @@ float and never quantized. A node with only non-float outputs that reads the val
 runs its `forward_int` on the codes when its op declares those outputs (`OpDef.index_outputs`: Equal, Cast to
 int64, ArgMax), its index outputs passed on unquantized; otherwise (NonZero, IsNaN, an unregistered op) it is a
 float node, listed like any other (`Shape` and `Size` read only the shape: `ops.registry.reads_values`).
+
+Control flow (`ptq.control_flow`): an If's branches and a Loop's body are prepared as integer graphs of their
+own (a CONTROL step) from the table entries calibration gives their tensors (`ptq.body_float`); the outer
+tensors they read (`Node.implicit_inputs`) reach them as codes. Where that cannot be done (a branch no sample
+took, a Scan) the node runs in float with the reason, its subgraphs in onnx.reference.
 """
 from __future__ import annotations
 
@@ -51,7 +56,7 @@ from ops.registry import (
 from ptq.compile_notice import first_run_notice
 from ptq.float_fallback import NodeFloatEvaluator
 from ptq.fused_layers import layer_nodes
-from ptq.control_flow import IfStep, branch_output
+from ptq.control_flow import IfStep, LoopStep, branch_output
 from ptq.core.bodies import Body, has_bodies, node_bodies
 from ptq.core.graph import Graph, Node, domain_opsets, load_model
 from ptq.core.qparams import QParams, compute_qparams
@@ -104,7 +109,7 @@ class Step:
     op: Optional[OpDef] = None
     quantized: Optional[QuantizedNode] = None  # INTEGER steps only
     reason: str = ""
-    control: Optional[IfStep] = None  # CONTROL steps only
+    control: Optional[Union[IfStep, LoopStep]] = None  # CONTROL steps only
 
 
 @dataclass
@@ -429,40 +434,81 @@ class _Quantizer:
         return Step(node, NodeKind.INTEGER, in_qp, list(q.out_qparams), op=op, quantized=q)
 
     def _if_step(self, node: Node, in_qp: list[Optional[QParams]]) -> Step:
-        """An If whose branches run as integer graphs (`ptq.control_flow`); QuantizationError / ExecutorError
-        when it cannot (not an If, a branch tensor without table qparams, ...)."""
+        """An If whose branches, or a Loop whose body, run as integer graphs (`ptq.control_flow`);
+        QuantizationError / ExecutorError when it cannot (a Scan, a body tensor without table qparams, ...)."""
         bodies = {b.attribute: b for b in node_bodies(node, domain_opsets(self.graph.model))}
-        if set(bodies) != {"then_branch", "else_branch"}:
-            raise QuantizationError("only If branches run in integers; Loop bodies do not")
         out_qp = [self._table_qparams(o) if o and o not in self.graph.shape_tensors else None for o in node.outputs]
+        if set(bodies) == {"body"} and node.attr("num_scan_inputs") is None:
+            return self._loop_step(node, bodies["body"], in_qp, out_qp)
+        if set(bodies) != {"then_branch", "else_branch"}:
+            raise QuantizationError("only If branches and Loop bodies run in integers")
         branches, routes = [], []
         for attribute in ("then_branch", "else_branch"):
             body = bodies[attribute]
-            missing = [t for t in body.float_tensors if self._table_qparams(t) is None]
-            if missing:
-                raise QuantizationError(f"{attribute} tensor {missing[0]!r} has no qparams in the quant table (no "
-                                        "calibration sample took that branch)")
-            sub = self._branch_graph(body)
-            child = _Quantizer(sub, self.table, RewriteLog(), self.marked, self.options)
-            child.qparams = dict(self.qparams)
-            child.node_float = self.node_float
-            steps = [child.step(n) for n in body.nodes]
-            self.qparams.update((k, v) for k, v in child.qparams.items() if k not in self.qparams)
-            branches.append(IntegerGraph(sub, steps, child.qparams, RewriteLog(), None, self.node_float))
-            routes.append([branch_output(child.qparams.get(name) if sub.tensors.get(name) is None or
-                                         sub.tensors[name].is_float else None, target,
+            branch, child = self._body_graph(body, f"{attribute} tensor", "no calibration sample took that branch")
+            branches.append(branch)
+            routes.append([branch_output(self._float_qparams(branch, child, name), target,
                                          self.quantize_options.mbits, name)
                            for name, target in zip(body.outputs, out_qp)])
         self._record(node, out_qp)
         control = IfStep(branches[0], branches[1], routes[0], routes[1])
         return Step(node, NodeKind.CONTROL, in_qp, out_qp, control=control)
 
+    def _loop_step(self, node: Node, body: Body, in_qp: list[Optional[QParams]],
+                   out_qp: list[Optional[QParams]]) -> Step:
+        loop, child = self._body_graph(body, "body tensor", "the loop never ran during calibration")
+        mbits = self.quantize_options.mbits
+        carried = len(node.inputs) - 2
+        initial = node.inputs[2:]
+        carried_in = body.inputs[2:2 + carried]
+        carried_out = body.outputs[1:1 + carried]
+        grid = [self._float_qparams(loop, child, name) for name in carried_in]
+        initial_codes, initial_qp = [], []
+        for name, target in zip(initial, grid):
+            value = self.graph.initializers.get(name)
+            constant = value is not None and target is not None and np.issubdtype(np.asarray(value).dtype, np.floating)
+            initial_codes.append(target.quantize(np.asarray(value)) if constant else None)
+            initial_qp.append(target if constant else self.qparams.get(name))
+        out_grid = [self._float_qparams(loop, child, name) for name in carried_out]
+        scan_names = body.outputs[1 + carried:]
+        control = LoopStep(
+            loop, len(node.inputs), initial_codes,
+            [branch_output(s, t, mbits, n) for s, t, n in zip(initial_qp, grid, initial)],
+            [branch_output(s, t, mbits, n) for s, t, n in zip(out_grid, grid, carried_out)],
+            [branch_output(s, t, mbits, n) for s, t, n in zip(out_grid, out_qp[:carried], carried_out)],
+            [branch_output(s, t, mbits, n) for s, t, n in zip(initial_qp, out_qp[:carried], initial)],
+            [branch_output(self._float_qparams(loop, child, n), t, mbits, n)
+             for n, t in zip(scan_names, out_qp[carried:])])
+        self._record(node, out_qp)
+        return Step(node, NodeKind.CONTROL, in_qp, out_qp, control=control)
+
+    def _body_graph(self, body: Body, what: str, why_missing: str) -> tuple[IntegerGraph, "_Quantizer"]:
+        """A body quantized by a child quantizer that sees the outer tensors' qparams (its inputs: the table's)."""
+        missing = [t for t in body.float_tensors if self._table_qparams(t) is None]
+        if missing:
+            raise QuantizationError(f"{what} {missing[0]!r} has no qparams in the quant table ({why_missing})")
+        sub = self._branch_graph(body)
+        child = _Quantizer(sub, self.table, RewriteLog(), self.marked, self.options)
+        child.qparams = dict(self.qparams)
+        child.qparams.update((name, self._table_qparams(name)) for name in body.inputs if body.is_float(name))
+        child.node_float = self.node_float
+        steps = [child.step(n) for n in body.nodes]
+        self.qparams.update((k, v) for k, v in child.qparams.items() if k not in self.qparams)
+        return IntegerGraph(sub, steps, child.qparams, RewriteLog(), None, self.node_float), child
+
+    @staticmethod
+    def _float_qparams(body: IntegerGraph, child: "_Quantizer", name: str) -> Optional[QParams]:
+        """The final qparams of a body tensor, None for a non-float one (a condition, a counter)."""
+        info = body.graph.tensors.get(name)
+        return child.qparams.get(name) if info is None or info.is_float else None
+
     def _branch_graph(self, body: Body) -> Graph:
         """A body as a graph of its own: the outer tensors and constants visible, its own added."""
         tensors = {**self.graph.tensors, **body.tensors}
         return dataclasses.replace(
             self.graph, nodes=list(body.nodes), tensors=tensors,
-            initializers={**self.graph.initializers, **body.initializers}, inputs=[], outputs=list(body.outputs),
+            initializers={**self.graph.initializers, **body.initializers}, inputs=list(body.inputs),
+            outputs=list(body.outputs),
             activations=body.float_tensors, constants=set(self.graph.constants) | set(body.initializers),
             shape_tensors=set(self.graph.shape_tensors) | {n for n, t in body.tensors.items() if not t.is_float})
 

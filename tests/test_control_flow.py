@@ -49,23 +49,37 @@ def if_model(nested: bool = False) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def loop_model() -> onnx.ModelProto:
-    """h = x; three times: h = tanh(h @ W + a) with `a` = Relu(x) read from the outer graph; y = h."""
+def loop_model(scan: bool = False) -> onnx.ModelProto:
+    """h = x; three times: h = tanh(h @ W + a) with `a` = Relu(x) read from the outer graph; y = h * x
+    (`scan`: y = h * x + the sum over iterations of the scanned 0.5 * h)."""
     rng = np.random.default_rng(1)
+    body_nodes = [helper.make_node("Identity", ["cond_in"], ["cond_out"], name="keep"),
+                  helper.make_node("MatMul", ["h_in", "W"], ["hw"], name="hw"),
+                  helper.make_node("Add", ["hw", "a"], ["pre"], name="pre"),
+                  helper.make_node("Tanh", ["pre"], ["h_out"], name="tanh")]
+    body_outputs = [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                    helper.make_tensor_value_info("h_out", F, [1, 8])]
+    if scan:
+        body_nodes.append(helper.make_node("Mul", ["h_out", "half"], ["h_half"], name="half"))
+        body_outputs.append(helper.make_tensor_value_info("h_half", F, [1, 8]))
     body = helper.make_graph(
-        [helper.make_node("Identity", ["cond_in"], ["cond_out"], name="keep"),
-         helper.make_node("MatMul", ["h_in", "W"], ["hw"], name="hw"),
-         helper.make_node("Add", ["hw", "a"], ["pre"], name="pre"),
-         helper.make_node("Tanh", ["pre"], ["h_out"], name="tanh")],
-        "body",
+        body_nodes, "body",
         [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
          helper.make_tensor_value_info("h_in", F, [1, 8])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("h_out", F, [1, 8])])
+        body_outputs)
     inits = [numpy_helper.from_array(rng.normal(0, 0.4, (8, 8)).astype(np.float32), "W"),
              numpy_helper.from_array(np.array(3, np.int64), "trips"), numpy_helper.from_array(np.array(True), "true")]
+    if scan:
+        inits += [numpy_helper.from_array(np.float32(0.5), "half"), numpy_helper.from_array(np.array([0], np.int64), "axis0")]
     nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
-             helper.make_node("Loop", ["trips", "true", "x"], ["h"], body=body, name="loop"),
-             helper.make_node("Mul", ["h", "x"], ["y"], name="mul")]
+             helper.make_node("Loop", ["trips", "true", "x"], ["h", "halves"] if scan else ["h"], body=body,
+                              name="loop")]
+    if scan:
+        nodes += [helper.make_node("ReduceSum", ["halves", "axis0"], ["total"], keepdims=0, name="total"),
+                  helper.make_node("Mul", ["h", "x"], ["hx"], name="mul"),
+                  helper.make_node("Add", ["hx", "total"], ["y"], name="add")]
+    else:
+        nodes.append(helper.make_node("Mul", ["h", "x"], ["y"], name="mul"))
     graph = helper.make_graph(nodes, "loop_model", [helper.make_tensor_value_info("x", F, [1, 8])],
                               [helper.make_tensor_value_info("y", F, [1, 8])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
@@ -128,21 +142,29 @@ def test_an_if_whose_branch_no_sample_took_runs_in_float_with_the_reason():
         prepare(result.graph, result.table, options=ExecutorOptions(strict=True))
 
 
-def test_loop_runs_as_a_visible_float_node():
-    model = loop_model()
+@pytest.mark.parametrize("scan", [False, True])
+def test_loop_body_runs_in_integers(scan):
+    """The body's tensors are calibrated over every iteration; the body runs as one integer graph per
+    iteration, the carried value requantized between the grids (and the scan output stacked)."""
+    model = loop_model(scan)
     graph = load_model(model)
     node = next(n for n in graph.nodes if n.name == "loop")
     assert "a" in node.implicit_inputs and node.all_inputs[:len(node.inputs)] == node.inputs
     result, data = _calibrated(model)
-    assert result.table.tensors["h_out"].kind == "activation"  # body tensors calibrated over every iteration
-    prepared = prepare(result.graph, result.table)
-    kinds = {s.node.name: (s.kind, s.reason) for s in prepared.steps}
-    assert kinds["loop"][0] is NodeKind.FLOAT and "Loop bodies" in kinds["loop"][1]
-    assert all(k is NodeKind.INTEGER for name, (k, _) in kinds.items() if name != "loop")
+    assert result.table.tensors["h_out"].kind == "activation" and result.table.tensors["h_in"].kind == "activation"
+    prepared = prepare(result.graph, result.table, options=ExecutorOptions(strict=True))
+    kinds = {s.node.name: s.kind for s in prepared.steps}
+    assert kinds["loop"] is NodeKind.CONTROL and not prepared.float_nodes
+    assert all(k is NodeKind.INTEGER for name, k in kinds.items() if name != "loop")
+    assert _max_error(prepared, model, data) <= 4.0
+
+
+def test_a_loop_marked_float_runs_as_a_visible_float_node():
+    model = loop_model()
+    result, data = _calibrated(model)
+    prepared = prepare(result.graph, result.table, float_nodes=["loop"])
+    assert [(f.name, f.reason) for f in prepared.float_nodes] == [("loop", "marked float")]
     assert _max_error(prepared, model, data) <= 6.0  # the outer tensors reach the body quantized
-    assert [f.name for f in prepared.float_nodes] == ["loop"]
-    with pytest.raises(ExecutorError, match="Loop bodies"):
-        prepare(result.graph, result.table, options=ExecutorOptions(strict=True))
 
 
 def test_a_tensor_read_only_by_a_subgraph_counts_as_consumed():
