@@ -6,7 +6,8 @@ requantized with M / 2^N (4.49).
 
 Fixed internal grids (ONNX convention, zero point 0, int16 codes), so calibration needs no internal tensor:
 
-    gate pre-activations  z   scale 2^-11 (+-16: sigmoid and tanh are within 2^-22 of their limits beyond)
+    gate pre-activations  z   scale 2^-11 (+-16: sigmoid is within 2^-23 of its limits beyond) for the sigmoid
+                              gates, 2^-12 (+-8: tanh is within 2^-21 of +-1 beyond) for the tanh candidate
     gates and candidates  g   scale 2^-15 (sigmoid in [0, 1], tanh in [-1, 1]), from direct tables over every
                               16-bit input code (65,536 entries each, exact by construction)
     hidden state          h   scale 2^-15 (h = o * tanh(c) lies in [-1, 1])
@@ -17,9 +18,9 @@ Only X, initial_h / initial_c and the outputs Y / Y_h / Y_c use the quant table'
 float run exposes them. W and R are quantized here, per row (one gate unit), symmetric 16-bit (8-bit W gave
 1.4-2.2 LSB on the outputs, 16-bit 0.5-0.6); B is folded into the pre-activation grid. With x_c = x_q - zp_x and per row j:
 
-    zx_t[j] = ((sum_k W_q[j,k] x_c[t,k]) * Mx_j + 2^(Nx_j-1)) >> Nx_j      Mx_j / 2^Nx_j ~= s_x s_W[j] / 2^-11
-    zh_t[j] = ((sum_k R_q[j,k] h[t-1,k]) * Mh_j + 2^(Nh_j-1)) >> Nh_j      Mh_j / 2^Nh_j ~= 2^-15 s_R[j] / 2^-11
-    z_t[j]  = clamp(zx_t[j] + zh_t[j] + b_q[j], -2^15, 2^15 - 1),          b_q = round((Wb + Rb) / 2^-11)
+    zx_t[j] = ((sum_k W_q[j,k] x_c[t,k]) * Mx_j + 2^(Nx_j-1)) >> Nx_j      Mx_j / 2^Nx_j ~= s_x s_W[j] / s_z[j]
+    zh_t[j] = ((sum_k R_q[j,k] h[t-1,k]) * Mh_j + 2^(Nh_j-1)) >> Nh_j      Mh_j / 2^Nh_j ~= 2^-15 s_R[j] / s_z[j]
+    z_t[j]  = clamp(zx_t[j] + zh_t[j] + b_q[j], -2^15, 2^15 - 1),          b_q = round((Wb + Rb) / s_z[j])
 
 LSTM (gate order i, o, f, c in W, R, B):
     i, o, f = SIGMOID[z_i], SIGMOID[z_o], SIGMOID[z_f];  g = TANH_Z[z_c]
@@ -54,7 +55,8 @@ from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, 
 from ptq.core.qparams import QParams
 from ptq.core.requant import requantize
 
-PRE_FRAC = 11  # gate pre-activations: scale 2^-11
+PRE_FRAC = 11  # sigmoid gate pre-activations: scale 2^-11 (+-16)
+CANDIDATE_FRAC = 12  # tanh candidate pre-activations: scale 2^-12 (+-8; tanh(8) is within 2^-21 of 1)
 GATE_FRAC = 15  # gates, candidates and the hidden state: scale 2^-15
 MIN_CELL_BITS = 4  # the cell state spans at least +-2^4
 MAX_CELL_BITS = 14
@@ -90,8 +92,8 @@ class _Direction:
 @dataclass
 class QuantizedRecurrent(QuantizedNode):
     directions: list[_Direction]
-    sigmoid: LookupTable  # z grid -> gate grid
-    tanh_z: LookupTable  # z grid -> gate grid
+    sigmoid: LookupTable  # gate pre-activation grid (2^-11) -> gate grid
+    tanh_z: LookupTable  # candidate pre-activation grid (2^-12) -> gate grid
     tanh_c: Optional[LookupTable]  # LSTM: c grid -> gate grid
     cell_bits: int
     # (M, N) of a run-time initial_h / initial_c (input 5 / 6) to the h / c grid, by input index
@@ -142,10 +144,13 @@ def _ratio(r: float, mbits: int, what: str) -> tuple[int, int]:
 
 
 def _cell_bits(ctx: QuantizeContext) -> int:
-    """The cell grid's range bits: +-2^cb holds the calibrated ranges of Y_c and initial_c twice over."""
+    """The cell grid's range bits: +-2^cb holds the calibrated range of Y_c and the values of initial_c (a
+    constant's own values, a run-time input's calibrated range) twice over."""
     reach = 0.0
+    if 6 in ctx.constants:
+        reach = float(np.abs(np.asarray(ctx.constants[6], dtype=np.float64)).max(initial=0.0))
     for qp in (ctx.out_qparams[2] if len(ctx.out_qparams) > 2 else None,
-               ctx.in_qparams[6] if len(ctx.in_qparams) > 6 else None):
+               ctx.in_qparams[6] if len(ctx.in_qparams) > 6 and 6 not in ctx.constants else None):
         if isinstance(qp, QParams):
             lo, hi = qp.real_range()
             reach = max(reach, float(np.abs(lo).max()), float(np.abs(hi).max()))
@@ -192,7 +197,11 @@ def _quantize_recurrent(ctx: QuantizeContext) -> QuantizedRecurrent:
     b = np.zeros((dirs, 2 * rows)) if b is None else b
     lbr = node.op_type == "GRU" and int(node.attr("linear_before_reset", 0)) != 0
     mbits = ctx.options.mbits
-    s_z, s_g = 2.0 ** -PRE_FRAC, 2.0 ** -GATE_FRAC
+    s_g = 2.0 ** -GATE_FRAC
+    # per gate row, its pre-activation grid: the candidate rows (LSTM's c, GRU's h) the finer tanh grid
+    candidate = slice(3 * hidden, 4 * hidden) if node.op_type == "LSTM" else slice(2 * hidden, 3 * hidden)
+    s_z = np.full(rows, 2.0 ** -PRE_FRAC)
+    s_z[candidate] = 2.0 ** -CANDIDATE_FRAC
     cell_bits = _cell_bits(ctx) if node.op_type == "LSTM" else 0
     s_c = 2.0 ** -(GATE_FRAC - cell_bits)
     h0_const = _constant(ctx, 5, "initial_h") if 5 in ctx.constants else None
@@ -209,7 +218,7 @@ def _quantize_recurrent(ctx: QuantizeContext) -> QuantizedRecurrent:
         recurrent_bias = np.zeros(0, np.int64)
         if lbr:  # the h rows' recurrent bias sits inside r * (.)
             bias = np.concatenate([bias[:2 * hidden], wb[2 * hidden:]])
-            recurrent_bias = np.rint(rb[2 * hidden:] / s_z).astype(np.int64)
+            recurrent_bias = np.rint(rb[2 * hidden:] / s_z[candidate]).astype(np.int64)
         bias_q = np.rint(np.clip(bias / s_z, -WIDE, WIDE)).astype(np.int64)
         layout = int(node.attr("layout", 0))
         h0, c0 = (None if v is None else
@@ -219,7 +228,7 @@ def _quantize_recurrent(ctx: QuantizeContext) -> QuantizedRecurrent:
 
     z_qp, g_qp, c_qp = _grid(PRE_FRAC), _grid(GATE_FRAC), _grid(GATE_FRAC - cell_bits)
     sigmoid = _direct_table(FUNCTIONS["sigmoid"], z_qp, g_qp)
-    tanh_z = _direct_table(FUNCTIONS["tanh"], z_qp, g_qp)
+    tanh_z = _direct_table(FUNCTIONS["tanh"], _grid(CANDIDATE_FRAC), g_qp)
     tanh_c = _direct_table(FUNCTIONS["tanh"], c_qp, g_qp) if node.op_type == "LSTM" else None
     _check_accumulators(x_qp, w.shape[-1], hidden)
 

@@ -19,7 +19,7 @@ from ptq.core.qparams import compute_qparams
 from ptq.core.requant import quantize_multiplier
 
 MBITS = 15
-Z_FRAC, G_FRAC = 11, 15  # the module's fixed grids, restated: pre-activations 2^-11, gates and h 2^-15
+Z_FRAC, C_FRAC, G_FRAC = 11, 12, 15  # the fixed grids, restated: sigmoid / tanh pre-activations, gates and h
 LO, HI = -(1 << 15), (1 << 15) - 1
 GATES = {"LSTM": 4, "GRU": 3}
 
@@ -112,8 +112,11 @@ def _reference(op_type, attrs, x_q, x_qp, h0_q, h0_qp, c0_q, c0_qp, consts, out_
     """Y, Y_h (, Y_c) codes of the module docstring's integer formulas (no sequence_lens, layout 0)."""
     hidden = attrs["hidden_size"]
     lbr = attrs.get("linear_before_reset", 0)
-    s_z, s_g, s_c = 2.0 ** -Z_FRAC, 2.0 ** -G_FRAC, 2.0 ** -(G_FRAC - cell_bits)
-    sig, tanh_z, tanh_c = _table(expit, Z_FRAC), _table(np.tanh, Z_FRAC), _table(np.tanh, G_FRAC - cell_bits)
+    s_g, s_c = 2.0 ** -G_FRAC, 2.0 ** -(G_FRAC - cell_bits)
+    sig, tanh_z, tanh_c = _table(expit, Z_FRAC), _table(np.tanh, C_FRAC), _table(np.tanh, G_FRAC - cell_bits)
+    gates = GATES[op_type]
+    s_z = np.full(gates * hidden, 2.0 ** -Z_FRAC)
+    s_z[(gates - 1) * hidden:] = 2.0 ** -C_FRAC  # the candidate rows (LSTM's c, GRU's h) come last
     x_c = x_q.astype(np.int64) - int(x_qp.zero_point[0])
     steps = x_c.shape[0]
     w_all, r_all, b_all = consts["W"], consts["R"], consts["B"]
@@ -144,18 +147,18 @@ def _reference(op_type, attrs, x_q, x_qp, h0_q, h0_qp, c0_q, c0_qp, consts, out_
                 h = np.clip(_shift_round(o * _lookup(tanh_c, c), 1, G_FRAC), LO, HI)
             else:
                 zr = slice(0, 2 * hidden)
-                bias_zr = np.rint((wb[zr] + rb[zr]) / s_z).astype(np.int64)
+                bias_zr = np.rint((wb[zr] + rb[zr]) / s_z[zr]).astype(np.int64)
                 z = np.clip(zx[:, zr] + _shift_round(h @ r_q[zr].T, mh[zr], nh[zr]) + bias_zr, LO, HI)
                 u, r = _lookup(sig, z[:, :hidden]), _lookup(sig, z[:, hidden:])
                 cand = slice(2 * hidden, 3 * hidden)
                 if lbr:
-                    a = _shift_round(h @ r_q[cand].T, mh[cand], nh[cand]) + np.rint(rb[cand] / s_z).astype(np.int64)
+                    a = _shift_round(h @ r_q[cand].T, mh[cand], nh[cand]) + np.rint(rb[cand] / s_z[cand]).astype(np.int64)
                     inner = _shift_round(r * a, 1, G_FRAC)
-                    bias = np.rint(wb[cand] / s_z).astype(np.int64)
+                    bias = np.rint(wb[cand] / s_z[cand]).astype(np.int64)
                 else:
                     rh = np.clip(_shift_round(r * h, 1, G_FRAC), LO, HI)
                     inner = _shift_round(rh @ r_q[cand].T, mh[cand], nh[cand])
-                    bias = np.rint((wb[cand] + rb[cand]) / s_z).astype(np.int64)
+                    bias = np.rint((wb[cand] + rb[cand]) / s_z[cand]).astype(np.int64)
                 n = _lookup(tanh_z, np.clip(zx[:, cand] + inner + bias, LO, HI))
                 h = np.clip(_shift_round(((1 << G_FRAC) - u) * n + u * h, 1, G_FRAC), LO, HI)
             y[t] = h
@@ -219,6 +222,14 @@ def test_the_cell_state_grid_widens_to_its_calibrated_range():
     narrow_q = get_op("LSTM").quantize(context(node, [qp] * len(names), [qp, qp, qp], constants))
     wide_q = get_op("LSTM").quantize(context(node, [qp] * len(names), [qp, qp, wide], constants))
     assert (narrow_q.cell_bits, wide_q.cell_bits) == (4, 7)
+    # a constant initial_c (torch exports zeros) counts by its values, not by the degenerate grid (scale 1) a
+    # table gives a tensor whose min == max: that grid once widened the cell to +-512 and cost 5 LSB
+    zeros = np.zeros((1, 1, 4), np.float32)
+    degenerate = compute_qparams(0.0, 0.0, 8, symmetric=False)
+    with_c0 = Node("cell", "LSTM", names[:6] + ["c0"], outputs, attrs=attrs)
+    c0_q = get_op("LSTM").quantize(context(with_c0, [qp] + [None] * 5 + [degenerate], [qp, qp, qp],
+                                           {**constants, 5: zeros, 6: zeros}))
+    assert c0_q.cell_bits == 4
 
 
 @pytest.mark.parametrize("attrs, extra, reason", [
