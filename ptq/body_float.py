@@ -8,7 +8,8 @@ the graph's activations, so the quant table holds every body tensor (`ptq.core.b
 run the bodies in integers.
 
 A body tensor computed in several loop iterations is returned as one [1, N] array of all its values; a body
-that does not run for a batch (the branch not taken) returns nothing for it.
+that does not run for a batch (the branch not taken) returns nothing for it, nor does a Scan's body (the Scan is
+evaluated whole by onnx.reference, and runs in float).
 """
 from __future__ import annotations
 
@@ -59,7 +60,9 @@ class BodyEvaluator:
             return [local[o] for o in body.outputs]
         if "body" in bodies and node.attr("num_scan_inputs") is None:  # Loop
             return self._run_loop(node, bodies["body"], scope, found)
-        raise NotImplementedError(f"{node.op_type} {node.name!r}: bodies of this node are not evaluated")
+        # another node with a body (Scan): run whole by onnx.reference, its body tensors not collected (the
+        # executor runs it in float)
+        return self.evaluator.run(node, [scope[i] if i else None for i in node.all_inputs])
 
     def _run_loop(self, node: Node, body: Body, scope: Mapping, found: dict) -> list[np.ndarray]:
         trips = node.inputs[0] if node.inputs else ""

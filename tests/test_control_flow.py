@@ -225,3 +225,30 @@ def test_an_lstm_inside_a_branch_runs_in_integers(tmp_path):
     for sample in samples:
         want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, sample)[0]
         assert np.abs(prepared.run(sample).outputs["y"] - want).max() <= 3 * scale
+
+
+def test_a_scan_calibrates_and_runs_as_a_visible_float_node():
+    """Scan: its body is not collected (no table entries), calibration does not fail, the node runs in float."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["acc_in", "row"], ["acc_out"], name="acc"),
+         helper.make_node("Tanh", ["acc_out"], ["row_out"], name="squash")],
+        "scan_body", [helper.make_tensor_value_info("acc_in", F, [1]), helper.make_tensor_value_info("row", F, [1])],
+        [helper.make_tensor_value_info("acc_out", F, [1]), helper.make_tensor_value_info("row_out", F, [1])])
+    inits = [numpy_helper.from_array(np.zeros(1, np.float32), "start"),
+             numpy_helper.from_array(np.array([8, 1], np.int64), "rows_shape"),
+             numpy_helper.from_array(np.array([1, 8], np.int64), "back")]
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("Reshape", ["a", "rows_shape"], ["rows"], name="rows"),
+             helper.make_node("Scan", ["start", "rows"], ["total", "squashed"], body=body, num_scan_inputs=1,
+                              name="scan"),
+             helper.make_node("Reshape", ["squashed", "back"], ["flat"], name="back"),
+             helper.make_node("Add", ["flat", "x"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "scan_model", [helper.make_tensor_value_info("x", F, [1, 8])],
+                              [helper.make_tensor_value_info("y", F, [1, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    result, data = _calibrated(model)
+    assert "acc_out" not in result.table.tensors
+    prepared = prepare(result.graph, result.table)
+    (node,) = prepared.float_nodes
+    assert node.name == "scan" and "only If branches and Loop bodies" in node.reason
+    assert _max_error(prepared, model, data) <= 4.0
