@@ -70,14 +70,11 @@ class ExecutorError(ValueError):
     """The model, the quant table or the inputs do not allow an integer run (the message says why)."""
 
 
-SUBGRAPHS_IN_FLOAT = "control flow: its subgraphs run in float (onnx.reference), outer-scope inputs dequantized"
-
-
 class NodeKind(enum.Enum):
     INTEGER = "integer"  # the op's forward_int
     FLOAT = "float"  # float fallback: dequantize -> float op -> quantize
     SHAPE = "shape"  # computes shapes/indices only (non-float outputs), in float, never quantized
-    CONTROL = "control"  # an If whose branches run as integer graphs of their own (`ptq.control_flow`)
+    CONTROL = "control"  # an If or a Loop whose bodies run as integer graphs of their own (`ptq.control_flow`)
 
 
 @dataclass(frozen=True)
@@ -176,7 +173,8 @@ class IntegerGraph:
 
     @property
     def float_nodes(self) -> list[FloatNode]:
-        """The nodes that run in float, those inside If branches included (named `if/then_branch/node`)."""
+        """The nodes that run in float, those inside If branches and Loop bodies included (named
+        `owner/then_branch/node`, `owner/body/node`)."""
         found = []
         for s in self.steps:
             if s.kind is NodeKind.FLOAT:
@@ -317,7 +315,7 @@ class _Quantizer:
         self.options = options
         self.quantize_options = options.quantize
         self.strict = options.strict
-        self.node_float: Optional[NodeFloatEvaluator] = None  # set by `prepare` (If branches' float steps)
+        self.node_float: Optional[NodeFloatEvaluator] = None  # set by `prepare`: the bodies' graphs share it
 
     def _table_qparams(self, name: str) -> Optional[QParams]:
         return self.table.qparams(name)
@@ -374,7 +372,7 @@ class _Quantizer:
         if node.name in self.marked:
             return NodeKind.FLOAT, self.marked[node.name]
         if op is None:
-            return NodeKind.FLOAT, SUBGRAPHS_IN_FLOAT if has_bodies(node) else "not registered"
+            return NodeKind.FLOAT, "not registered"  # a node with bodies may still run them in integers (`step`)
         if not float_outputs and not op.index_outputs(node):
             return NodeKind.FLOAT, "no integer kernel for its non-float outputs"
         return NodeKind.INTEGER, ""
@@ -403,9 +401,9 @@ class _Quantizer:
         in_qp = [self.qparams.get(name) if name not in self.graph.initializers else None for name in node.all_inputs]
         if kind is NodeKind.SHAPE:
             return Step(node, kind, in_qp, [None] * len(node.outputs))
-        if reason == SUBGRAPHS_IN_FLOAT:
+        if kind is NodeKind.FLOAT and op is None and has_bodies(node) and node.name not in self.marked:
             try:
-                return self._if_step(node, in_qp)
+                return self._control_step(node, in_qp)
             except (QuantizationError, ExecutorError) as exc:
                 if self.strict:
                     raise ExecutorError(f"{node_label(node)}: {exc}") from exc
@@ -433,7 +431,7 @@ class _Quantizer:
         self._record(node, q.out_qparams)
         return Step(node, NodeKind.INTEGER, in_qp, list(q.out_qparams), op=op, quantized=q)
 
-    def _if_step(self, node: Node, in_qp: list[Optional[QParams]]) -> Step:
+    def _control_step(self, node: Node, in_qp: list[Optional[QParams]]) -> Step:
         """An If whose branches, or a Loop whose body, run as integer graphs (`ptq.control_flow`);
         QuantizationError / ExecutorError when it cannot (a Scan, a body tensor without table qparams, ...)."""
         bodies = {b.attribute: b for b in node_bodies(node, domain_opsets(self.graph.model))}
