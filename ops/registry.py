@@ -297,6 +297,15 @@ def channel_groups(node: Node) -> int:
     return op.channel_groups(node) if op is not None else 1
 
 
+SHAPE_READERS = frozenset({"Shape", "Size"})  # ONNX ops whose output depends on their input's shape only
+
+
+def reads_values(node: Node) -> bool:
+    """Whether a node's outputs depend on the values of its inputs, not only on their shapes (Shape, Size):
+    a node that reads a quantized activation's values and has no integer kernel runs in float, reported."""
+    return node.domain != "" or node.op_type not in SHAPE_READERS
+
+
 def node_label(node: Node) -> str:
     """How every error names a node: `OpType 'name'` (the executor prefixes op errors with it, once)."""
     return f"{node.op_type} {node.name!r}"

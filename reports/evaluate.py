@@ -98,7 +98,7 @@ def evaluate(
     steps = sorted({s.step for s in specs if s.step is not None})
     # the isolated runs read every quantized input of those steps, no-op outputs included (they get no row)
     in_float_model = set(graph.activations)
-    read = [i for k in steps for i in prepared.steps[k].node.inputs if i in prepared.qparams and i in in_float_model]
+    read = [i for k in steps for i in prepared.steps[k].node.all_inputs if i in prepared.qparams and i in in_float_model]
     wanted = list(dict.fromkeys([s.name for s in specs] + outputs + indices + read))
     runner = reference(graph, wanted)
     if goal is not None:

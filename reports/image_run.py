@@ -27,7 +27,7 @@ def isolated_args(prepared: IntegerGraph, step: Step, floats: dict, ints: dict, 
     """The step's inputs with every quantized activation replaced by its quantized float value."""
     constants = prepared.graph.initializers
     args = []
-    for name in step.node.inputs:
+    for name in step.node.all_inputs:
         if not name:
             args.append(None)
         elif name in constants:

@@ -100,8 +100,8 @@ def _module_names(root: Path) -> dict[str, Path]:
 
 
 def import_graph(root: Path) -> dict[str, set[str]]:
-    """Module -> the project modules it imports anywhere in its body (a name imported from a package counts
-    as its submodule when it is one)."""
+    """Module -> the project modules it imports anywhere in its body, `if TYPE_CHECKING:` blocks aside (a name
+    imported from a package counts as its submodule when it is one)."""
     names = _module_names(root)
 
     def module_of(dotted: str) -> str:
@@ -111,7 +111,14 @@ def import_graph(root: Path) -> dict[str, set[str]]:
 
     graph: dict[str, set[str]] = {name: set() for name in names}
     for name, path in names.items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        # `if TYPE_CHECKING:` imports are read by type checkers only: they close no circle at run time
+        typing_only = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                       for inner in ast.walk(node)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             if isinstance(node, ast.Import):
                 targets = [module_of(alias.name) for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:

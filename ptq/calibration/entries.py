@@ -13,6 +13,7 @@ import numpy as np
 
 from calibrators import TensorStatistics, calibrate_array, get_calibrator
 from ptq.calibration.joined_ranges import separate_joined_parts
+from ptq.core.bodies import body_activations, calibrated_tensors
 from ptq.core.graph import Graph
 from ptq.core.qparams import compute_qparams
 from ptq.engine.clip_ranges import folded_ranges
@@ -29,7 +30,10 @@ def activation_entries(
     calibrator = get_calibrator(options.calibrator).for_grid(options.symmetric)
     bounds = folded_ranges(graph) if options.fold_clip else {}
     entries = {}
-    for name in graph.activations:
+    inner = set(body_activations(graph))
+    for name in calibrated_tensors(graph):
+        if name in inner and (name not in stats or stats[name].empty):
+            continue  # a branch no sample took: no entry, and the executor runs its If in float
         try:
             rmin, rmax = calibrator.compute(stats[name], bits=options.bits)
         except ValueError as exc:

@@ -13,6 +13,7 @@ from typing import Optional
 from tqdm import tqdm
 
 from calibrators import TensorStatistics
+from ptq.core.bodies import calibrated_tensors
 from ptq.core.graph import Graph
 from ptq.engine.float_run import FloatRunner, collect_statistics
 from ptq.data.images import ImageLog
@@ -42,7 +43,7 @@ class CalibrationJob:
     def setup(self) -> WorkerContext:
         graph = load_shipped_model(self.model, self.input_shapes)
         return WorkerContext(graph, self.format.reader(graph),
-                             FloatRunner.create(graph, graph.activations, intra_op_threads=1))
+                             FloatRunner.create(graph, calibrated_tensors(graph), intra_op_threads=1))
 
     def run(self, context: WorkerContext, shard: Shard) -> ShardResult:
         batches, skipped = [], []
@@ -56,7 +57,7 @@ class CalibrationJob:
             batches.append(batch)
         if skipped:  # the layout changes: the driver plans again
             return ShardResult(skipped=skipped)
-        stats = collect_statistics(context.graph, (stack(b) for b in batches), context.graph.activations,
+        stats = collect_statistics(context.graph, (stack(b) for b in batches), calibrated_tensors(context.graph),
                                    self.needs, runner=context.runner)
         return ShardResult(payload=stats)
 

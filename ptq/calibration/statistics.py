@@ -12,6 +12,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from calibrators import TensorStatistics
+from ptq.core.bodies import calibrated_tensors
 from ptq.core.graph import Graph
 from ptq.data.images import ImageLog, Preprocess, iter_batches
 from ptq.data.samples import ImageFormat, SampleSource, iter_sample_batches, iter_samples
@@ -56,7 +57,7 @@ def collect_image_statistics(
         batches = iter_sample_batches(iter_samples(candidates, reader, log, num_images=num_images), batch_size)
     bar = tqdm(total=total, unit="img", desc="calibrating", disable=None if progress else True, leave=False)
     with bar, logging_redirect_tqdm():  # skip warnings are printed above the bar, not through it
-        stats = collect_statistics(graph, batches, graph.activations, needs, on_batch=bar.update)
+        stats = collect_statistics(graph, batches, calibrated_tensors(graph), needs, on_batch=bar.update)
     if not log.used:
         where = images.location if isinstance(images, SampleSource) else images
         raise ValueError(f"no valid image in {where} ({len(log.skipped)} files skipped)")

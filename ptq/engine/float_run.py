@@ -13,19 +13,23 @@ is folded on its own (the result is the same, the memory one sample's activation
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper
 
 from calibrators import Stat, TensorStatistics
+from ptq.core.bodies import has_bodies
 from ptq.core.graph import Graph, ModelError, Node
 from ptq.engine.threads import session_options
 from ptq.engine.transformer_patterns import attention_mask_tensors
 
 # imports inside functions: onnxruntime, where a session is made: its import starts a thread, and a process
 # that has loaded it no longer forks workers (`ptq.parallel.workers.fork_is_safe`)
+if TYPE_CHECKING:
+    from ptq.engine.body_float import BodyEvaluator
+
 
 def stats_model(graph: Graph, tensors: Sequence[str]) -> onnx.ModelProto:
     """A copy of the model with every tensor in `tensors` (that is not a graph input) as an extra output."""
@@ -67,6 +71,9 @@ class FloatRunner:
     input_names: list[str]
     fixed_batch: Optional[int]  # 1 when an input's batch dimension is fixed at 1 (run sample by sample)
     session: object
+    # the listed tensors inside If / Loop bodies, evaluated by ptq from the session's results (`ptq.engine.body_float`)
+    bodies: Optional["BodyEvaluator"] = None
+    body_tensors: tuple = ()
 
     @classmethod
     def create(cls, graph: Graph, tensors: Sequence[str], providers: Optional[list[str]] = None,
@@ -80,17 +87,25 @@ class FloatRunner:
         first_dims = [(graph.tensors[name].shape or (None,))[0] for name in graph.inputs]
         fixed = 1 if 1 in first_dims and all(d in (None, 0, 1) for d in first_dims) else None
         tensors = list(dict.fromkeys(tensors))
+        inner = set(tensors) - set(graph.tensors) if any(has_bodies(n) for n in graph.nodes) else set()
+        bodies = None
+        if inner:
+            from ptq.engine.body_float import BodyEvaluator  # models with control flow only
+
+            bodies = BodyEvaluator(graph)
+        session_tensors = [t for t in tensors if t not in inner] + (bodies.needed if bodies is not None else [])
         options = session_options(intra_op_threads)
         options.log_severity_level = 3
         try:
             session = ort.InferenceSession(
-                stats_model(graph, tensors).SerializeToString(),
+                stats_model(graph, list(dict.fromkeys(session_tensors))).SerializeToString(),
                 options,
                 providers=providers or ["CPUExecutionProvider"],
             )
         except _ort_errors() as exc:
             raise ModelError(f"onnxruntime cannot load the model: {exc}") from exc
-        return cls(graph, tensors, list(graph.inputs), fixed, session)
+        return cls(graph, tensors, list(graph.inputs), fixed, session, bodies,
+                   tuple(t for t in tensors if t in inner))
 
     def feeds(self, batch) -> dict[str, np.ndarray]:
         """The batch as {input name: array in the input's dtype}."""
@@ -112,6 +127,9 @@ class FloatRunner:
         then released, so the peak is one batch of activations plus one tensor, not two batches.
         """
         feeds = self.feeds(batch)
+        if self.bodies is not None:
+            yield from self._run_with_bodies(feeds)
+            return
         for name in self.input_names:
             if name in self.tensors:
                 yield name, feeds[name]
@@ -126,6 +144,25 @@ class FloatRunner:
                 yield name, _concat(pieces)
         else:
             yield from zip(wanted, self._session_run(wanted, feeds))
+
+    def _run_with_bodies(self, feeds: dict[str, np.ndarray]) -> Iterator[tuple[str, np.ndarray]]:
+        """`run` for a model whose listed tensors include body tensors: each session run's results, then the
+        bodies evaluated from them (sample by sample for a batch-1 model, the pieces joined along axis 0)."""
+        session_names = [t for t in dict.fromkeys(list(self.tensors) + self.bodies.needed)
+                         if t not in self.input_names and t not in self.body_tensors]
+        size = batch_size(feeds)
+        parts = [{n: v[i:i + 1] for n, v in feeds.items()} for i in range(size)] \
+            if self.fixed_batch == 1 and size != 1 else [feeds]
+        pieces: dict[str, list[np.ndarray]] = {}
+        for part in parts:
+            values = dict(part)
+            values.update(zip(session_names, self._session_run(session_names, part)))
+            values.update(self.bodies.evaluate(values))
+            for name in self.tensors:
+                if name in values:
+                    pieces.setdefault(name, []).append(values[name])
+        for name, arrays in pieces.items():
+            yield name, arrays[0] if len(arrays) == 1 else _concat(arrays)
 
     def run_dict(self, batch) -> dict[str, np.ndarray]:
         """Every listed tensor by name for one batch, held together (the reports keep one image's tensors)."""

@@ -506,8 +506,28 @@ def _match_masked_softmax(p: _Patterns, node: Node):
         scores, mask = a, b
     if not is_scores(scores) or not p.free([add, node]):
         return None
+    axis = _single_softmax_axis(p.graph, node)
+    if axis is None:
+        return None
     return [add, node], Node(node.name, "AddSoftmax", [scores, mask], [node.outputs[0]],
-                             attrs={"axis": int(node.attr("axis", -1))}, domain="ai.ptq")
+                             attrs={"axis": axis}, domain="ai.ptq")
+
+
+SOFTMAX_COERCED_BEFORE = 13  # Softmax before opset 13 coerces its input to 2-D at `axis` (default 1)
+
+
+def _single_softmax_axis(graph: Graph, softmax: Node) -> Optional[int]:
+    """The one axis a Softmax reduces over, as AddSoftmax takes it; None when it reduces over several. From
+    opset 13 that is `axis` (default -1). Before, the input is coerced to 2-D at `axis` (default 1) and the rows
+    span every axis from `axis` on: one axis only when `axis` is the last (known from the input's rank)."""
+    if softmax.opset >= SOFTMAX_COERCED_BEFORE:
+        return int(softmax.attr("axis", -1))
+    info = graph.tensors.get(softmax.inputs[0])
+    if info is None or info.shape is None:
+        return None
+    rank = len(info.shape)
+    axis = int(softmax.attr("axis", 1))
+    return -1 if rank and axis % rank == rank - 1 else None
 
 
 def fuse_masked_softmax(graph: Graph, protected: frozenset = frozenset()) -> list[PatternFusion]:

@@ -60,6 +60,7 @@ import onnx
 from onnx import helper, numpy_helper, version_converter
 
 from ptq.engine.bias_add_fold import fold_bias_adds
+from ptq.core.bodies import body_activations, body_weights
 from ptq.core.graph import Graph, ModelError
 from ptq.engine.rewrites import copy_graph
 from ptq.engine.executor import pattern_internal_tensors, table_float_nodes
@@ -255,8 +256,10 @@ def _named(names: list[str], limit: int = 3) -> str:
 def check_table_matches(graph: Graph, table: QuantTable) -> None:
     """A one-line ModelError unless `table` describes `graph`: every tensor it names is one of the model's,
     of the same kind (activation or weight), and every activation of the model has an entry."""
-    activations = set(graph.activations)
-    unknown = [n for n in table.tensors if n not in graph.tensors]
+    inner = set(body_activations(graph))  # the float tensors of If / Loop bodies
+    activations = set(graph.activations) | inner
+    unknown = [n for n in table.tensors if n not in graph.tensors and n not in inner
+               and not (table.tensors[n].kind == "weight" and n in body_weights(graph))]
     wrong = [n for n, e in table.tensors.items() if n in graph.tensors
              and (n not in activations if e.kind == "activation" else n not in graph.constants)]
     missing = [n for n in graph.activations if n not in table.tensors]

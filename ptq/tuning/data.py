@@ -46,6 +46,7 @@ import numpy as np
 from tqdm import tqdm
 
 from calibrators import required_stats
+from ptq.core.bodies import calibrated_tensors
 from ptq.core.graph import Graph
 from ptq.engine.executor import IntegerGraph, prepare
 from ptq.engine.float_run import FloatRunner, collect_statistics
@@ -71,7 +72,7 @@ class FitSamples:
 def fit_statistics(graph: Graph, samples: Samples, calibrators: Sequence[str]) -> dict:
     """Activation statistics of `graph` over the fit samples, for every calibrator listed (what the range
     statistics step of calibration collects, over the fit samples one at a time)."""
-    return collect_statistics(graph, FitSamples(samples).batches(graph, 1), graph.activations,
+    return collect_statistics(graph, FitSamples(samples).batches(graph, 1), calibrated_tensors(graph),
                               required_stats(calibrators))
 
 
