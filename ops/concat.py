@@ -39,6 +39,7 @@ class Concat(OpDef):
     """ONNX Concat. Integer formula and LSB bound: module docstring."""
 
     op_type = "Concat"
+    joins_inputs = True
     lsb_bound = 0.51  # 0.5 + |y_q - zp_y| * 2^-(mbits-1) or less, 8-bit
     section = "4.12"
     int_types = "int8/uint8/int16/uint16 -> int8/uint8/int16/uint16"

@@ -92,6 +92,12 @@ class OpDef:
     - `clip_range(node, constant)`: the interval the op clamps its input to, when its output is its input
       clamped (Relu, Clip); calibration folds its input's range to it;
     - `keeps_input_qparams`: the output takes input 0's qparams by rule (data movement, max pooling);
+    - `rearranges`: the output holds input 0's elements, each exactly once, only moved (Identity, Reshape,
+      Flatten, Squeeze, Unsqueeze, Transpose): reports follow an output's parts back through it;
+    - `joins_inputs`: the output is its inputs placed side by side, each output element one input element
+      (Concat): reports judge each input's part of a graph output on its own (`reports.output_breakdown`);
+    - `selects_boxes`: the op is a non-max suppression over boxes [B, A, 4] (input 0) and scores [B, C, A]
+      (input 1), ONNX's form: `ptq report --task detect` compares the detections it selects;
     - `sums_inputs`: the output is an elementwise sum of the inputs (Add, Sub), so inputs and output on one
       scale make the op a plain integer add (the int4-dsp scheme's ShareQuantize, `ptq.int4_dsp`);
     - `is_noop(node)`: the output holds exactly the input's codes (Identity, inference Dropout, a Cast between
@@ -114,6 +120,9 @@ class OpDef:
     absorbable: ClassVar[bool] = False
     absorbs_batchnorm: ClassVar[bool] = False
     keeps_input_qparams: ClassVar[bool] = False
+    rearranges: ClassVar[bool] = False
+    joins_inputs: ClassVar[bool] = False
+    selects_boxes: ClassVar[bool] = False
     sums_inputs: ClassVar[bool] = False
     lsb_bound: ClassVar[Optional[float]] = None
 

@@ -22,6 +22,7 @@ from ptq.executor import IntegerGraph, prepare
 from ptq.float_run import FloatRunner
 from ptq.clip_ranges import folded_ranges
 from ptq.quant_table import QuantTable
+from reports.detections import DetectionTask
 from reports.evaluation import Evaluation
 from reports.float_reference import GoalReference, float_reference
 from reports.grid import grid_bounds
@@ -30,6 +31,7 @@ from reports.image_source import ArraySamples, ImageSet
 from reports.inline import background
 from reports.layer_specs import layer_specs
 from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreement
+from reports.output_breakdown import GroupAccumulator, output_groups
 from reports.value_histogram import ValueHistogram
 from reports.worker import MetricWorker
 
@@ -60,6 +62,7 @@ def evaluate(
     reference: Callable[[Graph, Sequence[str]], FloatRunner] = float_reference,
     threads: bool = True,
     goal: Optional[Graph] = None,
+    detection: Optional[DetectionTask] = None,
 ) -> Evaluation:
     """Run the float model and the integer graph on every image and accumulate the similarities.
 
@@ -73,6 +76,7 @@ def evaluate(
     outputs, the layers with `graph`'s tensors (`reports.float_reference.GoalReference`).
     `threads=False`: no helper threads, every step in the calling thread (a sharded report's worker when the
     workers already take every core: `reports.evaluate_shards`).
+    `detection`: the detections to compare (`reports.detections.detection_task`), counted in `ev.detections`.
     """
     from tqdm import tqdm
 
@@ -91,7 +95,8 @@ def evaluate(
     # the isolated runs read every quantized input of those steps, no-op outputs included (they get no row)
     in_float_model = set(graph.activations)
     read = [i for k in steps for i in prepared.steps[k].node.inputs if i in prepared.qparams and i in in_float_model]
-    wanted = list(dict.fromkeys([s.name for s in specs] + outputs + read))
+    detection_tensors = _detection_tensors(prepared, detection)
+    wanted = list(dict.fromkeys([s.name for s in specs] + outputs + read + detection_tensors))
     runner = reference(graph, wanted)
     if goal is not None:
         runner = GoalReference(runner, reference(goal, outputs))
@@ -105,6 +110,8 @@ def evaluate(
         float_nodes=[f.name for f in prepared.float_nodes],
         float_reasons={f.name: f"{f.op_type}: {f.reason}" for f in prepared.float_nodes},
         clipped={s.name: ClipAccumulator() for s in specs},
+        output_groups={o: [GroupAccumulator(g) for g in output_groups(graph, o)] for o in outputs},
+        detections=None if detection is None else detection.agreement(),
     )
     ranks = {s.name: len(graph.tensors[s.name].shape or ()) for s in specs}
     bounds = {s.name: grid_bounds(ev.qparams[s.name], ranks[s.name]) for s in specs}
@@ -115,7 +122,7 @@ def evaluate(
     ev.histograms = {s.name: ValueHistogram.for_grid(ev.qparams[s.name], ranks[s.name]) for s in specs}
     folded = folded_ranges(graph) if table.options.fold_clip else {}
     image = ImageRun(prepared, ev, specs, steps, bounds, outputs,
-                     {name: span for name, span in folded.items() if name in bounds})
+                     {name: span for name, span in folded.items() if name in bounds}, detection)
     with background(threads, "ptq-report") as pool, background(threads, "ptq-float") as float_pool, \
             tqdm(total=images.expected, unit="img", desc=desc, disable=None if progress else True, leave=False) as bar:
         worker = MetricWorker(pool)
@@ -134,6 +141,18 @@ def evaluate(
     if ev.images == 0:
         raise ValueError("no image could be decoded")
     return ev
+
+
+def _detection_tensors(prepared: IntegerGraph, detection: Optional[DetectionTask]) -> list[str]:
+    """The run-time tensors the detections are decoded from; each must be a quantized tensor of the integer
+    graph (a constant is read as it is)."""
+    if detection is None:
+        return []
+    constants = prepared.graph.initializers
+    missing = [t for t in detection.tensors if t not in constants and t not in prepared.qparams]
+    if missing:
+        raise ValueError(f"detections: {', '.join(missing)} is not a quantized tensor of the integer graph")
+    return [t for t in detection.tensors if t not in constants]
 
 
 def _start_float_run(pool: ThreadPoolExecutor, runner: FloatRunner, samples: Iterator):

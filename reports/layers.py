@@ -8,6 +8,7 @@ import numpy as np
 
 from ptq.core.qparams import QParams
 from reports.metrics import Similarity
+from reports.output_breakdown import OutputBreakdown
 from reports.value_histogram import ValueHistogram
 
 
@@ -137,10 +138,12 @@ class OutputReport:
 
     name: str
     similarity: Similarity
+    breakdown: OutputBreakdown = field(default_factory=OutputBreakdown)  # its parts and channels
 
     def to_dict(self) -> dict:
         d = self.similarity.to_dict()
-        return {"name": self.name, "cosine": d["cosine"], "mse": d["mse"], "sqnr_db": d["sqnr_db"], "max_abs_err": d["max_abs_err"]}
+        return {"name": self.name, "cosine": d["cosine"], "mse": d["mse"], "sqnr_db": d["sqnr_db"],
+                "max_abs_err": d["max_abs_err"], **self.breakdown.to_dict()}
 
 
 @dataclass
@@ -157,11 +160,15 @@ class Report:
     notes: list[str] = field(default_factory=list)
     isolated_images: int = 0  # images the isolated metrics were accumulated over (the first ones)
     inputs: dict = field(default_factory=dict)  # the samples used: --images or --data, preprocessing, labels, ...
+    warnings: list[str] = field(default_factory=list)  # dead output parts or channels (`reports.output_breakdown`)
+    detections: Optional[dict] = None  # `reports.detections.DetectionAgreement.to_dict()` with --task detect
 
     def to_dict(self) -> dict:
         outputs: dict = {"tensors": [o.to_dict() for o in self.outputs]}
         if self.classification:
             outputs.update(self.classification)
+        if self.detections:
+            outputs["detections"] = dict(self.detections)
         return {
             "model": self.model,
             "quant": self.quant,
@@ -172,6 +179,7 @@ class Report:
             "float_nodes": list(self.float_nodes),
             "float_reasons": dict(self.float_reasons),
             "notes": list(self.notes),
+            "warnings": list(self.warnings),
             "outputs": outputs,
             "bottlenecks": [b.to_dict() for b in self.bottlenecks],
             "layers": [layer.to_dict() for layer in self.layers],
@@ -196,4 +204,13 @@ METRIC_DEFINITIONS = {
                   "above high, and counts[-1] beyond; below/above: values outside [low, high] (saturated)",
     "top1_agreement": "fraction of images where the integer argmax equals the float argmax",
     "top5_agreement": "fraction of images where the float argmax is among the integer top 5",
+    "parts": "per output that is a join (a Concat, then only Reshape/Transpose-like ops), each joined input's "
+             "elements: cosine pooled over all its elements of all images, mse, sqnr_db, max_abs_err, the distinct "
+             "integer codes it takes (counted up to 5), its float range; dead: 4 or fewer codes while the float "
+             "values vary",
+    "channels": "per output of rank >= 3 with 2..256 channels on axis 1, the same per channel; channel_cosine: "
+                "min / median / max of the channels' cosines and the worst channel",
+    "detections": "with --task detect: the integer run's detections matched to float's (same class, IoU >= "
+                  "match_iou, greedy by float score); recall = matched / float detections, precision = matched / "
+                  "integer detections, over all images",
 }
