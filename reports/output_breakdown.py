@@ -56,6 +56,28 @@ def _static_shape(graph: Graph, name: str) -> Optional[tuple[int, ...]]:
     return tuple(info.shape)
 
 
+def _joined_shapes(graph: Graph, inputs: list[str]) -> Optional[list[tuple[int, ...]]]:
+    """The static shapes of a join's inputs, a dimension unknown in one input taken from the others where they
+    all agree on it (joined inputs share every dimension but the join's axis: an exporter's dynamic batch
+    dimension on one branch)."""
+    shapes = []
+    for name in inputs:
+        info = graph.tensors.get(name)
+        if info is None or info.shape is None:
+            return None
+        shapes.append(list(info.shape))
+    if len({len(s) for s in shapes}) != 1:
+        return None
+    for axis in range(len(shapes[0])):
+        known = {s[axis] for s in shapes if isinstance(s[axis], int) and s[axis] > 0}
+        for s in shapes:
+            if not (isinstance(s[axis], int) and s[axis] > 0):
+                if len(known) != 1:
+                    return None
+                s[axis] = next(iter(known))
+    return [tuple(s) for s in shapes]
+
+
 def _spans(labels: np.ndarray, count: int) -> list[str]:
     """Where each label lies along the first axis that separates them, as 'axis A a:b' (contiguous) or ''."""
     for axis in range(labels.ndim):
@@ -93,8 +115,8 @@ def join_parts(graph: Graph, output: str) -> Optional[OutputGroups]:
         return None
     join = producer[name]
     inputs = [i for i in join.inputs if i]
-    shapes = [_static_shape(graph, i) for i in inputs]
-    if len(inputs) < 2 or any(s is None for s in shapes):
+    shapes = _joined_shapes(graph, inputs)
+    if len(inputs) < 2 or shapes is None:
         return None
     labels = op_of(join).forward_float(join, [np.full(s, k, np.float32) for k, s in enumerate(shapes)])[0]
     for node in reversed(chain):

@@ -1,6 +1,7 @@
 """Output parts and channels (`reports.output_breakdown`): a dead part cannot hide behind the output's cosine."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -110,6 +111,17 @@ def test_parts_follow_the_join_through_a_transpose(tmp_path):
     assert parts.spans == ["axis 2 [0:4]", "axis 2 [4:8]"]
     assert len(channel_groups(graph, "out").names) == A  # axis 1 whatever it holds, up to 256
     assert [g.kind for g in output_groups(graph, "out")] == ["parts", "channels"]
+
+
+def test_a_dimension_unknown_on_one_branch_is_taken_from_the_others(tmp_path):
+    graph = load_model(_detector_like(tmp_path / "m.onnx"))
+    # a torch export's view(n, ...) leaves the batch dimension of the box branch unknown
+    graph.tensors["boxes"] = dataclasses.replace(graph.tensors["boxes"], shape=(None, 4, A))
+    parts = join_parts(graph, "out")
+    assert parts.labels.shape == (1, 8, A) and parts.spans == ["axis 1 [0:4]", "axis 1 [4:8]"]
+    graph.tensors["scores"] = dataclasses.replace(graph.tensors["scores"], shape=(1, None, A))
+    graph.tensors["boxes"] = dataclasses.replace(graph.tensors["boxes"], shape=(1, None, A))
+    assert join_parts(graph, "out") is None  # the joined axis itself unknown: no parts
 
 
 def test_output_without_a_join_has_channels_only(tmp_path):

@@ -67,7 +67,8 @@ def glyph_bank(count: int, seed: int = 7, height: int = 20, width: int = 10) -> 
 
 
 def glyph_line(rng: np.random.Generator, glyphs: np.ndarray, height: int = 32, width: int = 128, max_len: int = 8):
-    """One text line (3, height, width) and its glyph indices (into `glyphs`), left to right."""
+    """One text line (3, height, width), its glyph indices (into `glyphs`) left to right, and each glyph's
+    columns [x0, x1)."""
     gh, gw = glyphs.shape[1:]
     n = int(rng.integers(3, max_len + 1))
     labels = rng.integers(0, len(glyphs), n)
@@ -75,7 +76,7 @@ def glyph_line(rng: np.random.Generator, glyphs: np.ndarray, height: int = 32, w
     x = int(rng.integers(1, 6))
     y = (height - gh) // 2
     ink = rng.uniform(0.0, 0.25, 3)[:, None, None].astype(np.float32)
-    kept = []
+    kept, spans = [], []
     for label in labels:
         if x + gw >= width:
             break
@@ -83,6 +84,7 @@ def glyph_line(rng: np.random.Generator, glyphs: np.ndarray, height: int = 32, w
         mask = glyphs[label] > 0
         image[:, y + dy:y + dy + gh, x:x + gw] = np.where(mask, ink, image[:, y + dy:y + dy + gh, x:x + gw])
         kept.append(int(label))
+        spans.append((x, x + gw))
         x += gw + int(rng.integers(3, 7))
     image += rng.normal(0, 0.03, image.shape).astype(np.float32)
-    return np.clip(image, 0, 1), kept
+    return np.clip(image, 0, 1), kept, spans
