@@ -174,3 +174,15 @@ def test_joined_tensors_of_one_range_give_no_warning(tmp_path):
     assert report.warnings == []
     assert report.outputs[0].breakdown.parts is None
     assert len(report.outputs[0].breakdown.channels) == 4
+
+
+def test_the_yolo_test_model_output_is_boxes_then_scores():
+    """bench/models/yolo_detector.onnx (a torch export: the box branch has a dynamic batch dimension)."""
+    from pathlib import Path
+
+    from reports.detections import detection_task
+
+    graph = load_model(Path(__file__).resolve().parents[1] / "bench" / "models" / "yolo_detector.onnx")
+    parts = join_parts(graph, "output0")
+    assert parts.spans == ["axis 1 [0:4]", "axis 1 [4:22]"] and parts.names[1] == "/Sigmoid_output_0"
+    assert detection_task(graph, "detect").tensors == ("output0",)

@@ -3,7 +3,8 @@ trained briefly on synthetic pages.
 
     /work/torchenv/bin/python bench/models/dbnet_detector.py [--steps 400]
 
-Input `x` [1, 3, 160, 160] in [0, 1]. Backbone of Conv-BN-ReLU stages (strides 4..32), a DBFPN neck as PP-OCR's
+Input `x` [1, 3, 160, 160] in [0, 1]. A MobileNetV3-small backbone (inverted residuals with depthwise Convs,
+hardswish, squeeze-excite; strides 4..32) as PP-OCR's detectors use, a DBFPN neck as PP-OCR's
 (1x1 input convs, top-down sums with nearest Resize x2, 3x3 output convs, each level resized to 1/4 and the four
 joined by a Concat), a DB head (Conv-BN-ReLU, two ConvTranspose x2 with BN-ReLU between, Sigmoid): the output
 `maps` [1, 1, 160, 160] is the text probability map. After the export (BN folded into the Convs), every Conv's
@@ -37,24 +38,67 @@ def cbr(c_in: int, c_out: int, k: int = 3, s: int = 1) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(c_in, c_out, k, s, k // 2, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())
 
 
+class SqueezeExcite(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.reduce, self.expand = nn.Conv2d(c, c // 4, 1), nn.Conv2d(c // 4, c, 1)
+
+    def forward(self, x):
+        s = F.adaptive_avg_pool2d(x, 1)
+        return x * F.hardsigmoid(self.expand(F.relu(self.reduce(s))))
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV3's block: 1x1 expand, k x k depthwise, optional squeeze-excite, 1x1 project, residual."""
+
+    def __init__(self, c_in: int, k: int, expand: int, c_out: int, se: bool, hswish: bool, stride: int):
+        super().__init__()
+        act = nn.Hardswish if hswish else nn.ReLU
+        self.block = nn.Sequential(
+            nn.Conv2d(c_in, expand, 1, bias=False), nn.BatchNorm2d(expand), act(),
+            nn.Conv2d(expand, expand, k, stride, k // 2, groups=expand, bias=False), nn.BatchNorm2d(expand), act(),
+            SqueezeExcite(expand) if se else nn.Identity(),
+            nn.Conv2d(expand, c_out, 1, bias=False), nn.BatchNorm2d(c_out))
+        self.residual = stride == 1 and c_in == c_out
+
+    def forward(self, x):
+        y = self.block(x)
+        return x + y if self.residual else y
+
+
+# MobileNetV3-small (PP-OCR's detectors use MobileNetV3 backbones): kernel, expansion, out, SE, hardswish, stride
+BLOCKS = [(3, 16, 16, True, False, 2), (3, 72, 24, False, False, 2), (3, 88, 24, False, False, 1),
+          (5, 96, 40, True, True, 2), (5, 240, 40, True, True, 1), (5, 120, 48, True, True, 1),
+          (5, 144, 48, True, True, 1), (5, 288, 96, True, True, 2), (5, 576, 96, True, True, 1)]
+TAPS = (0, 2, 6, 8)  # the blocks whose outputs feed the FPN (strides 4, 8, 16, 32)
+
+
 class DBNet(nn.Module):
     def __init__(self):
         super().__init__()
-        self.c2 = nn.Sequential(cbr(3, 16, 3, 2), cbr(16, 24, 3, 2), cbr(24, 24))
-        self.c3 = nn.Sequential(cbr(24, 48, 3, 2), cbr(48, 48))
-        self.c4 = nn.Sequential(cbr(48, 64, 3, 2), cbr(64, 64))
-        self.c5 = nn.Sequential(cbr(64, 96, 3, 2), cbr(96, 96))
-        self.ins = nn.ModuleList(nn.Conv2d(c, 48, 1, bias=False) for c in (24, 48, 64, 96))
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.Hardswish())
+        blocks, c = [], 16
+        for k, e, out, se, hs, s in BLOCKS:
+            blocks.append(InvertedResidual(c, k, e, out, se, hs, s))
+            c = out
+        self.blocks = nn.ModuleList(blocks)
+        self.ins = nn.ModuleList(nn.Conv2d(BLOCKS[t][2], 48, 1, bias=False) for t in TAPS)
         self.outs = nn.ModuleList(nn.Conv2d(48, 12, 3, 1, 1, bias=False) for _ in range(4))
         self.head = nn.Sequential(
             cbr(48, 12), nn.ConvTranspose2d(12, 12, 2, 2), nn.BatchNorm2d(12), nn.ReLU(),
             nn.ConvTranspose2d(12, 1, 2, 2))
 
+    def features(self, x):
+        taps = []
+        x = self.stem(x)
+        for k, block in enumerate(self.blocks):
+            x = block(x)
+            if k in TAPS:
+                taps.append(x)
+        return taps
+
     def forward(self, x):
-        c2 = self.c2(x)
-        c3 = self.c3(c2)
-        c4 = self.c4(c3)
-        c5 = self.c5(c4)
+        c2, c3, c4, c5 = self.features(x)
         in2, in3, in4, in5 = (conv(c) for conv, c in zip(self.ins, (c2, c3, c4, c5)))
         p4 = in4 + F.interpolate(in5, scale_factor=2.0, mode="nearest")
         p3 = in3 + F.interpolate(p4, scale_factor=2.0, mode="nearest")
