@@ -242,7 +242,7 @@ def _output_groups(report: Report) -> str:
         return ""
     return ("<h2>Output parts and channels</h2><p>Each part of an output that joins tensors, and each channel of an "
             "output with up to 256: cosine over all its values of all images, the distinct integer codes it takes "
-            f"(dead: {DEAD_CODES} or fewer while its float values vary).</p>" + "".join(sections))
+            f"(dead: {DEAD_CODES} or fewer while its float values, on a grid of their own, take more).</p>" + "".join(sections))
 
 
 def _histograms(report: Report, count: int) -> str:

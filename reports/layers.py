@@ -206,8 +206,9 @@ METRIC_DEFINITIONS = {
     "top5_agreement": "fraction of images where the float argmax is among the integer top 5",
     "parts": "per output that is a join (a Concat, then only Reshape/Transpose-like ops), each joined input's "
              "elements: cosine pooled over all its elements of all images, mse, sqnr_db, max_abs_err, the distinct "
-             "integer codes it takes (counted up to 5), its float range; dead: 4 or fewer codes while the float "
-             "values vary",
+             "integer codes it takes (counted up to 5), its float range, codes_needed (the most distinct codes its "
+             "float values take in one image on a 256-step grid of their own min..max); dead: 4 or fewer codes "
+             "while the float values vary (more than 4 needed, spread above 1e-3 of their magnitude)",
     "channels": "per output of rank >= 3 with 2..256 channels on axis 1, the same per channel; channel_cosine: "
                 "min / median / max of the channels' cosines and the worst channel",
     "detections": "with --task detect: the integer run's detections matched to float's (same class, IoU >= "

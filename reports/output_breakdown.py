@@ -14,8 +14,13 @@ Per group, over all samples (`GroupAccumulator`), with x the float values and y 
                 a handful of values per image
     mse       = sum((x - y)^2) / n,  sqnr_db = 10 log10(sum x^2 / sum (x - y)^2),  max_abs_err = max |x - y|
     codes     = the distinct integer codes the group takes over all samples (counted up to DEAD_CODES + 1)
-    dead      = codes <= DEAD_CODES while the float values vary: max(x) - min(x) > VARY * max(|x|)
+    needed    = the most distinct codes the group's float values take, in one sample, on a 256-step grid of
+                their own (that sample's min..max of the group): how many codes its values need at least
+    dead      = codes <= DEAD_CODES while the float values vary: needed > DEAD_CODES and
+                max(x) - min(x) > VARY * max(|x|)
 
+`needed` keeps values that are few by nature from counting as dead: a confident softmax row (one class near 1,
+the rest near 0) takes 2 or 3 codes on any grid; VARY keeps a constant with rounding noise from counting either.
 A dead group is what a grid too coarse for that part of the tensor leaves (detection scores 0..1 on a grid
 sized for pixel boxes: codes 0 and 1 only); the report warns about it. Per-sample sums are kept and added in
 sample order, so shards merge into the one-process result exactly (`merge`).
@@ -35,7 +40,8 @@ from reports.grid import dequantize32
 
 MAX_CHANNELS = 256
 DEAD_CODES = 4
-VARY = 1e-6  # relative spread below which a group's float values count as constant
+VARY = 1e-3  # relative spread below which a group's float values count as constant
+OWN_GRID_STEPS = 255  # the grid of the group's own values that `needed` counts on
 
 
 @dataclass(frozen=True)
@@ -157,16 +163,19 @@ class GroupMetrics:
     codes: int  # distinct integer codes, counted up to DEAD_CODES + 1
     float_min: float
     float_max: float
+    needed: int = 0  # distinct codes of its float values on their own grid, one sample, up to DEAD_CODES + 1
 
     @property
     def dead(self) -> bool:
         spread = self.float_max - self.float_min
-        return self.codes <= DEAD_CODES and spread > VARY * max(abs(self.float_min), abs(self.float_max))
+        return (self.codes <= DEAD_CODES < self.needed
+                and spread > VARY * max(abs(self.float_min), abs(self.float_max)))
 
     def to_dict(self) -> dict:
         return {"name": self.name, "span": self.span, "elements": self.elements, "cosine": self.cosine,
                 "mse": self.mse, "sqnr_db": self.sqnr_db, "max_abs_err": self.max_abs_err,
                 "distinct_codes": self.codes if self.codes <= DEAD_CODES else f">{DEAD_CODES}",
+                "codes_needed": self.needed if self.needed <= DEAD_CODES else f">{DEAD_CODES}",
                 "float_range": [self.float_min, self.float_max], "dead": self.dead}
 
 
@@ -180,11 +189,14 @@ class GroupAccumulator:
     float_min: Optional[np.ndarray] = None
     float_max: Optional[np.ndarray] = None
     codes: list = field(default_factory=list)  # per group, a set of up to DEAD_CODES + 1 codes
+    needed: Optional[np.ndarray] = None  # per group, `GroupMetrics.needed`
 
     def __post_init__(self) -> None:
         count = len(self.groups.names)
         if not self.codes:
             self.codes = [set() for _ in range(count)]
+        if self.needed is None:
+            self.needed = np.zeros(count, np.int64)
         if self.max_err is None:
             self.max_err = np.zeros(count)
             self.float_min = np.full(count, np.inf)
@@ -204,8 +216,11 @@ class GroupAccumulator:
         self.sums.append(np.stack([np.bincount(labels, weights=w, minlength=count)
                                    for w in (x * y, x * x, y * y, d * d, np.ones_like(x))]))
         np.maximum.at(self.max_err, labels, np.abs(d))
-        np.minimum.at(self.float_min, labels, x)
-        np.maximum.at(self.float_max, labels, x)
+        lo, hi = np.full(count, np.inf), np.full(count, -np.inf)
+        np.minimum.at(lo, labels, x)
+        np.maximum.at(hi, labels, x)
+        self.float_min, self.float_max = np.minimum(self.float_min, lo), np.maximum(self.float_max, hi)
+        self._count_needed(x, labels, lo, hi)
         open_groups = np.array([len(s) <= DEAD_CODES for s in self.codes])
         if open_groups.any():
             keep = open_groups[labels]
@@ -215,6 +230,19 @@ class GroupAccumulator:
                 group = self.codes[label]
                 if len(group) <= DEAD_CODES:
                     group.add(int(code))
+
+    def _count_needed(self, x: np.ndarray, labels: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        """This sample's distinct codes of each group's values on the grid of their own min..max."""
+        count = len(self.groups.names)
+        width = hi - lo
+        keep = ((self.needed <= DEAD_CODES) & (width > 0))[labels]
+        if not keep.any():
+            return
+        own = labels[keep]
+        steps = np.rint((x[keep] - lo[own]) / width[own] * OWN_GRID_STEPS).astype(np.int64)
+        pairs = np.unique(own.astype(np.int64) * (OWN_GRID_STEPS + 1) + steps)
+        found = np.bincount(pairs // (OWN_GRID_STEPS + 1), minlength=count)
+        self.needed = np.maximum(self.needed, np.minimum(found, DEAD_CODES + 1))
 
     def merge(self, other: "GroupAccumulator") -> "GroupAccumulator":
         """The accumulator of both sample sets, `other`'s samples after this one's (neither is modified)."""
@@ -228,7 +256,8 @@ class GroupAccumulator:
             codes.append(union)
         return GroupAccumulator(self.groups, self.sums + other.sums, np.maximum(self.max_err, other.max_err),
                                 np.minimum(self.float_min, other.float_min),
-                                np.maximum(self.float_max, other.float_max), codes)
+                                np.maximum(self.float_max, other.float_max), codes,
+                                np.maximum(self.needed, other.needed))
 
     def result(self) -> list[GroupMetrics]:
         if not self.sums:
@@ -245,7 +274,7 @@ class GroupAccumulator:
             sqnr = math.inf if se[k] == 0.0 else (-math.inf if xx[k] == 0.0 else 10.0 * math.log10(xx[k] / se[k]))
             metrics.append(GroupMetrics(name, self.groups.spans[k] if self.groups.spans else "", int(n[k]), cosine,
                                         float(se[k] / n[k]), sqnr, float(self.max_err[k]), len(self.codes[k]),
-                                        float(self.float_min[k]), float(self.float_max[k])))
+                                        float(self.float_min[k]), float(self.float_max[k]), int(self.needed[k])))
         return metrics
 
 

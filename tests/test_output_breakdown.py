@@ -73,8 +73,26 @@ def test_group_metrics_pool_every_sample_and_count_codes():
     assert scores.max_abs_err == pytest.approx(0.4)
     assert (boxes.codes, scores.codes) == (4, 2)  # 10, 21, 30, 40 / 0, 1
     assert (scores.float_min, scores.float_max) == (0.0, 0.9)
-    assert scores.dead and boxes.dead  # both use 4 or fewer codes while their floats vary
+    assert (boxes.needed, scores.needed) == (2, 3)  # per sample: 2 box values, 3 distinct score values
+    assert not scores.dead and not boxes.dead  # too few values to need more than 4 codes
     assert acc.merge(GroupAccumulator(acc.groups)).result() == acc.result()
+
+
+def test_scores_on_a_pixel_grid_are_dead_a_confident_softmax_row_is_not():
+    labels = np.broadcast_to(np.arange(2, dtype=np.int32)[None, :, None], (1, 2, 50)).copy()
+    acc = GroupAccumulator(OutputGroups("channels", ["scores", "softmax"], labels))
+    # channel 0 on a grid sized for pixel boxes, channel 1 (a softmax row) on its own 1/255 grid
+    qp = QParams(scale=np.array([300 / 255, 1 / 255]), zero_point=np.array([0, 0]), bits=8, signed=False, axis=1)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        peak = np.full(50, 1e-5)
+        peak[rng.integers(50)] = 0.9995  # one class near 1, the rest near 0: 2 codes on any grid
+        x = np.stack([rng.uniform(0, 1, 50), peak])[None]
+        acc.update(x, np.rint(x / qp.scale[None, :, None]).astype(np.uint8), qp)
+    scores, softmax = acc.result()
+    assert scores.codes <= 2 and scores.needed == 5 and scores.dead
+    assert softmax.codes == 2 and softmax.needed == 2 and not softmax.dead
+    assert softmax.cosine > 0.9999
 
 
 def test_constant_group_is_not_dead_and_codes_count_stops_above_four():
