@@ -7,7 +7,7 @@ One `.npy` per sample (`ptq --data DIR`), [1, 3, H, W] float32 in [0, 1]:
     DIR/dbnet/{calib,eval}/NNN.npy   160x160 text pages (`synthetic.text_page`)
     DIR/crnn/{calib,eval}/NNN.npy    32x128 glyph lines (`synthetic.glyph_line`)
 Calibration and eval samples come from different seeds (never the training seeds 0, 1, 2). The arrays are
-generated, not committed (about 25 MB); `bench/detectors.py` writes them when they are missing.
+generated, not committed (about 30 MB); `bench/detectors.py` writes them when they are missing.
 """
 from __future__ import annotations
 
