@@ -81,6 +81,7 @@ class Identity(_Layout):
     """ONNX Identity: y_q = x_q, output qparams = input's."""
 
     op_type = "Identity"
+    rearranges = True
     lsb_bound = 0.0
     preserves_channel_mean = True
 
@@ -126,6 +127,7 @@ class Reshape(_Layout):
     """ONNX Reshape (0 copies the input dimension unless allowzero=1, -1 is inferred): y_q = reshape(x_q)."""
 
     op_type = "Reshape"
+    rearranges = True
     lsb_bound = 0.0
 
     def apply(self, node, x, inputs):
@@ -147,6 +149,7 @@ class Flatten(_Layout):
     """ONNX Flatten: (d_0 * ... * d_{axis-1}, d_axis * ... * d_{n-1})."""
 
     op_type = "Flatten"
+    rearranges = True
     lsb_bound = 0.0
     preserves_channel_mean = True  # over (N, C, 1, ...) inputs, the only ones analytic bias correction meets
 
@@ -165,6 +168,7 @@ class Squeeze(_Layout):
     """ONNX Squeeze: drop the given size-1 axes (all size-1 axes when none are given)."""
 
     op_type = "Squeeze"
+    rearranges = True
     lsb_bound = 0.0
 
     def apply(self, node, x, inputs):
@@ -183,6 +187,7 @@ class Unsqueeze(_Layout):
     """ONNX Unsqueeze: insert size-1 axes at the given positions of the output."""
 
     op_type = "Unsqueeze"
+    rearranges = True
     lsb_bound = 0.0
 
     def apply(self, node, x, inputs):
@@ -197,6 +202,7 @@ class Transpose(_Layout):
     """ONNX Transpose (default perm: reversed axes). Whitepaper 4.77."""
 
     op_type = "Transpose"
+    rearranges = True
     lsb_bound = 0.0
     section = "4.77"
 

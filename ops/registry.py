@@ -116,11 +116,16 @@ class OpDef:
     - `channel_groups(node)`: the groups a grouped convolution splits its channels into (1: dense; as many as
       channels: depthwise);
     - `keeps_input_qparams`: the output takes input 0's qparams by rule (data movement, max pooling);
+    - `rearranges`: the output holds input 0's elements, each exactly once, only moved (Identity, Reshape,
+      Flatten, Squeeze, Unsqueeze, Transpose): reports follow an output's parts back through it;
+    - `selects_boxes`: the op is a non-max suppression over boxes [B, A, 4] (input 0) and scores [B, C, A]
+      (input 1), ONNX's form: `ptq report --task detect` compares the detections it selects;
     - `sums_inputs`: the output is an elementwise sum of the inputs (Add, Sub), so inputs and output on one
       scale make the op a plain integer add (the int4-dsp scheme's ShareQuantize, `ptq.calibration.int4_dsp`);
       `sum_signs` the sign each input takes in it ((1, 1) for Add, (1, -1) for Sub);
     - `joins_along(node)`: the axis along which the op joins its inputs into its output (Concat), None for
-      other ops; calibration gives a join of widely different ranges one grid per part (`ptq.calibration.joined_ranges`);
+      other ops; calibration gives a join of widely different ranges one grid per part (`ptq.calibration.joined_ranges`),
+      reports judge each input's part of a graph output on its own (`reports.output_breakdown`);
     - `moved_axis(node, axis, in_shape, out_shape)`: for an op that only moves codes (`keeps_input_qparams`),
       the output axis that holds input 0's `axis` whole, so a per-channel grid follows it (Transpose, Reshape);
       None when the channels do not stay whole along one axis;
@@ -147,6 +152,8 @@ class OpDef:
     absorbable: ClassVar[bool] = False
     absorbs_batchnorm: ClassVar[bool] = False
     keeps_input_qparams: ClassVar[bool] = False
+    rearranges: ClassVar[bool] = False
+    selects_boxes: ClassVar[bool] = False
     sums_inputs: ClassVar[bool] = False
     sum_signs: ClassVar[Optional[tuple[int, ...]]] = None
     positively_homogeneous: ClassVar[bool] = False

@@ -27,7 +27,10 @@ from ptq.core.notes import Note
 from ptq.output_paths import check_file, check_outputs, note_replaced
 from ptq.parallel.workers import choose_workers, ship_model
 from ptq.qdq.targets import DEFAULT_TARGET
-from ptq.core.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_ISOLATED_IMAGES, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR
+from ptq.core.option_defaults import (
+    DEFAULT_CALIBRATOR, DEFAULT_ISOLATED_IMAGES, DEFAULT_MATCH_IOU, DEFAULT_SCHEME, DEFAULT_SCORE_THRESHOLD,
+    DEFAULT_WEIGHT_CALIBRATOR,
+)
 from ptq.tuning.defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
 
 if TYPE_CHECKING:
@@ -379,10 +382,16 @@ def report(
     float_nodes: Sequence[str] = (),
     strict: bool = False,
     backend: str = DEFAULT_BACKEND_NAME,
+    task: Optional[str] = None,
+    score_threshold: float = DEFAULT_SCORE_THRESHOLD,
+    match_iou: float = DEFAULT_MATCH_IOU,
     **options,
 ) -> ReportResult:
     """`ptq report`: the integer graph against the float model, layer by layer; with `out`, report.json, .csv
     and .html there. `isolated_images=None` computes the isolated metrics on every sample.
+    `task="detect"`: the integer run's detections matched to float's (score >= `score_threshold`, IoU >=
+    `match_iou`, same class; `reports.detections`): recall and precision in `result.report.detections`; None
+    or "auto" does so when the graph has one NonMaxSuppression node; "classify" never.
 
     >>> import tempfile, ptq
     >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
@@ -395,6 +404,7 @@ def report(
     (0.875, True)
     """
     from reports.build import build_report
+    from reports.detections import detection_task
     from reports.evaluate import evaluate
 
     opts = _options("report", options)
@@ -404,6 +414,7 @@ def report(
     with quiet_logging(opts.quiet):
         loaded = load(model, quant, opts, strict)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
+        detection = detection_task(graph, task, score_threshold, match_iou)
         # with adjusted weights the graph outputs are compared with the user's model (reports.float_reference)
         adjusted = table.options.adjusted_model is not None
         if opts.sharded(samples.expected):
@@ -413,15 +424,18 @@ def report(
             ev = sharded_evaluate(graph.model, table, samples, workers=choose_workers(opts.workers, samples.expected),
                                   ray=opts.ray,
                                   float_nodes=float_nodes, isolated_images=isolated_images, progress=opts.progress,
-                                  backend=backend, graph=graph, goal=model if adjusted else None)
+                                  backend=backend, graph=graph, goal=model if adjusted else None,
+                                  detection=detection)
         else:
             from ptq.core.graph import load_model
 
             goal = load_model(model, table.options.input_shapes) if adjusted else None
             ev = evaluate(graph, table, samples, float_nodes=float_nodes, isolated_images=isolated_images,
-                          progress=opts.progress, backend=backend, goal=goal)
+                          progress=opts.progress, backend=backend, goal=goal, detection=detection)
     built = build_report(ev, str(model), str(quant))
     built.inputs = loaded.inputs
+    if detection is not None:
+        built.notes.append(f"detections decoded from {detection.describe()}")
     result = ReportResult(built, write_report(built, Path(out)) if out is not None else [])
     if backend.startswith("dsp:"):
         from reports.dsp_resources import dsp_report

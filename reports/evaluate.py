@@ -24,6 +24,7 @@ from ptq.engine.executor import IntegerGraph, prepare
 from ptq.engine.float_run import FloatRunner
 from ptq.engine.clip_ranges import folded_ranges
 from ptq.table.quant_table import QuantTable
+from reports.detections import DetectionTask
 from reports.evaluation import Evaluation
 from reports.float_reference import GoalReference, float_reference
 from reports.grid import grid_bounds
@@ -32,6 +33,7 @@ from ptq.data.image_source import ArraySamples, ImageSet
 from reports.inline import background
 from reports.layer_specs import layer_specs
 from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreement, ValueAgreement
+from reports.output_breakdown import GroupAccumulator, output_groups
 from reports.value_histogram import ValueHistogram
 from reports.worker import MetricWorker
 
@@ -69,6 +71,7 @@ def evaluate(
     reference: Callable[[Graph, Sequence[str]], FloatRunner] = float_reference,
     threads: bool = True,
     goal: Optional[Graph] = None,
+    detection: Optional[DetectionTask] = None,
 ) -> Evaluation:
     """Run the float model and the integer graph on every image and accumulate the similarities.
 
@@ -82,6 +85,7 @@ def evaluate(
     outputs, the layers with `graph`'s tensors (`reports.float_reference.GoalReference`).
     `threads=False`: no helper threads, every step in the calling thread (a sharded report's worker when the
     workers already take every core: `reports.evaluate_shards`).
+    `detection`: the detections to compare (`reports.detections.detection_task`), counted in `ev.detections`.
     """
     if isolated and not layers:
         raise ValueError("isolated metrics need layers=True")
@@ -99,7 +103,8 @@ def evaluate(
     # the isolated runs read every quantized input of those steps, no-op outputs included (they get no row)
     in_float_model = set(graph.activations)
     read = [i for k in steps for i in prepared.steps[k].node.all_inputs if i in prepared.qparams and i in in_float_model]
-    wanted = list(dict.fromkeys([s.name for s in specs] + outputs + indices + read))
+    detection_tensors = _detection_tensors(prepared, detection)
+    wanted = list(dict.fromkeys([s.name for s in specs] + outputs + indices + read + detection_tensors))
     runner = reference(graph, wanted)
     if goal is not None:
         runner = GoalReference(runner, reference(goal, outputs))
@@ -114,6 +119,8 @@ def evaluate(
         float_reasons={f.name: f"{f.op_type}: {f.reason}" for f in prepared.float_nodes},
         clipped={s.name: ClipAccumulator() for s in specs},
         index_outputs={name: ValueAgreement() for name in indices},
+        output_groups={o: [GroupAccumulator(g) for g in output_groups(graph, o)] for o in outputs},
+        detections=None if detection is None else detection.agreement(),
     )
     ranks = {s.name: len(graph.tensors[s.name].shape or ()) for s in specs}
     bounds = {s.name: grid_bounds(ev.qparams[s.name], ranks[s.name]) for s in specs}
@@ -124,7 +131,7 @@ def evaluate(
     ev.histograms = {s.name: ValueHistogram.for_grid(ev.qparams[s.name], ranks[s.name]) for s in specs}
     folded = folded_ranges(graph) if table.options.fold_clip else {}
     image = ImageRun(prepared, ev, specs, steps, bounds, outputs + indices,
-                     {name: span for name, span in folded.items() if name in bounds})
+                     {name: span for name, span in folded.items() if name in bounds}, detection)
     with background(threads, "ptq-report") as pool, background(threads, "ptq-float") as float_pool, \
             tqdm(total=images.expected, unit="img", desc=desc, disable=None if progress else True, leave=False) as bar:
         worker = MetricWorker(pool)
@@ -151,6 +158,18 @@ def _classification(graph: Graph, outputs: list[str]) -> Optional[TopKAgreement]
     if not outputs or class_count(graph, outputs[0]) is None:
         return None
     return TopKAgreement()
+
+
+def _detection_tensors(prepared: IntegerGraph, detection: Optional[DetectionTask]) -> list[str]:
+    """The run-time tensors the detections are decoded from; each must be a quantized tensor of the integer
+    graph (a constant is read as it is)."""
+    if detection is None:
+        return []
+    constants = prepared.graph.initializers
+    missing = [t for t in detection.tensors if t not in constants and t not in prepared.qparams]
+    if missing:
+        raise ValueError(f"detections: {', '.join(missing)} is not a quantized tensor of the integer graph")
+    return [t for t in detection.tensors if t not in constants]
 
 
 def _start_float_run(pool: ThreadPoolExecutor, runner: FloatRunner, samples: Iterator):

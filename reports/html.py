@@ -15,8 +15,10 @@ from typing import Optional, Union
 from ptq.core.atomic import atomic_write_text
 from reports.diagnosis import next_step_lines
 from reports.html_histogram import histogram_caption, histogram_svg
+from reports.detections import detection_line
 from reports.layers import Report
 from reports.writers import suspect_line
+from reports.output_breakdown import DEAD_CODES
 
 PLOT_W, PLOT_H = 960, 320
 HISTOGRAM_SUSPECTS = 5  # the top suspects that get a value histogram
@@ -41,6 +43,7 @@ svg text{font-size:11px;fill:#333}
 .tip{position:absolute;pointer-events:none;background:#fff;border:1px solid #888;padding:2px 6px;font-size:12px;
 white-space:nowrap;box-shadow:1px 1px 3px rgba(0,0,0,.2)}
 g.pt rect{fill:#000;fill-opacity:0;pointer-events:all} g.pt:hover rect{fill-opacity:.06} .mark{pointer-events:none}
+.warn{background:#fde8e8;border:1px solid #d11c1c;padding:6px 12px;margin:8px 0} h3{font-size:15px}
 .hists{display:flex;flex-wrap:wrap;gap:8px 24px} figure{margin:0} figcaption{font-size:12px;max-width:560px}
 """
 
@@ -205,6 +208,8 @@ def _summary(report: Report) -> str:
         rows.append(("note", note))
     for line in next_step_lines(report):
         rows.append(("where the loss is", line))
+    if report.detections:
+        rows.append(("detections", detection_line(report.detections)))
     body = "".join(f'<tr><th class="t">{escape(k)}</th><td>{escape(v)}</td></tr>' for k, v in rows)
     suspects = "".join(f"<li><b>{escape(b.name)}</b>: {escape(suspect_line(report, b)[len(b.name) + 2:])}</li>"
                        for b in report.bottlenecks[:10])
@@ -213,6 +218,50 @@ def _summary(report: Report) -> str:
             "graph end to end (the error that reaches it). A layer that adds almost nothing alone while the "
             "cumulative cosine falls across it amplifies error made upstream.</p>"
             + (f"<ol>{suspects}</ol>" if suspects else "<p>None: every layer keeps its cosine.</p>"))
+
+
+def _warnings(report: Report) -> str:
+    """The warnings (dead output parts or channels), first on the page."""
+    if not report.warnings:
+        return ""
+    items = "".join(f"<li>{escape(w)}</li>" for w in report.warnings)
+    return f'<div class="warn" id="warnings"><b>Warnings</b><ul>{items}</ul></div>'
+
+
+def _output_groups(report: Report) -> str:
+    """Per output, its parts (a join) and the spread of its channel cosines, with each dead group marked."""
+    sections = []
+    for out in report.outputs:
+        b = out.breakdown
+        if b.parts is None and b.channels is None:
+            continue
+        heads = ["group", "where", "elements", "cosine", "sqnr dB", "mse", "max err", "float min", "float max",
+                 "codes", "dead"]
+        rows = []
+        for kind, groups in (("part", b.parts), ("channel", b.channels)):
+            for g in groups or ():
+                cls = ' class="suspect"' if g.dead else ""
+                codes = str(g.codes) if g.codes <= DEAD_CODES else f">{DEAD_CODES}"
+                rows.append(
+                    f"<tr{cls}>" + "".join([
+                        _cell(f"{kind} {g.name}", left=True), _cell(g.span, left=True), _cell(g.elements),
+                        _cell(g.cosine, f"{g.cosine:.6f}"), _cell(g.sqnr_db, _fmt(g.sqnr_db, 4)),
+                        _cell(g.mse, _fmt(g.mse, 4)), _cell(g.max_abs_err, _fmt(g.max_abs_err, 4)),
+                        _cell(g.float_min, _fmt(g.float_min, 4)), _cell(g.float_max, _fmt(g.float_max, 4)),
+                        _cell(g.codes, codes), _cell(int(g.dead), "dead" if g.dead else "")]) + "</tr>")
+        spread = b.spread()
+        caption = ""
+        if spread is not None:
+            caption = (f"<p>{len(b.channels)} channels on axis 1: cosine min {spread['min']:.6f} (channel "
+                       f"{spread['worst_channel']}), median {spread['median']:.6f}, max {spread['max']:.6f}.</p>")
+        head = "".join(f'<th class="t">{h}</th>' if h in ("group", "where") else f"<th>{h}</th>" for h in heads)
+        sections.append(f"<h3>{escape(out.name)}</h3>{caption}<table class=\"sortable\"><thead><tr>{head}</tr>"
+                        f"</thead><tbody>{''.join(rows)}</tbody></table>")
+    if not sections:
+        return ""
+    return ("<h2>Output parts and channels</h2><p>Each part of an output that joins tensors, and each channel of an "
+            "output with up to 256: cosine over all its values of all images, the distinct integer codes it takes "
+            f"(dead: {DEAD_CODES} or fewer while its float values, on a grid of their own, take more).</p>" + "".join(sections))
 
 
 def _histograms(report: Report, count: int) -> str:
@@ -275,7 +324,9 @@ def render_html(report: Report, histograms: int = HISTOGRAM_SUSPECTS) -> str:
         f'<html lang="en"><head><meta charset="utf-8"/><title>{escape(title)}</title>'
         f"<style>{_CSS}</style></head><body>"
         f"<h1>{escape(title)}</h1>"
+        f"{_warnings(report)}"
         f"<h2>Summary</h2>{_summary(report)}"
+        f"{_output_groups(report)}"
         f"<h2>Cosine along the graph</h2>{_plot(report)}"
         f"<h2>Values of the top suspects</h2>{_histograms(report, histograms)}"
         f"<h2>Layers</h2><p>Click a column header to sort.</p>{_table(report)}"

@@ -8,6 +8,7 @@ import numpy as np
 
 from ptq.core.qparams import QParams
 from reports.metrics import Similarity
+from reports.output_breakdown import OutputBreakdown
 from reports.value_histogram import ValueHistogram
 
 
@@ -158,10 +159,12 @@ class OutputReport:
 
     name: str
     similarity: Similarity
+    breakdown: OutputBreakdown = field(default_factory=OutputBreakdown)  # its parts and channels
 
     def to_dict(self) -> dict:
         d = self.similarity.to_dict()
-        return {"name": self.name, "cosine": d["cosine"], "mse": d["mse"], "sqnr_db": d["sqnr_db"], "max_abs_err": d["max_abs_err"]}
+        return {"name": self.name, "cosine": d["cosine"], "mse": d["mse"], "sqnr_db": d["sqnr_db"],
+                "max_abs_err": d["max_abs_err"], **self.breakdown.to_dict()}
 
 
 @dataclass
@@ -180,6 +183,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     isolated_images: int = 0  # images the isolated metrics were accumulated over (the first ones)
     inputs: dict = field(default_factory=dict)  # the samples used: --images or --data, preprocessing, labels, ...
+    warnings: list[str] = field(default_factory=list)  # dead output parts or channels (`reports.output_breakdown`)
+    detections: Optional[dict] = None  # `reports.detections.DetectionAgreement.to_dict()` with --task detect
 
     def to_dict(self) -> dict:
         outputs: dict = {"tensors": [o.to_dict() for o in self.outputs]}
@@ -187,6 +192,8 @@ class Report:
             outputs["index_outputs"] = [{"name": name, **value} for name, value in self.index_outputs.items()]
         if self.classification:
             outputs.update(self.classification)
+        if self.detections:
+            outputs["detections"] = dict(self.detections)
         return {
             "model": self.model,
             "quant": self.quant,
@@ -197,6 +204,7 @@ class Report:
             "float_nodes": list(self.float_nodes),
             "float_reasons": dict(self.float_reasons),
             "notes": list(self.notes),
+            "warnings": list(self.warnings),
             "outputs": outputs,
             "bottlenecks": [b.to_dict() for b in self.bottlenecks],
             "layers": [layer.to_dict() for layer in self.layers],
@@ -223,4 +231,14 @@ METRIC_DEFINITIONS = {
     "top5_agreement": "fraction of images where the float argmax is among the integer top 5 (10 classes or more)",
     "index_outputs": "per index or boolean graph output (ArgMax, TopK indices, a mask): the fraction of its values "
                      "equal to the float model's, over all images",
+    "parts": "per output that is a join (a Concat, then only Reshape/Transpose-like ops), each joined input's "
+             "elements: cosine pooled over all its elements of all images, mse, sqnr_db, max_abs_err, the distinct "
+             "integer codes it takes (counted up to 5), its float range, codes_needed (the most distinct codes its "
+             "float values take in one image on a 256-step grid of their own min..max); dead: 4 or fewer codes "
+             "while the float values vary (more than 4 needed, spread above 1e-3 of their magnitude)",
+    "channels": "per output of rank >= 3 with 2..256 channels on axis 1, the same per channel; channel_cosine: "
+                "min / median / max of the channels' cosines and the worst channel",
+    "detections": "with --task detect: the integer run's detections matched to float's (same class, IoU >= "
+                  "match_iou, greedy by float score); recall = matched / float detections, precision = matched / "
+                  "integer detections, over all images",
 }

@@ -195,17 +195,21 @@ class TopKAgreement:
 @dataclass
 class ValueAgreement:
     """How many values of an index or boolean output (ArgMax, TopK indices, a mask) equal the reference's:
-    exact comparison, element by element. Merging adds the counts."""
+    exact comparison, element by element. An output whose length depends on the data (NonMaxSuppression's
+    selected boxes) is compared row by row along axis 0 over the rows both have; each row only one of them has
+    counts as unequal. Merging adds the counts."""
 
     values: int = 0
     equal: int = 0
 
     def update(self, reference: np.ndarray, test: np.ndarray) -> None:
         x, y = np.asarray(reference), np.asarray(test)
-        if x.shape != y.shape:
-            raise ValueError(f"agreement: output shapes {x.shape} and {y.shape} must match")
-        self.values += x.size
-        self.equal += int(np.count_nonzero(x == y))
+        if x.shape[1:] != y.shape[1:] or x.ndim == 0:
+            raise ValueError(f"agreement: output shapes {x.shape} and {y.shape} must match past axis 0")
+        rows = min(len(x), len(y))
+        row_size = int(np.prod(x.shape[1:], dtype=np.int64))
+        self.values += max(len(x), len(y)) * row_size
+        self.equal += int(np.count_nonzero(x[:rows] == y[:rows]))
 
     def merge(self, other: "ValueAgreement") -> "ValueAgreement":
         return ValueAgreement(self.values + other.values, self.equal + other.equal)

@@ -9,8 +9,25 @@ from pathlib import Path
 from typing import Union
 
 from ptq.core.atomic import atomic_write_text
+from reports.detections import detection_line
 from reports.diagnosis import loss_spread, next_step_lines
 from reports.layers import CLIP_NOTE, Bottleneck, Report
+from reports.output_breakdown import OutputBreakdown
+
+
+def breakdown_lines(breakdown: OutputBreakdown) -> list[str]:
+    """An output's parts, one line each, and the spread of its channel cosines."""
+    lines = []
+    for part in breakdown.parts or ():
+        codes = str(part.codes) if part.dead or part.codes <= 4 else ">4"
+        lines.append(f"part {part.name} ({part.span}): cosine {part.cosine:.6f}  sqnr {part.sqnr_db:.2f} dB  "
+                     f"float {part.float_min:.4g}..{part.float_max:.4g}  codes {codes}"
+                     + ("  DEAD" if part.dead else ""))
+    spread = breakdown.spread()
+    if spread is not None:
+        lines.append(f"{len(breakdown.channels)} channels on axis 1: cosine min {spread['min']:.6f} (channel "
+                     f"{spread['worst_channel']})  median {spread['median']:.6f}  max {spread['max']:.6f}")
+    return lines
 
 CSV_COLUMNS = (
     "index", "name", "node", "op_type", "bits", "granularity", "scale", "zero_point", "range_min", "range_max",
@@ -72,10 +89,14 @@ def write_csv(report: Report, path: Union[str, Path]) -> Path:
 
 def summary_text(report: Report, top: int = 5) -> str:
     """Output metrics and the top suspects, for stdout."""
-    lines = [f"{report.images} images, {len(report.layers)} quantized tensors"]
+    lines = list(report.warnings)
+    lines.append(f"{report.images} images, {len(report.layers)} quantized tensors")
     for out in report.outputs:
         s = out.similarity
         lines.append(f"output {out.name}: cosine {s.cosine:.6f}  mse {s.mse:.4g}  sqnr {s.sqnr_db:.2f} dB")
+        lines.extend(f"  {line}" for line in breakdown_lines(out.breakdown))
+    if report.detections:
+        lines.append(detection_line(report.detections))
     for name, agreement in report.index_outputs.items():
         lines.append(f"output {name}: agreement with float {agreement['agreement']:.4f} "
                      f"({agreement['equal']}/{agreement['values']} values)")
