@@ -3,8 +3,9 @@ README.md or docs/*.md parses with the real argument parser (`ptq.cli.build_pars
 flag fails here; every relative link of README.md names a file of the repository; and `.ci/run` runs the
 README's test command.
 
-A command is a line of a fenced block whose first word is `ptq` (after an optional `$ ` prompt), or the part
-of a line after `&&` that starts so; a line ending in `\\` continues on the next. `ptq report: note: ...` is a
+A command is a line of a fenced block whose first word is `ptq`, or the part of a line after `&&` that starts
+so; a line ending in `\\` continues on the next. In a block where some lines start with a `$ ` prompt (a
+terminal transcript), only those are commands, the other lines are output. `ptq report: note: ...` is a
 message ptq printed (its second word ends with a colon), not a command. A synopsis is written `usage: ptq ...`
 so that it is not taken for a command.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import re
 import shlex
 from pathlib import Path
@@ -28,12 +30,17 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
-def fenced_lines(text: str) -> list[tuple[int, str]]:
-    """(line number, line) of every line inside a fenced code block, continuation lines joined."""
-    lines, inside, pending = [], False, None
-    for number, line in enumerate(text.splitlines(), start=1):
+def fenced_lines(text: str) -> list[tuple[int, str, bool]]:
+    """(line number, line, whether its block has `$ ` prompts) of every line inside a fenced code block,
+    continuation lines joined."""
+    lines, inside, pending, transcript = [], False, None, False
+    all_lines = text.splitlines()
+    for number, line in enumerate(all_lines, start=1):
         if FENCE.match(line):
             inside = not inside
+            if inside:
+                block = itertools.takewhile(lambda later: not FENCE.match(later), all_lines[number:])
+                transcript = any(later.lstrip().startswith("$ ") for later in block)
             continue
         if not inside:
             continue
@@ -44,17 +51,19 @@ def fenced_lines(text: str) -> list[tuple[int, str]]:
             pending = (number, line.rstrip()[:-1].rstrip())
             continue
         pending = None
-        lines.append((number, line))
+        lines.append((number, line, transcript))
     return lines
 
 
 def commands(text: str) -> list[tuple[int, str]]:
     """(line number, command) of every `ptq` command line in the fenced blocks of a Markdown text."""
     found = []
-    for number, line in fenced_lines(text):
+    for number, line, transcript in fenced_lines(text):
         line = line.strip()
         if line.startswith("$ "):
             line = line[2:]
+        elif transcript:  # in a block with prompts, a line without one is output
+            continue
         for part in line.split("&&"):
             words = part.strip().split()
             if len(words) >= 2 and words[0] == "ptq" and not words[1].endswith(":"):
@@ -122,15 +131,18 @@ def test_commands_are_found_in_blocks_only():
     text = "\n".join([
         "Run `ptq calibrate --bogus` in prose: not a command.",
         "```",
-        "$ ptq table show out/a.quant.json getitem_6",
-        "ptq report: note: out/hand.quant.json: edited",
         "pip install -e . && ptq run m.onnx --quant q.json \\",
         "    --images x",
+        "ptq report: note: out/hand.quant.json: edited",
         "usage: ptq calibrate MODEL [--out DIR]",
         "```",
+        "```",
+        "$ ptq table show out/a.quant.json getitem_6",
+        "ptq report end to end (output of a bench script)",
+        "```",
     ])
-    assert commands(text) == [(3, "ptq table show out/a.quant.json getitem_6"),
-                              (5, "ptq run m.onnx --quant q.json --images x")]
+    assert commands(text) == [(3, "ptq run m.onnx --quant q.json --images x"),
+                              (9, "ptq table show out/a.quant.json getitem_6")]
 
 
 def readme_links() -> list[str]:
