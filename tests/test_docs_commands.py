@@ -71,19 +71,19 @@ def commands(text: str) -> list[tuple[int, str]]:
     return found
 
 
-def strict_parser() -> argparse.ArgumentParser:
-    """The `ptq` parser without abbreviated long options (`--num-image` would match `--num-images`): a doc
-    must spell a flag as it is defined. argparse lists its subparsers only in its private `_actions`."""
-    parser = build_parser()
+def no_abbreviations(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`parser` and its subparsers (`ptq table set` is two deep) without abbreviated long options
+    (`--num-image` would match `--num-images`): a doc must spell a flag as it is defined. argparse lists its
+    subparsers only in its private `_actions`."""
     parser.allow_abbrev = False
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
-                sub.allow_abbrev = False
+                no_abbreviations(sub)
     return parser
 
 
-PARSER = strict_parser()
+PARSER = no_abbreviations(build_parser())
 
 
 def parse_error(command: str) -> Optional[str]:
@@ -125,6 +125,8 @@ def test_a_bad_flag_fails_the_check():
     # an abbreviation of a real flag is refused too
     assert parse_error("ptq run m.onnx --quant q.json --images x --num-image 3") is not None
     assert parse_error("ptq run m.onnx --images x") is not None  # --quant is required
+    assert parse_error("ptq table set t.quant.json getitem_6 --bits 16") is None
+    assert parse_error("ptq table set t.quant.json getitem_6 --bit 16") is not None
 
 
 def test_commands_are_found_in_blocks_only():
