@@ -1,7 +1,7 @@
 """The documentation's commands and links stay true: every `ptq ...` command line in a fenced code block of
 README.md or docs/*.md parses with the real argument parser (`ptq.cli.build_parser`), so a renamed or removed
-flag fails here; every relative link of README.md names a file of the repository; and `.ci/run` runs the
-README's test command.
+flag fails here; every relative link of README.md names a file of the repository; `.ci/run` runs the
+README's test command and docs build; and the MkDocs hook (`scripts/mkdocs_hooks.py`) keeps table pipes right.
 
 A command is a line of a fenced block whose first word is `ptq`, or the part of a line after `&&` that starts
 so; a line ending in `\\` continues on the next. In a block where some lines start with a `$ ` prompt (a
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
 import itertools
 import re
@@ -171,3 +172,11 @@ def test_ci_runs_the_readme_test_command():
     docs_command = 'pip install -e ".[docs]" && mkdocs build --strict'
     for command in (test_command, docs_command):
         assert command in readme and command in ci
+
+
+def test_the_docs_hook_unescapes_pipes_in_table_code_spans_only():
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "scripts" / "mkdocs_hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    text = "| `--ray auto\\|local` | a \\| b |\nprose `x\\|y`"
+    assert hooks.unescape_table_pipes(text) == "| `--ray auto|local` | a \\| b |\nprose `x\\|y`"
