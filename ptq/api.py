@@ -104,12 +104,13 @@ def calibrate(
 ) -> CalibrationResult:
     """`ptq calibrate`: the quant table (and, with `out`, `<stem>.quant.json` and `<stem>.qdq.onnx` there).
 
-    >>> import tempfile, ptq
-    >>> out = tempfile.mkdtemp()
-    >>> result = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=out,
-    ...                        num_images=2, mean=127.5, std=127.5, quiet=True)
-    >>> result.images_used, result.table.options.preprocess["mean"], result.table_path.name
-    (2, [127.5, 127.5, 127.5], 'efficientnet_lite0.quant.json')
+    Examples:
+        >>> import tempfile, ptq
+        >>> out = tempfile.mkdtemp()
+        >>> result = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=out,
+        ...                        num_images=2, mean=127.5, std=127.5, quiet=True)
+        >>> result.images_used, result.table.options.preprocess["mean"], result.table_path.name
+        (2, [127.5, 127.5, 127.5], 'efficientnet_lite0.quant.json')
     """
     from ptq.calibration.pipeline import calibrate as run_calibration
 
@@ -284,13 +285,14 @@ def run(
     """`ptq run`: classify each sample with the integer graph (and the float model, for the agreement).
     With `num_images`, that many files drawn with `seed`.
 
-    >>> import tempfile, ptq
-    >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
-    ...                     num_images=2, quiet=True)
-    >>> result = ptq.run("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
-    ...                  num_images=2, top=3, quiet=True)
-    >>> result.images, len(result.samples[0].classes), result.agreement, result.accuracy is None
-    (2, 3, 1.0, True)
+    Examples:
+        >>> import tempfile, ptq
+        >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
+        ...                     num_images=2, quiet=True)
+        >>> result = ptq.run("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
+        ...                  num_images=2, top=3, quiet=True)
+        >>> result.images, len(result.samples[0].classes), result.agreement, result.accuracy is None
+        (2, 3, 1.0, True)
     """
     from tqdm import tqdm
 
@@ -393,15 +395,16 @@ def report(
     `match_iou`, same class; `reports.detections`): recall and precision in `result.report.detections`; None
     or "auto" does so when the graph has one NonMaxSuppression node; "classify" never.
 
-    >>> import tempfile, ptq
-    >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
-    ...                     num_images=2, quiet=True)
-    >>> result = ptq.report("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
-    ...                     num_images=2, out=tempfile.mkdtemp(), quiet=True)
-    >>> result.report.images, [p.name for p in result.paths], result.outputs[0].similarity.cosine > 0.9
-    (2, ['report.json', 'report.csv', 'report.html'], True)
-    >>> result.report.inputs["preprocess"]["crop_ratio"], len(result.bottlenecks) > 0
-    (0.875, True)
+    Examples:
+        >>> import tempfile, ptq
+        >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
+        ...                     num_images=2, quiet=True)
+        >>> result = ptq.report("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
+        ...                     num_images=2, out=tempfile.mkdtemp(), quiet=True)
+        >>> result.report.images, [p.name for p in result.paths], result.outputs[0].similarity.cosine > 0.9
+        (2, ['report.json', 'report.csv', 'report.html'], True)
+        >>> result.report.inputs["preprocess"]["crop_ratio"], len(result.bottlenecks) > 0
+        (0.875, True)
     """
     from reports.build import build_report
     from reports.detections import detection_task
@@ -503,13 +506,14 @@ def debug(
     graph; or with `auto=K` try the report's top K suspects in float and in 16 bits (`write_quant`: the
     suggested mixed-precision table); `dump`: the float and integer tensors as .npy. With `out`, debug.json.
 
-    >>> import tempfile, ptq
-    >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
-    ...                     num_images=2, quiet=True)
-    >>> result = ptq.debug("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
-    ...                    num_images=2, fake_quant_ops=["Conv"], quiet=True)
-    >>> result.fake_quant.after.cosine > result.fake_quant.before.cosine
-    True
+    Examples:
+        >>> import tempfile, ptq
+        >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
+        ...                     num_images=2, quiet=True)
+        >>> result = ptq.debug("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
+        ...                    num_images=2, fake_quant_ops=["Conv"], quiet=True)
+        >>> result.fake_quant.after.cosine > result.fake_quant.before.cosine
+        True
     """
     from ptq.table.quant_table import save_quant_table
     from reports.auto_debug import auto_debug
@@ -600,15 +604,16 @@ def tune(
     passes over the samples (statistics, ranking, each step's validation cosines) on a pool, with the same
     result (`ptq.tuning.shards`).
 
-    >>> import tempfile, ptq
-    >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
-    ...                     num_images=3, quiet=True)
-    >>> result = ptq.tune("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
-    ...                   num_images=3, target_cosine=0.9, quiet=True)
-    >>> result.reached, result.steps, result.validation_samples, result.table_path.name
-    (True, [], 1, 'efficientnet_lite0.tuned.quant.json')
-    >>> result.qdq_path.name, result.qdq_target
-    ('efficientnet_lite0.tuned.qdq.onnx', 'ort-cpu')
+    Examples:
+        >>> import tempfile, ptq
+        >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
+        ...                     num_images=3, quiet=True)
+        >>> result = ptq.tune("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
+        ...                   num_images=3, target_cosine=0.9, quiet=True)
+        >>> result.reached, result.steps, result.validation_samples, result.table_path.name
+        (True, [], 1, 'efficientnet_lite0.tuned.quant.json')
+        >>> result.qdq_path.name, result.qdq_target
+        ('efficientnet_lite0.tuned.qdq.onnx', 'ort-cpu')
     """
     from ptq.adjust.adjusted_model import adjusted_path, save_adjusted
     from ptq.core.atomic import refuse_to_overwrite
@@ -709,13 +714,15 @@ def export_table(
     records), checked in onnxruntime against the float model as `ptq.calibrate` does, unless `quiet` or
     `no_check`. A table that does not match the model is a one-line error.
 
-    >>> import tempfile, ptq
-    >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
-    ...                     num_images=2, quiet=True)
-    >>> result = ptq.export_table("examples/efficientnet_lite0.onnx", quant=cal.table_path,
-    ...                           out=cal.table_path.with_name("again.qdq.onnx"), images="examples/calib", num_images=2)
-    >>> result.path.name, result.target, result.check.samples, result.float_nodes
-    ('again.qdq.onnx', 'ort-cpu', 2, {})
+    Examples:
+        >>> import tempfile, ptq
+        >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
+        ...                     num_images=2, quiet=True)
+        >>> result = ptq.export_table("examples/efficientnet_lite0.onnx", quant=cal.table_path,
+        ...                           out=cal.table_path.with_name("again.qdq.onnx"), images="examples/calib",
+        ...                           num_images=2)
+        >>> result.path.name, result.target, result.check.samples, result.float_nodes
+        ('again.qdq.onnx', 'ort-cpu', 2, {})
     """
     from ptq.adjust.adjusted_model import load_model_for_table, resolve_adjusted
     from ptq.core.atomic import refuse_to_overwrite

@@ -51,6 +51,24 @@ ModelSource = Union[str, Path, onnx.ModelProto]
 
 @dataclass
 class CalibrationResult:
+    """`ptq.calibrate`: the quant table, the graph it describes and what was written.
+
+    Attributes:
+        table: the quantization table (ranges, scales, zero points of every tensor, and the options used).
+        graph: the model calibrated (the adjusted one when an option changed the weights).
+        images_used: samples that went into the statistics.
+        skipped: (path, reason) of each sample file that could not be read.
+        seconds: calibration time.
+        table_path: where `<stem>.quant.json` was written (None: nothing written, no `out`).
+        qdq_path: where `<stem>.qdq.onnx` was written (None: nothing written).
+        qdq_target: the runtime the QDQ model is stored for.
+        qdq_check: the QDQ model's output cosine to float in onnxruntime, optimizations off and on (None: not run).
+        first_run: what this first run of the installation compiled, said beside the time ("" on later runs).
+        images_skipped: the number of skipped sample files.
+        tensors_calibrated: activations in the table.
+        weights_quantized: weights in the table.
+    """
+
     table: QuantTable
     graph: Graph
     images_used: int

@@ -98,6 +98,25 @@ class TuneStep:
 
 @dataclass
 class TuneResult:
+    """`ptq.tune`: the tuned table, the validation score before and after, and every step tried.
+
+    Attributes:
+        table: the tuned quantization table.
+        baseline: the starting table's validation score (mean cosine and its standard error).
+        score: the tuned table's validation score.
+        target: the target cosine (`target_cosine`), reached when `score`'s mean minus `z` standard errors is at
+            least target + margin.
+        steps: every step tried, kept or dropped, with its validation cosine and gain.
+        int16_tensors: the tensors the tuned table holds in 16 bits.
+        float_nodes: the nodes it runs in float.
+        table_path: where the tuned table was written.
+        record_path: where `<stem>.tune.json` (the steps) was written.
+        qdq_path: where the tuned table's QDQ model was written.
+        qdq_check: its onnxruntime check (None: not run).
+        cosine: the tuned validation cosine (`score`'s mean).
+        reached: whether the target was reached.
+    """
+
     table: QuantTable
     graph: Graph  # the graph the table runs with (biases re-corrected when weight grids changed)
     baseline: Score
