@@ -9,6 +9,7 @@ calibrator's `param` field (`3std` -> NStd(n=3), `99.99percentile` -> Percentile
 from __future__ import annotations
 
 import re
+import sys
 from abc import ABC, abstractmethod
 from typing import ClassVar, Iterable, Optional, Union
 
@@ -101,8 +102,6 @@ def available_calibrators() -> list:
 def describe_calibrators() -> list[str]:
     """One line per calibrator: how to spell it and what range it gives (the first line of its module's
     docstring, after the spelling it starts with)."""
-    import sys
-
     lines = []
     for name in sorted(_REGISTRY):
         cls = _REGISTRY[name]

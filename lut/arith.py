@@ -5,7 +5,10 @@ Div, y = a / b: a reciprocal table r_q = R(b_q) quantizes 1/b_f to a 16-bit symm
 
     y_q = clamp(((a_q - zp_a) * r_q * M + 2^(N-1)) >> N) + zp_y),   M / 2^N ~= s_a * s_r / s_y
 
-b_f = 0 reads the saturated reciprocal (+32767): y saturates with the sign of a (0 when a_f = 0).
+b_f = 0 (b_q = zp_b) gives y = qmax for a_f > 0, qmin for a_f < 0 and zp_y for a_f = 0, whatever the
+table holds there (a_f / 0 is +-inf in float; the saturated reciprocal times a small |a_c| would not saturate).
+LSB bound vs the float a_f / b_f (clamped to y's range), 8-bit a and b, 8-bit y: 0.5 (final rounding) +
+|y_c| * (0.5 * |b_c| / 32767 (reciprocal code rounding) + 2^-(mbits-1) (multiplier)) <= 1.0 LSB.
 
 Pow, z = x^y with a variable exponent:  z = sign(x)^y * exp(y * log|x|)
 
@@ -67,10 +70,32 @@ class Divider:
 
     def forward(self, a_q, b_q) -> np.ndarray:
         a = _int_codes(a_q, "a")
-        r = self.reciprocal.lookup(_int_codes(b_q, "b")).astype(np.int64)
+        b = _int_codes(b_q, "b")
+        r = self.reciprocal.lookup(b).astype(np.int64)
         oq = self.out_qparams
-        acc = (a - int(self.a_qparams.zero_point[0])) * r
-        return requantize(acc, self.multiplier, self.shift, oq.zero_point[0], oq.qmin, oq.qmax, dtype=oq.dtype)
+        a_c = a - int(self.a_qparams.zero_point[0])
+        y = requantize(a_c * r, self.multiplier, self.shift, oq.zero_point[0], oq.qmin, oq.qmax, dtype=oq.dtype)
+        # b_f = 0: a_f / 0 is +-inf in float; the saturated reciprocal times a small a_c would land near zero
+        zero_divisor = b == int(self.b_qparams.zero_point[0])
+        if np.any(zero_divisor):
+            saturated = np.where(a_c > 0, oq.qmax, np.where(a_c < 0, oq.qmin, int(oq.zero_point[0])))
+            y = np.where(zero_divisor, saturated, y).astype(oq.dtype)
+        return y
+
+
+def reciprocal_table(b_qparams: QParams, recip_q: QParams) -> LookupTable:
+    """R(b_q) = round_half_away(R_MAX / b_c), b_c = b_q - zp_b, R_MAX = 2^(RECIPROCAL_BITS-1) - 1, computed in
+    integers (1 / b_f in units of s_r = 1 / (s_b * R_MAX) is exactly R_MAX / b_c; a float build would round its
+    ties, e.g. 32767 / 14 = 2340.5, either way). R(zp_b) = R_MAX. Odd in b_c: a half table when zp_b = 0."""
+    r_max = (1 << (recip_q.bits - 1)) - 1
+    zp = int(b_qparams.zero_point[0])
+    half = zp == 0 and b_qparams.signed
+    b_c = np.arange(0, -b_qparams.qmin + 1, dtype=np.int64) if half else \
+        np.arange(b_qparams.qmin, b_qparams.qmax + 1, dtype=np.int64) - zp
+    magnitude, rem = np.divmod(r_max, np.maximum(np.abs(b_c), 1))
+    magnitude = magnitude + (2 * rem >= np.abs(b_c))
+    values = np.where(b_c == 0, r_max, np.sign(b_c) * magnitude)
+    return LookupTable(b_qparams, recip_q, values.astype(recip_q.dtype), half=half, mirror="odd" if half else None)
 
 
 def build_divider(a_qparams: QParams, b_qparams: QParams, out_qparams: QParams, *,
@@ -81,8 +106,7 @@ def build_divider(a_qparams: QParams, b_qparams: QParams, out_qparams: QParams, 
     _table_input(b_qparams, "b_qparams")
     recip_q = QParams(scale=1.0 / (float(b_qparams.scale[0]) * ((1 << (RECIPROCAL_BITS - 1)) - 1)),
                       zero_point=0, bits=RECIPROCAL_BITS, signed=True, narrow=True)
-    f = FUNCTIONS["reciprocal"]
-    table = build_table(f, b_qparams, recip_q, symmetry=f.symmetry, center=f.center)
+    table = reciprocal_table(b_qparams, recip_q)
     factor = float(a_qparams.scale[0]) * float(recip_q.scale[0]) / float(out_qparams.scale[0])
     m, n = quantize_multiplier(factor, mbits)
     return Divider(a_qparams, b_qparams, out_qparams, table, int(m[0]), int(n[0]))

@@ -12,6 +12,9 @@ negative numbers) or +-inf (Log(0), Reciprocal(+-0)), as numpy does.
 """
 from __future__ import annotations
 
+# imports inside functions: scipy, at first use (scipy.special, .sparse, .optimize each take about half a second to
+# import; `import ops` and the `ptq` command would pay for them otherwise)
+
 from dataclasses import dataclass
 from typing import Callable, Literal, Optional
 

@@ -21,6 +21,9 @@ The nodes are fitted offline in float64; v(a) = (1 - w) e[i] + w e[i+1] with w =
 """
 from __future__ import annotations
 
+# imports inside functions: scipy, at first use (scipy.special, .sparse, .optimize each take about half a second to
+# import; `import ops` and the `ptq` command would pay for them otherwise)
+
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 

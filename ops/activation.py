@@ -63,6 +63,7 @@ class Relu(OpDef):
     int_types = "int8/uint8/int16 -> uint8/uint16 (4.54) or the input's type"
     section = "4.54"
     absorbable = True
+    positively_homogeneous = True
     conformance = Case()
 
     def clip_range(self, node, constant):
@@ -133,6 +134,7 @@ class LeakyRelu(OpDef):
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
     section = "4.39"
     absorbable = True
+    positively_homogeneous = True
     conformance = Case(attrs={"alpha": 0.1})
 
     def activation_params(self, node, constant):
@@ -160,6 +162,7 @@ class PRelu(OpDef):
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
     section = "4.52"
     granularity = "per-channel slope"
+    positively_homogeneous = True
     conformance = Case(inputs=(X, "slope"), constants={"slope": uniform_constant("slope", (3, 1, 1), 0.05, 0.5)})
 
     def forward_float(self, node, inputs):

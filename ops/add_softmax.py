@@ -9,6 +9,10 @@ over 4096 terms, as Softmax):
 
     constant b:    b_x = round_half_even(b / s_x)                    (offline, clipped to +-2^40)
     activation b:  b_x = ((b_q - zp_b) * M + 2^(N-1)) >> N,          M / 2^N ~= s_b / s_x
+                   or, for a mask grid far coarser than the scores' (s_b / s_x >= 2^mbits: a mask of
+                   finfo.min or -1e9 from an attention_mask input), b_x = clip((b_q - zp_b) * M, +-2^40) << L,
+                   M * 2^L ~= s_b / s_x with L <= 41 (every nonzero code then saturates: a masked position)
+    b_x is clipped to +-2^40 in both cases.
     l_i = x_q[i] + b_x[i];  d_i = max_j l_j - l_i;  e_i = exp_table[min(d_i, len - 1)];  S = sum_i e_i
     y_q[i] = floor(e_i * Q / S) + (2 * (e_i * Q mod S) >= S),        Q = 2^B - 1
 
@@ -33,6 +37,7 @@ from ops.registry import IntRuntime, OpDef, QuantizeContext, QuantizedNode, regi
 from ptq.core.requant import requantize
 
 BIAS_CODE_LIMIT = 1 << 40
+MAX_LEFT_SHIFT = 41  # 2^41 > BIAS_CODE_LIMIT: any nonzero code saturates
 
 
 @dataclass
@@ -41,6 +46,7 @@ class QuantizedAddSoftmax(QuantizedNode):
     bias_codes: Optional[np.ndarray]  # constant b in units of s_x (int64)
     m: int = 0  # activation b: M, N of s_b / s_x
     n: int = 0
+    left_shift: int = 0  # activation b with s_b / s_x >= 2^mbits: M * 2^left_shift ~= s_b / s_x (n = 0)
 
 
 def _add_softmax_reference(x, b):
@@ -84,8 +90,15 @@ class AddSoftmax(OpDef):
             return QuantizedAddSoftmax(ctx.node, [x_qp, None], [kernel.out_qparams], kernel, codes)
         b_qp = require_qparams(ctx.in_qparams[1], "input 1 (bias)")
         require_per_tensor(b_qp, "input 1 (bias)")
-        m, n = multiplier(float(b_qp.scale[0]) / s_x, ctx.options.mbits, "s_b / s_x")
-        return QuantizedAddSoftmax(ctx.node, [x_qp, b_qp], [kernel.out_qparams], kernel, None, int(m[0]), int(n[0]))
+        ratio = float(b_qp.scale[0]) / s_x
+        mmax = (1 << ctx.options.mbits) - 1
+        if ratio < mmax:
+            m, n = multiplier(ratio, ctx.options.mbits, "s_b / s_x")
+            return QuantizedAddSoftmax(ctx.node, [x_qp, b_qp], [kernel.out_qparams], kernel, None, int(m[0]),
+                                       int(n[0]))
+        shift = min(int(np.ceil(np.log2(ratio / mmax))), MAX_LEFT_SHIFT)
+        m_big = int(np.clip(np.rint(ratio / 2.0 ** shift), 1, mmax))
+        return QuantizedAddSoftmax(ctx.node, [x_qp, b_qp], [kernel.out_qparams], kernel, None, m_big, 0, shift)
 
     def forward_int(self, q: QuantizedAddSoftmax, inputs, runtime: IntRuntime):
         x = np.asarray(inputs[0]).astype(np.int64)
@@ -93,7 +106,11 @@ class AddSoftmax(OpDef):
             bias = q.bias_codes
         else:
             b_c = np.asarray(inputs[1]).astype(np.int64) - int(q.in_qparams[1].zero_point[0])
-            bias = requantize(b_c, q.m, q.n, 0, -BIAS_CODE_LIMIT, BIAS_CODE_LIMIT)
+            if q.left_shift:
+                bound = (BIAS_CODE_LIMIT >> q.left_shift) + 1
+                bias = np.clip(np.clip(b_c * q.m, -bound, bound) << q.left_shift, -BIAS_CODE_LIMIT, BIAS_CODE_LIMIT)
+            else:
+                bias = requantize(b_c, q.m, q.n, 0, -BIAS_CODE_LIMIT, BIAS_CODE_LIMIT)
         logits = x + bias
         _, e, total, _ = row_terms(q.kernel, logits)
         return [divide_rounded(e, total, q.kernel.out_qparams)]

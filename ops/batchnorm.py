@@ -34,6 +34,7 @@ from ops.linear import (
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.bias import bias_scale, quantize_bias
 from ptq.core.qparams import QParams, compute_qparams
+from ptq.core.roles import LayerKind
 
 
 @dataclass
@@ -62,6 +63,7 @@ class BatchNormalization(OpDef):
     section = "4.5"
     granularity = "per-channel 16-bit weights"
     int_types = "int8/uint8/int16 x int16 -> int48 acc"
+    layer_kind = LayerKind.BATCH_NORMALIZATION
     conformance = Case(inputs=(X, "s", "b", "m", "v"),
                        constants={"s": uniform_constant("bns", (3,), 0.5, 1.5), "b": uniform_constant("bnb", (3,)),
                                   "m": uniform_constant("bnm", (3,)), "v": uniform_constant("bnv", (3,), 0.5, 2.0)})

@@ -24,6 +24,9 @@ multipliers; quantizing x and w adds their own error against the unquantized flo
 """
 from __future__ import annotations
 
+# imports inside functions: `ops.compiled`'s numba kernels, imported by the first run that takes the compiled path
+# (numba's import costs about half a second; `ops.compiled.enabled` decides)
+
 from dataclasses import dataclass
 from typing import Optional
 
@@ -49,7 +52,7 @@ from ops.linear import (
 )
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.bias import bias_scale, quantize_bias
-from ptq.core.roles import BiasRole, BiasSlot, WeightRole
+from ptq.core.roles import BiasRole, BiasSlot, LayerKind, WeightRole
 
 
 @dataclass
@@ -152,11 +155,15 @@ class Conv(OpDef):
     granularity = "per-channel weights"
     absorbs_activation = True
     absorbs_batchnorm = True
+    layer_kind = LayerKind.CONVOLUTION
     conformance = Case(inputs=(X, "w", "b"), constants={"w": uniform_constant("convw", (4, 3, 3, 3), -0.5, 0.5),
                                                   "b": uniform_constant("convb", (4,))}, attrs={"pads": [1, 1, 1, 1]})
 
     def weight_role(self, node):
         return WeightRole(1, 0)
+
+    def channel_groups(self, node):
+        return int(node.attr("group", 1))
 
     def bias_role(self, node):
         return _bias_role(node)
@@ -240,6 +247,9 @@ class ConvTranspose(OpDef):
 
     def weight_role(self, node):
         return WeightRole(1, 1)
+
+    def channel_groups(self, node):
+        return int(node.attr("group", 1))
 
     def bias_role(self, node):
         return _bias_role(node)

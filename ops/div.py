@@ -1,4 +1,5 @@
-"""Div with numpy broadcasting (whitepaper 4.23), in the ONNX convention (a_c = a_q - zp_a, b_c = b_q - zp_b).
+"""Div with numpy broadcasting (whitepaper 4.23), in the ONNX convention (a_c = a_q - zp_a, b_c = b_q - zp_b),
+and Reciprocal, 1 / x, as the integer division of a constant numerator (end of this docstring).
 
 A constant divisor b (x / 6 in a decomposed hard-swish, x / sqrt(2) in GELU) is folded, per element of b,
 into the requant multiplier: nothing of b is quantized, so the only errors are the multiplier's and the final
@@ -14,8 +15,18 @@ A divisor computed at run time takes the whitepaper's integer division, rounded 
     LSB bound: 0.5 + 0.5 * 2^-N + |y_q - zp_y| * 2^-(mbits-1)
 
 or, with `QuantizeOptions.reciprocal_div`, the LUT variant of 4.23 (`lut.arith.build_divider`: a 16-bit
-reciprocal table on b, at most 10-bit b). b_c = 0 saturates with the sign of a (0 when a_c = 0), as the table
-does. A constant numerator is quantized per tensor on its own range with 16 bits.
+reciprocal table on b, at most 10-bit b, R(b_c) = round_half_away(32767 / b_c) computed in integers).
+b_c = 0 saturates with the sign of a (zp_y when a_c = 0), in both variants. LSB bound of the table variant:
+0.5 + |y_c| * (0.5 * |b_c| / 32767 + 2^-(mbits-1)), at most 1.5 for 8-bit codes (tests/ops/test_div.py checks
+every pair of 8-bit codes). A constant numerator is quantized per tensor on its own range with 16 bits.
+
+Reciprocal, y = 1 / x (x_c = x_q - zp_x): 1 / x_f / s_y = K / x_c with K = 1 / (s_x s_y) ~= M * 2^E (M of mbits
+bits: E = -N <= 0 from `quantize_multiplier`, else E > 0 for K >= 2^mbits), so
+
+    y_q = clamp(round_half_away((M << max(E, 0)) / (x_c << max(-E, 0))) + zp_y, qmin, qmax)
+
+an integer division rounded by its remainder, for inputs of any width; x_c = 0 (x_f = 0, 1 / x = +inf)
+saturates to qmax. LSB bound vs the float op on the dequantized x: 0.5 + |y_c| * 2^-(mbits-1).
 """
 from __future__ import annotations
 
@@ -123,3 +134,49 @@ class Div(OpDef):
         # b = 0: the largest quotient of the right sign saturates the output (0 / 0 gives 0)
         quotient = np.where(zero, np.sign(num) * ZERO_DIVISOR_QUOTIENT, quotient)
         return [requantize(quotient, 1, q.n, y_qp.zero_point[0], y_qp.qmin, y_qp.qmax, dtype=y_qp.dtype)]
+
+
+RECIPROCAL_NUMERATOR_LIMIT = 1 << 62
+
+
+@dataclass
+class QuantizedReciprocal(QuantizedNode):
+    numerator: int  # M << max(E, 0)
+    shift: int  # max(-E, 0): the divisor is x_c << shift
+
+
+@register
+class Reciprocal(OpDef):
+    """ONNX Reciprocal, 1 / x, by integer division (module docstring)."""
+
+    op_type = "Reciprocal"
+    lsb_bound = 0.52  # 0.5 + 2^8 * 2^-(mbits-1), 8-bit
+    section = "4.23 (Div with the constant numerator 1)"
+    int_types = "int8/uint8/int16 -> int8/uint8/int16"
+    conformance = Case(data="positive")
+
+    def forward_float(self, node, inputs):
+        with np.errstate(divide="ignore"):
+            return [(np.float32(1.0) / np.asarray(inputs[0], dtype=np.float32)).astype(np.float32)]
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedReciprocal:
+        x_qp = require_qparams(ctx.in_qparams[0], "input")
+        y_qp = require_qparams(ctx.out_qparams[0], "output")
+        require_per_tensor(x_qp, "input")
+        require_per_tensor(y_qp, "output")
+        k = 1.0 / (float(x_qp.scale[0]) * float(y_qp.scale[0]))
+        limit = (1 << ctx.options.mbits) - 1
+        e = max(0, int(np.ceil(np.log2(k / limit)))) if k > limit else 0
+        m, n = multiplier(k / 2.0 ** e, ctx.options.mbits, "1 / (s_x * s_y)")
+        numerator = int(m[0]) << e
+        if numerator >= RECIPROCAL_NUMERATOR_LIMIT:
+            raise QuantizationError(f"1 / (s_x * s_y) = {k:g} is too large for an int64 division")
+        return QuantizedReciprocal(ctx.node, [x_qp], [y_qp], numerator, int(n[0]))
+
+    def forward_int(self, q: QuantizedReciprocal, inputs, runtime: IntRuntime):
+        y_qp = q.out_qparams[0]
+        x_c = np.asarray(inputs[0]).astype(np.int64) - int(q.in_qparams[0].zero_point[0])
+        zero = x_c == 0
+        quotient = divide_rounded(np.full(x_c.shape, q.numerator, dtype=np.int64), np.where(zero, 1, x_c) << q.shift)
+        y = np.where(zero, y_qp.qmax, np.clip(quotient + int(y_qp.zero_point[0]), y_qp.qmin, y_qp.qmax))
+        return [y.astype(y_qp.dtype)]

@@ -15,11 +15,18 @@ err_i = |M_i / 2^N_i - s_i / s_y| <= (s_i / s_y) * 2^-(mbits-1): under 0.6 LSB f
 Mul: y_q = clamp((((a_q - zp_a) * (b_q - zp_b) * M + 2^(N-1)) >> N) + zp_y, qmin, qmax), M / 2^N ~= s_a s_b / s_y.
 LSB bound: 0.5 + |(a - zp_a)(b - zp_b)| * |M / 2^N - s_a s_b / s_y| (under 0.52 for 8-bit operands whose
 product fits the output range; at most 2^-32 absolute error per unit of product when the factor is tiny).
+A factor too large for an mbits multiplier (an attention mask: `(1 - mask) * finfo(float32).min` onto a grid of
+a few units, `ptq.engine.float_run`) is M * 2^L, L <= 40, and saturates:
+y_q = clamp((clip(P * M, +-2^17) << L) + zp_y, qmin, qmax), P = (a_q - zp_a)(b_q - zp_b) -- every nonzero product
+lands on the end of the grid it points to, as the float product does; zero stays zero (exact).
 
 A constant input (e.g. a bias-like addend or a scale) is quantized per tensor with the qparams the quant
 table gives for it, else with its own min/max (asymmetric, as many bits as the other input).
 """
 from __future__ import annotations
+
+# imports inside functions: `ops.compiled`'s numba kernels, imported by the first run that takes the compiled path
+# (numba's import costs about half a second; `ops.compiled.enabled` decides)
 
 from dataclasses import dataclass
 from typing import Optional
@@ -34,6 +41,8 @@ from ptq.core.qparams import QParams, compute_qparams
 from ptq.core.requant import requantize, shift_round
 
 COMMON_SHIFT = 16
+SATURATING_SHIFT = 40  # Mul's left shift for a factor >= 2^mbits (past 2^17 every code saturates anyway)
+SATURATING_PRODUCT = 1 << 17  # |P * M| kept below this before the left shift: beyond any 16-bit grid
 
 
 @dataclass
@@ -42,6 +51,7 @@ class QuantizedElementwise(QuantizedNode):
     m: np.ndarray  # Add/Sub: (M_a, M_b); Mul: (M,)
     n: np.ndarray
     shift: int  # Add/Sub: L; Mul: 0
+    left_shift: int = 0  # Mul with s_a s_b / s_y >= 2^mbits: M * 2^left_shift ~= s_a s_b / s_y (N = 0)
 
 
 def _input_qparams(ctx: QuantizeContext) -> tuple[list[QParams], list[Optional[np.ndarray]]]:
@@ -162,10 +172,21 @@ class Mul(OpDef):
         y_qp = require_qparams(ctx.out_qparams[0], "output")
         require_per_tensor(y_qp, "output")
         r = float(qps[0].scale[0]) * float(qps[1].scale[0]) / float(y_qp.scale[0])
+        mmax = (1 << ctx.options.mbits) - 1
+        if r >= mmax and np.isfinite(r):
+            left = min(int(np.ceil(np.log2(r / mmax))), SATURATING_SHIFT)
+            m = np.array([int(np.clip(np.rint(r / 2.0 ** left), 1, mmax))], dtype=np.int64)
+            return QuantizedElementwise(ctx.node, qps + list(ctx.in_qparams[2:]), [y_qp], (codes[0], codes[1]), m,
+                                        np.zeros(1, dtype=np.int64), 0, left)
         m, n = multiplier(r, ctx.options.mbits, "s_a * s_b / s_y")
         return QuantizedElementwise(ctx.node, qps + list(ctx.in_qparams[2:]), [y_qp], (codes[0], codes[1]), m, n, 0)
 
     def forward_int(self, q: QuantizedElementwise, inputs, runtime: IntRuntime):
+        if q.left_shift:
+            a, b = _operands(q, inputs)
+            y_qp = q.out_qparams[0]
+            product = np.clip(a * b * int(q.m[0]), -SATURATING_PRODUCT, SATURATING_PRODUCT) << q.left_shift
+            return [np.clip(product + int(y_qp.zero_point[0]), y_qp.qmin, y_qp.qmax).astype(y_qp.dtype)]
         if compiled.enabled(runtime):
             from ops.compiled.elementwise import mul_codes
 

@@ -24,6 +24,9 @@ codes (0.5 LSB rounding + M/2^N relative error 2^-(mbits-1) + bias rounding 0.5 
 """
 from __future__ import annotations
 
+# imports inside functions: `ops.compiled`'s numba kernels, imported by the first run that takes the compiled path
+# (numba's import costs about half a second; `ops.compiled.enabled` decides)
+
 from dataclasses import dataclass
 from typing import Optional
 
@@ -47,7 +50,7 @@ from ops.linear import (
 )
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.bias import bias_scale, quantize_bias
-from ptq.core.roles import BiasRole, BiasSlot, WeightRole
+from ptq.core.roles import BiasRole, BiasSlot, LayerKind, WeightRole
 
 
 @dataclass
@@ -99,6 +102,7 @@ class Gemm(OpDef):
     granularity = "per-channel weights"
     int_types = "int8/uint8/int16 x int8/int16 -> int32 (48 for 16-bit) acc"
     absorbs_activation = True
+    layer_kind = LayerKind.FULLY_CONNECTED
     conformance = Case(shape=(1, 6), inputs=(X, "w", "b"), attrs={"transB": 1},
                        constants={"w": uniform_constant("gemmw", (4, 6), -0.5, 0.5),
                                   "b": uniform_constant("gemmb", (4,))})

@@ -82,7 +82,9 @@ class Identity(_Layout):
     """ONNX Identity: y_q = x_q, output qparams = input's."""
 
     op_type = "Identity"
+    rearranges = True
     lsb_bound = 0.0
+    preserves_channel_mean = True
     conformance = Case()
 
     def is_noop(self, node):
@@ -128,6 +130,7 @@ class Reshape(_Layout):
     """ONNX Reshape (0 copies the input dimension unless allowzero=1, -1 is inferred): y_q = reshape(x_q)."""
 
     op_type = "Reshape"
+    rearranges = True
     lsb_bound = 0.0
     conformance = Case(inputs=(X, "s"), constants={"s": int64s(1, 12, 5)})
 
@@ -150,7 +153,9 @@ class Flatten(_Layout):
     """ONNX Flatten: (d_0 * ... * d_{axis-1}, d_axis * ... * d_{n-1})."""
 
     op_type = "Flatten"
+    rearranges = True
     lsb_bound = 0.0
+    preserves_channel_mean = True  # over (N, C, 1, ...) inputs, the only ones analytic bias correction meets
     conformance = Case()
 
     def apply(self, node, x, inputs):
@@ -168,6 +173,7 @@ class Squeeze(_Layout):
     """ONNX Squeeze: drop the given size-1 axes (all size-1 axes when none are given)."""
 
     op_type = "Squeeze"
+    rearranges = True
     lsb_bound = 0.0
     conformance = Case(shape=(1, 3, 1, 5), inputs=(X, "a"), constants={"a": int64s(2)})
 
@@ -187,6 +193,7 @@ class Unsqueeze(_Layout):
     """ONNX Unsqueeze: insert size-1 axes at the given positions of the output."""
 
     op_type = "Unsqueeze"
+    rearranges = True
     lsb_bound = 0.0
     conformance = Case(inputs=(X, "a"), constants={"a": int64s(1)})
 
@@ -202,6 +209,7 @@ class Transpose(_Layout):
     """ONNX Transpose (default perm: reversed axes). Whitepaper 4.77."""
 
     op_type = "Transpose"
+    rearranges = True
     lsb_bound = 0.0
     section = "4.77"
     conformance = Case(attrs={"perm": [0, 2, 3, 1]})

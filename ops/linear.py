@@ -22,6 +22,9 @@ packed-DSP backend emulates; overflow of whichever width applies is saturated an
 """
 from __future__ import annotations
 
+# imports inside functions: `ops.compiled`'s numba kernels, imported by the first run that takes the compiled path
+# (numba's import costs about half a second; `ops.compiled.enabled` decides)
+
 from dataclasses import dataclass
 from typing import Optional
 

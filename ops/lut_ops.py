@@ -12,6 +12,9 @@ lut; at most `WIDE_TABLE_BUDGET_LSB` unless 1025 nodes cannot reach it) for inte
 """
 from __future__ import annotations
 
+# imports inside functions: `ops.compiled`'s numba kernels, imported by the first run that takes the compiled path
+# (numba's import costs about half a second; `ops.compiled.enabled` decides)
+
 from dataclasses import dataclass
 
 import numpy as np

@@ -98,3 +98,9 @@ class Min(_Extremum):
     section = "4.26"
     reduce_fn = staticmethod(np.minimum)
     conformance = Case(inputs=(X, "c"), constants={"c": uniform_constant("min", (4, 5))})
+
+    def clamp_bounds(self, node, constant):
+        """Min(x, b) with a constant b clamps x from above to b (per channel for a (C, 1, ...) b: the bound of
+        an equalized Clip, `ptq.adjust.equalize`)."""
+        bound = constant(1) if len(node.inputs) == 2 else None
+        return None if bound is None else (-np.inf, np.asarray(bound, dtype=np.float64))

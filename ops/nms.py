@@ -163,6 +163,7 @@ class NonMaxSuppression(OpDef):
     """ONNX NonMaxSuppression on box and score codes, thresholds as M/2^N (module docstring). Whitepaper 4.48."""
 
     op_type = "NonMaxSuppression"
+    selects_boxes = True
     lsb_bound = 0.0
     section = "4.48"
     int_types = "boxes, scores: int8/uint8/int16 -> int64 indices"

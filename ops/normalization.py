@@ -1,4 +1,4 @@
-"""LayerNormalization (ONNX opset 17) and InstanceNormalization in integers (whitepaper 4.5 / 4.46: integer
+"""LayerNormalization (ONNX opset 17), RMSNormalization (opset 23) and InstanceNormalization in integers (whitepaper 4.5 / 4.46: integer
 mean and variance; ONNX convention x_c = x_q - zp_x; D = number of normalized elements per row).
 
 Per row, everything in exact int64 (s_x cancels: the normalized value does not depend on the input scale):
@@ -24,8 +24,23 @@ LSB bound vs the float op on the dequantized input, with n_max = max |n| <= sqrt
 (final rounding; multiplier; pre-rounding; gamma codes, square root and n_F roundings) -- plus the
 rounding of eps_q, n * |eps_q - eps D^2/s_x^2| / (2 den), negligible unless var ~ eps.
 
-LayerNormalization: axis (default -1) to the last axis are normalized; Scale and B broadcast against them;
-the optional Mean / InvStdDev outputs (training) are refused. InstanceNormalization: axes 2.. are
+RMSNormalization (ONNX opset 23; `ptq.engine.transformer_patterns` fuses the written-out RMSNorm into it): the same
+kernel without the mean, S1 taken as 0 (x_c = x_q - zp is x / s_x exactly, so no centring is lost):
+
+    num = D * x_c,  den = D * S2 + eps_q                ( = D^2 (mean(x^2) + eps) / s_x^2)
+
+and the same LSB bound with n_max = sqrt(D).
+
+LayerNormalization: axis (default -1) to the last axis are normalized; Scale and B broadcast against them.
+Its optional Mean and InvStdDev outputs (axes kept with size 1) come from the same row sums, on their own
+calibrated grids:
+
+    mean_q = clamp(((S1 * M_m + 2^(N_m-1)) >> N_m) + zp_m),             M_m / 2^N_m ~= s_x / (D s_m)
+    inv_q  = clamp(round_half_away(D * M_i * 2^G / (r * 2^N_i)) + zp_i),  M_i / 2^N_i ~= 1 / (s_x s_i)
+
+(1 / sqrt(var + eps) = D / (s_x sqrt(den)) and r ~= sqrt(den) 2^G). LSB bounds vs the float statistics of
+the dequantized input: Mean 0.5 + |mean_c| 2^-(mbits-1); InvStdDev 0.5 + |inv_c| (2^-(mbits-1) + 2^-G) plus
+the eps_q rounding's share, all under 0.6 LSB for 8-bit outputs. InstanceNormalization: axes 2.. are
 normalized per (n, c); scale and B are per channel (axis 1).
 """
 from __future__ import annotations
@@ -35,19 +50,58 @@ from typing import Optional
 
 import numpy as np
 
-from ops.base import activation_qparams, centered, normalize_axes, require_per_tensor, require_qparams
+from ops.base import activation_qparams, centered, multiplier, normalize_axes, require_per_tensor, require_qparams
 from ops.conformance_case import X, Case, uniform_constant
 from ops.div import divide_rounded
 from ops.int_sqrt import isqrt
 from ops.linear import OutputStage, code_deviation, output_stage
 from ops.registry import IntRuntime, OpDef, QuantizationError, QuantizeContext, QuantizedNode, register
 from ptq.core.qparams import QParams
+from ptq.core.requant import requantize
 
 NORM_FRACTION_BITS = 16
 GAMMA_BITS = 16
 MAX_SQRT_BITS = 16
 INT64_BUDGET_BITS = 61
 BETA_LIMIT = 1 << 44
+
+
+@dataclass
+class RowStatistics:
+    count: int  # D
+    g: int  # the square root's extra bits G
+    s1: np.ndarray  # S1 = sum x_c per row (int64, normalized axes kept)
+    root: np.ndarray  # r = isqrt(den * 4^G) per row (int64, >= 1)
+
+
+@dataclass
+class TrainingOutputs:
+    """LayerNormalization's optional Mean and InvStdDev outputs in integers (module docstring); their (M, N)
+    depend on D, known with the input's shape, and are derived once per D."""
+
+    x_qp: QParams
+    mean_qp: Optional[QParams]
+    inv_qp: Optional[QParams]
+    mbits: int
+    _per_count: dict[int, tuple[int, int]] = field(default_factory=dict, repr=False)
+
+    def _mean_multiplier(self, count: int) -> tuple[int, int]:
+        if count not in self._per_count:
+            m, n = multiplier(float(self.x_qp.scale[0]) / (count * float(self.mean_qp.scale[0])), self.mbits,
+                              "s_x / (D * s_mean)")
+            self._per_count[count] = (int(m[0]), int(n[0]))
+        return self._per_count[count]
+
+    def mean(self, stats: RowStatistics) -> np.ndarray:
+        qp = self.mean_qp
+        m, n = self._mean_multiplier(stats.count)
+        return requantize(stats.s1, m, n, qp.zero_point[0], qp.qmin, qp.qmax, dtype=qp.dtype)
+
+    def inv_std_dev(self, stats: RowStatistics, m: int, n: int) -> np.ndarray:
+        qp = self.inv_qp
+        inv_c = divide_rounded(np.full(stats.root.shape, (stats.count * m) << stats.g, dtype=np.int64),
+                               stats.root << n)
+        return np.clip(inv_c + int(qp.zero_point[0]), qp.qmin, qp.qmax).astype(qp.dtype)
 
 
 @dataclass
@@ -60,6 +114,7 @@ class NormKernel:
     beta: np.ndarray  # int64 beta at scale s_g / 2^F
     stage: OutputStage
     fraction_bits: int = NORM_FRACTION_BITS
+    centred: bool = True  # False: RMSNormalization (no mean subtracted)
     _per_count: dict[int, tuple[int, int]] = field(default_factory=dict, repr=False)
 
     def constants(self, count: int) -> tuple[int, int]:
@@ -78,23 +133,29 @@ class NormKernel:
             self._per_count[count] = (eps_q, g)
         return self._per_count[count]
 
-    def normalized(self, xc: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
-        """n_F = round(n * 2^F) of int64 x_c, normalized over `axes` (same shape as x_c)."""
+    def statistics(self, xc: np.ndarray, axes: tuple[int, ...]) -> RowStatistics:
+        """S1 and r = isqrt(den * 4^G) per row of int64 x_c over `axes` (kept as size-1 axes)."""
         count = int(np.prod([xc.shape[a] for a in axes], dtype=np.int64))
         eps_q, g = self.constants(count)
-        s1 = xc.sum(axis=axes, keepdims=True)
+        s1 = xc.sum(axis=axes, keepdims=True) if self.centred else np.zeros((1,) * xc.ndim, dtype=np.int64)
         s2 = (xc * xc).sum(axis=axes, keepdims=True)
         den = count * s2 - s1 * s1 + eps_q
         root = np.maximum(isqrt(den << (2 * g)), 1)  # den = 0 only for a constant row without eps: num = 0
-        num = count * xc - s1
-        return divide_rounded(num << (self.fraction_bits + g), root)
+        return RowStatistics(count, g, s1, root)
+
+    def normalized(self, xc: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+        """n_F = round(n * 2^F) of int64 x_c, normalized over `axes` (same shape as x_c)."""
+        return self.normalized_by(xc, self.statistics(xc, axes))
+
+    def normalized_by(self, xc: np.ndarray, stats: RowStatistics) -> np.ndarray:
+        return divide_rounded((stats.count * xc - stats.s1) << (self.fraction_bits + stats.g), stats.root)
 
     def apply(self, xc: np.ndarray, axes: tuple[int, ...], gamma: np.ndarray, beta: np.ndarray) -> np.ndarray:
         return self.stage.apply(self.normalized(xc, axes) * gamma + beta)
 
 
 def quantize_affine(x_qp: QParams, y_qp: QParams, gamma_f: np.ndarray, beta_f: Optional[np.ndarray],
-                    eps: float, mbits: int) -> NormKernel:
+                    eps: float, mbits: int, centred: bool = True) -> NormKernel:
     """gamma, beta (float constants of one broadcast shape) -> codes and the output stage (module docstring)."""
     gamma_f = np.asarray(gamma_f, dtype=np.float64)
     beta_f = np.zeros_like(gamma_f) if beta_f is None else np.asarray(beta_f, dtype=np.float64)
@@ -111,12 +172,15 @@ def quantize_affine(x_qp: QParams, y_qp: QParams, gamma_f: np.ndarray, beta_f: O
         raise QuantizationError("bias too large for the scale (|B| / max|scale| >= 2^13)")
     b_q = np.rint(b_real).astype(np.int64)
     stage = output_stage(s_g / 2.0 ** f, y_qp, mbits, None)
-    return NormKernel(x_qp, float(eps), g_q, b_q, stage)
+    return NormKernel(x_qp, float(eps), g_q, b_q, stage, centred=centred)
 
 
 @dataclass
 class QuantizedNorm(QuantizedNode):
     kernel: NormKernel
+    training: Optional[TrainingOutputs] = None  # LayerNormalization's Mean / InvStdDev outputs, when present
+    inv_m: int = 0  # InvStdDev: M / 2^N ~= 1 / (s_x * s_inv)
+    inv_n: int = 0
 
 
 def _constant(ctx: QuantizeContext, index: int, what: str) -> Optional[np.ndarray]:
@@ -159,22 +223,85 @@ class LayerNormalization(OpDef):
 
     def forward_float(self, node, inputs):
         x = np.asarray(inputs[0], dtype=np.float32)
-        n = _float_normalize(x, layer_norm_axes(node, x.ndim), float(node.attr("epsilon", 1e-5)))
+        axes = layer_norm_axes(node, x.ndim)
+        eps = float(node.attr("epsilon", 1e-5))
+        n = _float_normalize(x, axes, eps)
         y = n * np.asarray(inputs[1], dtype=np.float64)
         if len(inputs) > 2 and inputs[2] is not None:
             y = y + np.asarray(inputs[2], dtype=np.float64)
-        return [y.astype(np.float32)]
+        x64 = x.astype(np.float64)
+        mean = x64.mean(axis=axes, keepdims=True)
+        inv = 1.0 / np.sqrt(((x64 - mean) ** 2).mean(axis=axes, keepdims=True) + eps)
+        return [y.astype(np.float32), mean.astype(np.float32), inv.astype(np.float32)][:len(node.outputs)]
 
     def quantize(self, ctx: QuantizeContext) -> QuantizedNorm:
-        if any(ctx.node.outputs[1:]):
-            raise QuantizationError("outputs Mean and InvStdDev (training outputs) are not supported")
         x_qp, y_qp = activation_qparams(ctx), _output_qparams(ctx)
         gamma = _constant(ctx, 1, "Scale")
         if gamma is None:
             raise QuantizationError("Scale (input 1) is required")
         kernel = quantize_affine(x_qp, y_qp, gamma, _constant(ctx, 2, "B"), float(ctx.node.attr("epsilon", 1e-5)),
                                  ctx.options.mbits)
-        return QuantizedNorm(ctx.node, list(ctx.in_qparams), [y_qp] + [None] * (len(ctx.node.outputs) - 1), kernel)
+        outputs = ctx.node.outputs
+        stat_qp = [_training_qparams(ctx, i) if i < len(outputs) and outputs[i] else None for i in (1, 2)]
+        if not any(stat_qp):
+            return QuantizedNorm(ctx.node, list(ctx.in_qparams), [y_qp] + [None] * (len(outputs) - 1), kernel)
+        training = TrainingOutputs(x_qp, stat_qp[0], stat_qp[1], ctx.options.mbits)
+        inv_m = inv_n = 0
+        if stat_qp[1] is not None:
+            m, n = multiplier(1.0 / (float(x_qp.scale[0]) * float(stat_qp[1].scale[0])), ctx.options.mbits,
+                              "1 / (s_x * s_inv)")
+            inv_m, inv_n = int(m[0]), int(n[0])
+        return QuantizedNorm(ctx.node, list(ctx.in_qparams), [y_qp] + stat_qp[:len(outputs) - 1], kernel, training,
+                             inv_m, inv_n)
+
+    def forward_int(self, q: QuantizedNorm, inputs, runtime: IntRuntime):
+        xc = centered(inputs[0], q.in_qparams[0])
+        k = q.kernel
+        axes = layer_norm_axes(q.node, xc.ndim)
+        if q.training is None:
+            return [k.apply(xc, axes, k.gamma, k.beta)]
+        stats = k.statistics(xc, axes)
+        y = k.stage.apply(k.normalized_by(xc, stats) * k.gamma + k.beta)
+        mean = q.training.mean(stats) if q.training.mean_qp is not None else None
+        inv = q.training.inv_std_dev(stats, q.inv_m, q.inv_n) if q.training.inv_qp is not None else None
+        return [y, mean, inv][:len(q.node.outputs)]
+
+
+def _training_qparams(ctx: QuantizeContext, index: int) -> QParams:
+    what = ("Mean", "InvStdDev")[index - 1]
+    qp = require_qparams(ctx.out_qparams[index] if index < len(ctx.out_qparams) else None, f"output {index} ({what})")
+    require_per_tensor(qp, f"output {index} ({what})")
+    return qp
+
+
+@register
+class RMSNormalization(OpDef):
+    """ONNX RMSNormalization (opset 23): x / sqrt(mean(x^2) + eps) * scale over axis.. in integers, the
+    LayerNormalization kernel without the mean. Formula and LSB bound: module docstring."""
+
+    op_type = "RMSNormalization"
+    lsb_bound = 0.6
+    section = "4.5 / 4.46 (integer mean of squares; no chapter 4 entry of its own)"
+    int_types = "int8/uint8/int16 -> int64 statistics, int16 scale -> int8/uint8/int16"
+    granularity = "per-tensor activations; per-element scale (16-bit codes)"
+    conformance = Case(inputs=(X, "g"), constants={"g": uniform_constant("rmsg", (5,), 0.5, 1.5)}, attrs={"axis": -1},
+                       opset=23, path="direct",
+                       note="opset 23, past what ptq loads: the rewrites fuse a written-out RMSNorm")
+
+    def forward_float(self, node, inputs):
+        x = np.asarray(inputs[0], dtype=np.float64)
+        axes = layer_norm_axes(node, x.ndim)
+        n = x / np.sqrt((x * x).mean(axis=axes, keepdims=True) + float(node.attr("epsilon", 1e-5)))
+        return [(n * np.asarray(inputs[1], dtype=np.float64)).astype(np.float32)]
+
+    def quantize(self, ctx: QuantizeContext) -> QuantizedNorm:
+        x_qp, y_qp = activation_qparams(ctx), _output_qparams(ctx)
+        gamma = _constant(ctx, 1, "scale")
+        if gamma is None:
+            raise QuantizationError("scale (input 1) is required")
+        kernel = quantize_affine(x_qp, y_qp, gamma, None, float(ctx.node.attr("epsilon", 1e-5)), ctx.options.mbits,
+                                 centred=False)
+        return QuantizedNorm(ctx.node, list(ctx.in_qparams), [y_qp], kernel)
 
     def forward_int(self, q: QuantizedNorm, inputs, runtime: IntRuntime):
         xc = centered(inputs[0], q.in_qparams[0])

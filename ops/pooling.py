@@ -24,6 +24,9 @@ elements as the floats do, so the indices are exact too.
 """
 from __future__ import annotations
 
+# imports inside functions: `ops.compiled`'s numba kernels, imported by the first run that takes the compiled path
+# (numba's import costs about half a second; `ops.compiled.enabled` decides)
+
 from dataclasses import dataclass
 from functools import partial
 
@@ -219,6 +222,7 @@ class GlobalAveragePool(OpDef):
 
     op_type = "GlobalAveragePool"
     lsb_bound = 0.51  # 0.5 + |y_q - zp_y| * 2^-(mbits-1) or less, 8-bit
+    preserves_channel_mean = True
     section = "4.4"
     int_types = "int8/uint8/int16/uint16 -> int8/uint8/int16/uint16"
     conformance = Case()

@@ -14,7 +14,7 @@ import importlib
 import pkgutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Optional, Protocol
+from typing import Callable, ClassVar, Optional, Protocol, Union
 
 import numpy as np
 
@@ -22,11 +22,14 @@ from ops.conformance_case import Case
 from ptq.core.graph import Node
 from ptq.core.qparams import QParams
 from ptq.core.requant import DEFAULT_MBITS
-from ptq.core.roles import BiasRole, BiasSlot, WeightRole
+from ops.index import OP_MODULES
+from ptq.core.roles import BiasRole, BiasSlot, LayerKind, WeightRole
 
 
 # `constant(i)`: the value of input i of a node when it is a constant, else None (see OpDef.clip_range)
 ConstantLookup = Callable[[int], Optional[np.ndarray]]
+# the bounds `OpDef.clamp_bounds` gives: floats, or arrays of per-channel bounds
+Bound = Union[float, np.ndarray]
 
 
 class DotBackend(Protocol):
@@ -101,12 +104,29 @@ class OpDef:
     - `absorbs_batchnorm`: a following BatchNormalization folds into the op's weight and bias (Conv);
     - `clip_range(node, constant)`: the interval the op clamps its input to, when its output is its input
       clamped (Relu, Clip); calibration folds its input's range to it;
+    - `clamp_bounds(node, constant)`: the same clamp of input 0 with bounds that may be per channel (arrays in
+      the shape of the constant giving them): `clip_range`, and a Min with a constant (the per-channel bound of
+      an equalized Clip); analytic bias correction carries a channel's mean through it;
+    - `positively_homogeneous`: f(x / s) = f(x) / s for every s > 0 (Relu, LeakyRelu, PRelu), so cross-layer
+      equalization scales a channel through the op unchanged (a Clip(0, b) needs its bound scaled too:
+      `ptq.adjust.equalize` rewrites it);
+    - `preserves_channel_mean`: each channel's mean over the data is the same at the output as at input 0
+      (GlobalAveragePool, Flatten, Identity), so analytic bias correction looks through the op;
+    - `layer_kind`: a convolution, a fully connected layer or a batch normalization (`LayerKind`): the weight
+      layout and output formula the weight adjustments' per-layer algebra is written for; None otherwise;
+    - `channel_groups(node)`: the groups a grouped convolution splits its channels into (1: dense; as many as
+      channels: depthwise);
     - `keeps_input_qparams`: the output takes input 0's qparams by rule (data movement, max pooling);
+    - `rearranges`: the output holds input 0's elements, each exactly once, only moved (Identity, Reshape,
+      Flatten, Squeeze, Unsqueeze, Transpose): reports follow an output's parts back through it;
+    - `selects_boxes`: the op is a non-max suppression over boxes [B, A, 4] (input 0) and scores [B, C, A]
+      (input 1), ONNX's form: `ptq report --task detect` compares the detections it selects;
     - `sums_inputs`: the output is an elementwise sum of the inputs (Add, Sub), so inputs and output on one
       scale make the op a plain integer add (the int4-dsp scheme's ShareQuantize, `ptq.calibration.int4_dsp`);
       `sum_signs` the sign each input takes in it ((1, 1) for Add, (1, -1) for Sub);
     - `joins_along(node)`: the axis along which the op joins its inputs into its output (Concat), None for
-      other ops; calibration gives a join of widely different ranges one grid per part (`ptq.calibration.joined_ranges`);
+      other ops; calibration gives a join of widely different ranges one grid per part (`ptq.calibration.joined_ranges`),
+      reports judge each input's part of a graph output on its own (`reports.output_breakdown`);
     - `moved_axis(node, axis, in_shape, out_shape)`: for an op that only moves codes (`keeps_input_qparams`),
       the output axis that holds input 0's `axis` whole, so a per-channel grid follows it (Transpose, Reshape);
       None when the channels do not stay whole along one axis;
@@ -136,8 +156,13 @@ class OpDef:
     absorbable: ClassVar[bool] = False
     absorbs_batchnorm: ClassVar[bool] = False
     keeps_input_qparams: ClassVar[bool] = False
+    rearranges: ClassVar[bool] = False
+    selects_boxes: ClassVar[bool] = False
     sums_inputs: ClassVar[bool] = False
     sum_signs: ClassVar[Optional[tuple[int, ...]]] = None
+    positively_homogeneous: ClassVar[bool] = False
+    preserves_channel_mean: ClassVar[bool] = False
+    layer_kind: ClassVar[Optional[LayerKind]] = None
     lsb_bound: ClassVar[Optional[float]] = None
     conformance: ClassVar[Optional[Case]] = None
 
@@ -165,6 +190,12 @@ class OpDef:
     def clip_range(self, node: Node, constant: ConstantLookup) -> Optional[tuple[float, float]]:
         return None
 
+    def clamp_bounds(self, node: Node, constant: ConstantLookup) -> Optional[tuple[Bound, Bound]]:
+        return self.clip_range(node, constant)
+
+    def channel_groups(self, node: Node) -> int:
+        return 1
+
     def activation_params(self, node: Node, constant: ConstantLookup) -> Optional[list[float]]:
         """The FusedConv `activation_params` of an absorbable op; None when they are not constant."""
         return None
@@ -177,14 +208,6 @@ class OpDef:
 
     def forward_int(self, q: QuantizedNode, inputs: list[np.ndarray], runtime: IntRuntime) -> list[np.ndarray]:
         raise NotImplementedError
-
-
-def _op_modules() -> dict[tuple[str, str], str]:
-    # imported on first use, not at the top: `python -m ops.index --write` must run that module fresh, and it is
-    # imported by `ops/__init__.py` through this module otherwise
-    from ops.index import OP_MODULES
-
-    return OP_MODULES
 
 
 class OpRegistry(Mapping):
@@ -204,8 +227,8 @@ class OpRegistry(Mapping):
 
     def __getitem__(self, key: tuple[str, str]) -> OpDef:
         op = self._ops.get(key)
-        if op is None and key in _op_modules():
-            importlib.import_module(_op_modules()[key])
+        if op is None and key in OP_MODULES:
+            importlib.import_module(OP_MODULES[key])
             op = self._ops.get(key)
         if op is None:
             raise KeyError(key)
@@ -248,7 +271,7 @@ def absorbable_ops() -> list[str]:
 
 def is_absorbable(op_type: str) -> bool:
     """`op_type` is one of `absorbable_ops()` (importing only the modules of the ops of that type)."""
-    return any(REGISTRY[key].absorbable for key in _op_modules() if key[1] == op_type)
+    return any(REGISTRY[key].absorbable for key in OP_MODULES if key[1] == op_type)
 
 
 def conformance_case(op: OpDef) -> Optional[Case]:
@@ -279,6 +302,27 @@ def bias_slot(node: Node) -> Optional[BiasSlot]:
     """Where a node can take a constant per-output-channel bias, as its op declares it."""
     op = op_of(node)
     return op.bias_slot(node) if op is not None else None
+
+
+def layer_kind(node: Node) -> Optional[LayerKind]:
+    """What the node is to the weight adjustments (`OpDef.layer_kind`), None for an unregistered op."""
+    op = op_of(node)
+    return op.layer_kind if op is not None else None
+
+
+def channel_groups(node: Node) -> int:
+    """The channel groups of a grouped convolution (`OpDef.channel_groups`), 1 for any other node."""
+    op = op_of(node)
+    return op.channel_groups(node) if op is not None else 1
+
+
+SHAPE_READERS = frozenset({"Shape", "Size"})  # ONNX ops whose output depends on their input's shape only
+
+
+def reads_values(node: Node) -> bool:
+    """Whether a node's outputs depend on the values of its inputs, not only on their shapes (Shape, Size):
+    a node that reads a quantized activation's values and has no integer kernel runs in float, reported."""
+    return node.domain != "" or node.op_type not in SHAPE_READERS
 
 
 def node_label(node: Node) -> str:

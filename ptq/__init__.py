@@ -7,8 +7,10 @@ in `ptq.api`) takes the command's flags as keyword arguments and returns its res
 from __future__ import annotations
 
 import importlib
+import time
 
 __version__ = "0.1.0"
+IMPORTED_AT = time.time()  # before any other module of the project: `ptq.engine.compile_notice.compiled_here` reads it
 
 _EXPORTS = {
     "QParams": "ptq.core.qparams",

@@ -10,17 +10,27 @@ table records), `labels` (run, report, debug), `num_images`, `seed`, `batch_size
 """
 from __future__ import annotations
 
+# imports inside functions: `import ptq` and the command line stay cheap; a function imports what it runs
+# (tests/test_cli_imports.py)
+
 import dataclasses
+import inspect
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 from ptq.engine.backends import DEFAULT_BACKEND_NAME
 from ptq.data_options import DataOptions, quiet_logging
+from ptq.core.notes import Note
+from ptq.output_paths import check_file, check_outputs, note_replaced
 from ptq.parallel.workers import choose_workers, ship_model
 from ptq.qdq.targets import DEFAULT_TARGET
-from ptq.core.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_ISOLATED_IMAGES, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR
+from ptq.core.option_defaults import (
+    DEFAULT_CALIBRATOR, DEFAULT_ISOLATED_IMAGES, DEFAULT_MATCH_IOU, DEFAULT_SCHEME, DEFAULT_SCORE_THRESHOLD,
+    DEFAULT_WEIGHT_CALIBRATOR,
+)
 from ptq.tuning.defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
 
 if TYPE_CHECKING:
@@ -42,9 +52,12 @@ PathLike = Union[str, Path]
 
 
 def _options(function: str, options: dict, *, labels: bool = True) -> DataOptions:
-    opts = DataOptions.of(function, options)
+    """The shared options given to `ptq.<function>`; an unknown keyword is a TypeError that lists the function's
+    own keywords too."""
+    own = [p.name for p in inspect.signature(globals()[function]).parameters.values() if p.kind == p.KEYWORD_ONLY]
+    opts = DataOptions.of(function, options, own)
     if not labels and opts.labels is not None:
-        raise ValueError(f"--labels: `ptq {function}` uses no labels")
+        raise ValueError(f"labels: `ptq.{function}` uses no labels")
     return opts
 
 
@@ -91,16 +104,25 @@ def calibrate(
 ) -> CalibrationResult:
     """`ptq calibrate`: the quant table (and, with `out`, `<stem>.quant.json` and `<stem>.qdq.onnx` there).
 
-    >>> import tempfile, ptq
-    >>> out = tempfile.mkdtemp()
-    >>> result = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=out,
-    ...                        num_images=2, mean=127.5, std=127.5, quiet=True)
-    >>> result.images_used, result.table.options.preprocess["mean"], result.table_path.name
-    (2, [127.5, 127.5, 127.5], 'efficientnet_lite0.quant.json')
+    Examples:
+        >>> import tempfile, ptq
+        >>> out = tempfile.mkdtemp()
+        >>> result = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=out,
+        ...                        num_images=2, mean=127.5, std=127.5, quiet=True)
+        >>> result.images_used, result.table.options.preprocess["mean"], result.table_path.name
+        (2, [127.5, 127.5, 127.5], 'efficientnet_lite0.quant.json')
     """
     from ptq.calibration.pipeline import calibrate as run_calibration
 
     opts = _options("calibrate", options, labels=False)
+    if out is not None:
+        from ptq.adjust.adjusted_model import adjusted_path
+        from ptq.calibration.pipeline import output_paths
+
+        table_path, qdq_path = output_paths(model, out)
+        adjusts = equalize or bias_correction or adaround or analytic_bias_correction or scheme != DEFAULT_SCHEME
+        check_outputs(out, [table_path.name, qdq_path.name] + ([adjusted_path(table_path).name] if adjusts else []),
+                      note=not opts.quiet)
     with quiet_logging(opts.quiet):
         return run_calibration(
             model, images=opts.images, data=opts.data, out_dir=out,
@@ -128,16 +150,24 @@ class Loaded:
     inputs: dict  # what report.json / debug.json / tune.json record as the samples used
 
 
-def load(model: PathLike, quant: PathLike, opts: DataOptions, strict: bool = False) -> Loaded:
+def load(model: PathLike, quant: PathLike, opts: DataOptions, strict: bool = False, labelled: bool = True) -> Loaded:
+    """`labelled`: the command uses labels (run, report, debug); labels it cannot trust (`usable_labels`) are
+    dropped with a note."""
     from ptq.adjust.adjusted_model import load_model_for_table
     from ptq.table.quant_table import load_quant_table
+    from reports.evaluate import class_count
     from ptq.data.image_source import ImageSet
+    from ptq.data.labels import usable_labels
 
     table = load_quant_table(quant)
     graph = load_model_for_table(model, table, quant)
     source = opts.source(table.options.preprocess)
     samples = ImageSet.from_source(source, opts.labels, opts.num_images, opts.seed)
     source.format.reader(graph)  # a model the samples cannot feed is an error before any work
+    if labelled and (opts.labels is not None or opts.images is not None):  # --data samples: a labels file only
+        samples.labels, why = usable_labels(samples.labels, samples.files, class_count(graph, graph.outputs[0]))
+        if why is not None and not opts.quiet:
+            warnings.warn(f"no labels: {why}", Note)
     if strict:  # the first node that would run in float is an error naming it and the reason
         from ptq.engine.executor import ExecutorOptions, prepare
 
@@ -160,16 +190,20 @@ class SampleResult:
     label: Optional[int]
     skipped: Optional[str] = None
     seconds: float = 0.0
+    # an output that is no class-score vector: (values equal to the float model's, values compared);
+    # `classes` is then empty (`reports.run_shards.output_matches`)
+    matched: Optional[tuple[int, int]] = None
+    cosine: Optional[float] = None  # a float output that is neither class scores nor per-frame scores
 
     @property
     def agrees(self) -> Optional[bool]:
-        """Integer top-1 == float top-1 (None when skipped)."""
-        return None if self.classes is None else self.classes[0][0] == self.float_class
+        """Integer top-1 == float top-1 (None when skipped or no class scores)."""
+        return None if not self.classes else self.classes[0][0] == self.float_class
 
     @property
     def correct(self) -> Optional[bool]:
-        """Integer top-1 == label (None when skipped or unlabelled)."""
-        return None if self.classes is None or self.label is None else self.classes[0][0] == self.label
+        """Integer top-1 == label (None when skipped, unlabelled or no class scores)."""
+        return None if not self.classes or self.label is None else self.classes[0][0] == self.label
 
 
 @dataclass
@@ -180,6 +214,25 @@ class RunResult:
     float_nodes: list[FloatNode]  # name, op_type, reason
     overflows: dict[str, int]
     inputs: dict
+    output: str = ""  # the graph output the figures are of
+
+    @property
+    def class_scores(self) -> bool:
+        """Whether the output is class scores (top-k per sample, top-1 agreement), not indices or frames."""
+        return not any(s.matched is not None or s.cosine is not None for s in self.classified)
+
+    @property
+    def output_agreement(self) -> Optional[float]:
+        """For an output that is no class-score vector: the fraction of its values (index/bool outputs) or
+        last-axis argmax decisions (float outputs) equal to the float model's, over every sample; else None."""
+        pairs = [s.matched for s in self.classified if s.matched is not None]
+        return sum(m for m, _ in pairs) / max(1, sum(n for _, n in pairs)) if pairs else None
+
+    @property
+    def output_cosine(self) -> Optional[float]:
+        """For a float output with neither classes nor a last axis to take the argmax of: the mean cosine."""
+        values = [s.cosine for s in self.classified if s.cosine is not None]
+        return sum(values) / len(values) if values else None
 
     @property
     def classified(self) -> list[SampleResult]:
@@ -199,7 +252,10 @@ class RunResult:
 
     @property
     def agreement(self) -> float:
-        """Fraction of the samples whose integer top-1 is the float top-1."""
+        """Fraction of the samples whose integer top-1 is the float top-1; for an output that is no class-score
+        vector, `output_agreement`."""
+        if not self.class_scores:
+            return self.output_agreement if self.output_agreement is not None else self.output_cosine
         return sum(bool(s.agrees) for s in self.classified) / max(1, self.images)
 
     @property
@@ -229,13 +285,14 @@ def run(
     """`ptq run`: classify each sample with the integer graph (and the float model, for the agreement).
     With `num_images`, that many files drawn with `seed`.
 
-    >>> import tempfile, ptq
-    >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
-    ...                     num_images=2, quiet=True)
-    >>> result = ptq.run("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
-    ...                  num_images=2, top=3, quiet=True)
-    >>> result.images, len(result.samples[0].classes), result.agreement, result.accuracy is None
-    (2, 3, 1.0, True)
+    Examples:
+        >>> import tempfile, ptq
+        >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
+        ...                     num_images=2, quiet=True)
+        >>> result = ptq.run("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
+        ...                  num_images=2, top=3, quiet=True)
+        >>> result.images, len(result.samples[0].classes), result.agreement, result.accuracy is None
+        (2, 3, 1.0, True)
     """
     from tqdm import tqdm
 
@@ -248,8 +305,6 @@ def run(
     with quiet_logging(opts.quiet):
         loaded = load(model, quant, opts)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
-        if len(graph.outputs) != 1:
-            raise ValueError(f"`ptq run` prints classes of a model with one output; this one has {graph.outputs}")
         files = samples.files[:samples.limit] if samples.limit else samples.files
         prepared = prepare(graph, table, float_nodes=list(float_nodes), backend=backend,
                            options=ExecutorOptions(strict=strict))
@@ -264,8 +319,10 @@ def run(
             for path in tqdm(files, unit="img", desc="run", disable=None if opts.progress else True, leave=False):
                 outcomes.append(classify_image(context, path, top))
     result = RunResult(
-        [SampleResult(o.path, o.ranked, o.float_class, samples.labels(o.path), o.skipped, o.seconds) for o in outcomes],
-        list(prepared.float_nodes), {}, loaded.inputs)
+        [SampleResult(o.path, o.ranked, o.float_class, samples.labels(o.path), o.skipped, o.seconds, o.matched,
+                      o.cosine)
+         for o in outcomes],
+        list(prepared.float_nodes), {}, loaded.inputs, graph.outputs[0])
     for outcome in outcomes:
         for node, count in outcome.overflows.items():
             result.overflows[node] = result.overflows.get(node, 0) + count
@@ -305,13 +362,17 @@ class ReportResult:
         return self.report.layers
 
 
+REPORT_FILES = ("report.json", "report.csv", "report.html")
+
+
 def write_report(report: Report, out_dir: Path) -> list[Path]:
     from reports.html import write_html
     from reports.writers import write_csv, write_json
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [write_json(report, out_dir / "report.json"), write_csv(report, out_dir / "report.csv"),
-            write_html(report, out_dir / "report.html")]
+    json_name, csv_name, html_name = REPORT_FILES
+    return [write_json(report, out_dir / json_name), write_csv(report, out_dir / csv_name),
+            write_html(report, out_dir / html_name)]
 
 
 def report(
@@ -323,28 +384,40 @@ def report(
     float_nodes: Sequence[str] = (),
     strict: bool = False,
     backend: str = DEFAULT_BACKEND_NAME,
+    task: Optional[str] = None,
+    score_threshold: float = DEFAULT_SCORE_THRESHOLD,
+    match_iou: float = DEFAULT_MATCH_IOU,
     **options,
 ) -> ReportResult:
     """`ptq report`: the integer graph against the float model, layer by layer; with `out`, report.json, .csv
     and .html there. `isolated_images=None` computes the isolated metrics on every sample.
+    `task="detect"`: the integer run's detections matched to float's (score >= `score_threshold`, IoU >=
+    `match_iou`, same class; `reports.detections`): recall and precision in `result.report.detections`; None
+    or "auto" does so when the graph has one NonMaxSuppression node; "classify" never.
 
-    >>> import tempfile, ptq
-    >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
-    ...                     num_images=2, quiet=True)
-    >>> result = ptq.report("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
-    ...                     num_images=2, out=tempfile.mkdtemp(), quiet=True)
-    >>> result.report.images, [p.name for p in result.paths], result.outputs[0].similarity.cosine > 0.9
-    (2, ['report.json', 'report.csv', 'report.html'], True)
-    >>> result.report.inputs["preprocess"]["crop_ratio"], len(result.bottlenecks) > 0
-    (0.875, True)
+    Examples:
+        >>> import tempfile, ptq
+        >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
+        ...                     num_images=2, quiet=True)
+        >>> result = ptq.report("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
+        ...                     num_images=2, out=tempfile.mkdtemp(), quiet=True)
+        >>> result.report.images, [p.name for p in result.paths], result.outputs[0].similarity.cosine > 0.9
+        (2, ['report.json', 'report.csv', 'report.html'], True)
+        >>> result.report.inputs["preprocess"]["crop_ratio"], len(result.bottlenecks) > 0
+        (0.875, True)
     """
     from reports.build import build_report
+    from reports.detections import detection_task
     from reports.evaluate import evaluate
 
     opts = _options("report", options)
+    if out is not None:
+        check_outputs(out, REPORT_FILES + (("dsp_report.json",) if backend.startswith("dsp:") else ()),
+                      note=not opts.quiet)
     with quiet_logging(opts.quiet):
         loaded = load(model, quant, opts, strict)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
+        detection = detection_task(graph, task, score_threshold, match_iou)
         # with adjusted weights the graph outputs are compared with the user's model (reports.float_reference)
         adjusted = table.options.adjusted_model is not None
         if opts.sharded(samples.expected):
@@ -354,15 +427,18 @@ def report(
             ev = sharded_evaluate(graph.model, table, samples, workers=choose_workers(opts.workers, samples.expected),
                                   ray=opts.ray,
                                   float_nodes=float_nodes, isolated_images=isolated_images, progress=opts.progress,
-                                  backend=backend, graph=graph, goal=model if adjusted else None)
+                                  backend=backend, graph=graph, goal=model if adjusted else None,
+                                  detection=detection)
         else:
             from ptq.core.graph import load_model
 
             goal = load_model(model, table.options.input_shapes) if adjusted else None
             ev = evaluate(graph, table, samples, float_nodes=float_nodes, isolated_images=isolated_images,
-                          progress=opts.progress, backend=backend, goal=goal)
+                          progress=opts.progress, backend=backend, goal=goal, detection=detection)
     built = build_report(ev, str(model), str(quant))
     built.inputs = loaded.inputs
+    if detection is not None:
+        built.notes.append(f"detections decoded from {detection.describe()}")
     result = ReportResult(built, write_report(built, Path(out)) if out is not None else [])
     if backend.startswith("dsp:"):
         from reports.dsp_resources import dsp_report
@@ -430,13 +506,14 @@ def debug(
     graph; or with `auto=K` try the report's top K suspects in float and in 16 bits (`write_quant`: the
     suggested mixed-precision table); `dump`: the float and integer tensors as .npy. With `out`, debug.json.
 
-    >>> import tempfile, ptq
-    >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
-    ...                     num_images=2, quiet=True)
-    >>> result = ptq.debug("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
-    ...                    num_images=2, fake_quant_ops=["Conv"], quiet=True)
-    >>> result.fake_quant.after.cosine > result.fake_quant.before.cosine
-    True
+    Examples:
+        >>> import tempfile, ptq
+        >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
+        ...                     num_images=2, quiet=True)
+        >>> result = ptq.debug("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
+        ...                    num_images=2, fake_quant_ops=["Conv"], quiet=True)
+        >>> result.fake_quant.after.cosine > result.fake_quant.before.cosine
+        True
     """
     from ptq.table.quant_table import save_quant_table
     from reports.auto_debug import auto_debug
@@ -456,6 +533,15 @@ def debug(
         raise ValueError("--auto tries its own layers: not with --fake-quant or --fake-quant-ops")
     if write_quant and auto is None:
         raise ValueError("--write-quant needs --auto")
+    existing = []
+    if out is not None:
+        existing += check_outputs(out, ("debug.json",) + (REPORT_FILES if auto is not None else ()), note=False)
+    if write_quant:
+        existing += [Path(write_quant)] if check_file(write_quant, "--write-quant") else []
+    if dump:
+        existing += check_outputs(dump, ("index.json",), "--dump", note=False)
+    if not opts.quiet:
+        note_replaced(existing)
     with quiet_logging(opts.quiet):
         loaded = load(model, quant, opts, strict)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
@@ -518,17 +604,18 @@ def tune(
     passes over the samples (statistics, ranking, each step's validation cosines) on a pool, with the same
     result (`ptq.tuning.shards`).
 
-    >>> import tempfile, ptq
-    >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
-    ...                     num_images=3, quiet=True)
-    >>> result = ptq.tune("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
-    ...                   num_images=3, target_cosine=0.9, quiet=True)
-    >>> result.reached, result.steps, result.validation_samples, result.table_path.name
-    (True, [], 1, 'efficientnet_lite0.tuned.quant.json')
-    >>> result.qdq_path.name, result.qdq_target
-    ('efficientnet_lite0.tuned.qdq.onnx', 'ort-cpu')
+    Examples:
+        >>> import tempfile, ptq
+        >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
+        ...                     num_images=3, quiet=True)
+        >>> result = ptq.tune("examples/efficientnet_lite0.onnx", quant=cal.table_path, images="examples/calib",
+        ...                   num_images=3, target_cosine=0.9, quiet=True)
+        >>> result.reached, result.steps, result.validation_samples, result.table_path.name
+        (True, [], 1, 'efficientnet_lite0.tuned.quant.json')
+        >>> result.qdq_path.name, result.qdq_target
+        ('efficientnet_lite0.tuned.qdq.onnx', 'ort-cpu')
     """
-    from ptq.adjust.adjusted_model import save_adjusted
+    from ptq.adjust.adjusted_model import adjusted_path, save_adjusted
     from ptq.core.atomic import refuse_to_overwrite
     from ptq.core.graph import load_model
     from ptq.qdq.output import export_checked, sample_feeds, write_model
@@ -546,17 +633,22 @@ def tune(
     if unknown:
         raise ValueError(f"unknown --views {', '.join(unknown)}; known: {', '.join(VIEWS)}, or none")
     table_path = Path(quant)
+    out_dir = Path(out) if out is not None else table_path.parent
+    stem = _table_stem(table_path)
+    tuned_path, qdq_path = out_dir / f"{stem}.tuned.quant.json", out_dir / f"{stem}.tuned.qdq.onnx"
+    refuse_to_overwrite({"model": model, "quant table": quant}, [tuned_path, qdq_path])
+    # the adjusted weights written with a table that records them: checked whether or not it does
+    written = [tuned_path, qdq_path, out_dir / f"{stem}.tune.json", adjusted_path(tuned_path)]
+    existing = check_outputs(out_dir, [p.name for p in written], note=False)
     with quiet_logging(opts.quiet):
-        loaded = load(model, quant, opts)
+        loaded = load(model, quant, opts, labelled=False)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
+        if not opts.quiet:
+            note_replaced([p for p in existing if table.options.adjusted_model is not None or p != written[-1]])
         held = None
         if validation is not None:  # the same format (and preprocessing) as the tuning samples
             held = ImageSet.from_source(dataclasses.replace(loaded.source, location=Path(validation)))
         reference = load_model(model, table.options.input_shapes)  # the user's model: the goal
-        out_dir = Path(out) if out is not None else table_path.parent
-        stem = _table_stem(table_path)
-        tuned_path, qdq_path = out_dir / f"{stem}.tuned.quant.json", out_dir / f"{stem}.tuned.qdq.onnx"
-        refuse_to_overwrite({"model": model, "quant table": quant}, [tuned_path, qdq_path])
         result = run_tuning(
             graph, table, samples, target_cosine, budget_int16=budget_int16, allow_float=allow_float,
             validation=held, reference=reference, validation_fraction=validation_fraction, margin=margin, z=z,
@@ -622,13 +714,15 @@ def export_table(
     records), checked in onnxruntime against the float model as `ptq.calibrate` does, unless `quiet` or
     `no_check`. A table that does not match the model is a one-line error.
 
-    >>> import tempfile, ptq
-    >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
-    ...                     num_images=2, quiet=True)
-    >>> result = ptq.export_table("examples/efficientnet_lite0.onnx", quant=cal.table_path,
-    ...                           out=cal.table_path.with_name("again.qdq.onnx"), images="examples/calib", num_images=2)
-    >>> result.path.name, result.target, result.check.samples, result.float_nodes
-    ('again.qdq.onnx', 'ort-cpu', 2, {})
+    Examples:
+        >>> import tempfile, ptq
+        >>> cal = ptq.calibrate("examples/efficientnet_lite0.onnx", images="examples/calib", out=tempfile.mkdtemp(),
+        ...                     num_images=2, quiet=True)
+        >>> result = ptq.export_table("examples/efficientnet_lite0.onnx", quant=cal.table_path,
+        ...                           out=cal.table_path.with_name("again.qdq.onnx"), images="examples/calib",
+        ...                           num_images=2)
+        >>> result.path.name, result.target, result.check.samples, result.float_nodes
+        ('again.qdq.onnx', 'ort-cpu', 2, {})
     """
     from ptq.adjust.adjusted_model import load_model_for_table, resolve_adjusted
     from ptq.core.atomic import refuse_to_overwrite
@@ -646,6 +740,8 @@ def export_table(
         table = load_quant_table(quant)
         refuse_to_overwrite({"model": model, "quant table": quant, "adjusted model": resolve_adjusted(table, quant)},
                             [path])
+        if check_file(path, "--out") and not quiet:
+            note_replaced([path])
         graph = load_model_for_table(model, table, quant, note=not quiet)
         check_table_matches(graph, table)
         feeds: list = []

@@ -43,6 +43,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# options whose value may start with a minus sign that argparse does not read as a negative number ("-2,3.5"):
+# `--range -2,3.5` is passed on as `--range=-2,3.5`
+SIGNED_VALUE_FLAGS = ("--range",)
+
+
+def join_signed_values(argv: list[str]) -> list[str]:
+    """`FLAG -VALUE` -> `FLAG=-VALUE` for the SIGNED_VALUE_FLAGS (argparse would take -VALUE for a flag)."""
+    joined: list[str] = []
+    k = 0
+    while k < len(argv):
+        value = argv[k + 1] if k + 1 < len(argv) else ""
+        if argv[k] in SIGNED_VALUE_FLAGS and value.startswith("-") and not value.startswith("--"):
+            joined.append(f"{argv[k]}={argv[k + 1]}")
+            k += 2
+        else:
+            joined.append(argv[k])
+            k += 1
+    return joined
+
+
 INTERRUPTED = 130  # the shell's exit status for a command stopped by Ctrl-C (128 + SIGINT)
 
 
@@ -86,7 +106,7 @@ def log_to_stderr() -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     one_blas_thread()
     log_to_stderr()
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(join_signed_values(sys.argv[1:] if argv is None else list(argv)))
     if not getattr(args, "quiet", False):  # the notice of a first run that compiles the kernels
         logging.getLogger("ptq.kernels").setLevel(logging.INFO)
     try:

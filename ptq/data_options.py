@@ -8,6 +8,9 @@ preprocessing option applies to them.
 """
 from __future__ import annotations
 
+# imports inside functions: the command line's parser imports this module; the workers' and the samples'
+# machinery (numpy, onnx) is imported when the options are used
+
 import contextlib
 import logging
 from dataclasses import dataclass, fields
@@ -15,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Optional, Sequence, Union
 
 from ptq.data.images import Preprocess
+from ptq.data.input_warnings import warn_unit_normalization
 
 if TYPE_CHECKING:  # ptq.data.samples loads onnx: not needed to build the command line
     from ptq.data.samples import SampleSource
@@ -59,13 +63,18 @@ class DataOptions:
             raise ValueError(f"--workers must be at least 1, got {self.workers}")
 
     @classmethod
-    def of(cls, function: str, options: dict) -> "DataOptions":
-        """From keyword arguments of `ptq.<function>`; an unknown name is a TypeError listing the known ones."""
+    def of(cls, function: str, options: dict, own: Sequence[str] = ()) -> "DataOptions":
+        """From keyword arguments of `ptq.<function>`; an unknown name is a TypeError listing the function's
+        `own` keywords and the shared ones, with the closest names."""
+        from ptq.core.names import close_names
+
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise TypeError(f"ptq.{function}() got unexpected keyword argument(s) {unknown}; "
-                            f"the shared options are {sorted(known)}")
+            close = [c for name in unknown for c in close_names(name, [*own, *known])]
+            hint = f" (did you mean {', '.join(map(repr, dict.fromkeys(close)))}?)" if close else ""
+            raise TypeError(f"ptq.{function}() got unexpected keyword argument(s) {unknown}{hint}; its own keywords "
+                            f"are {sorted(own)}, the shared options {sorted(known)}")
         return cls(**options)
 
     def sharded(self, samples: int) -> bool:
@@ -83,10 +92,13 @@ class DataOptions:
         flags = {"mean": self.mean, "std": self.std, "resize": self.resize, "crop_ratio": self.crop_ratio,
                  "bgr": self.bgr, "layout": self.layout}
         if self.config is not None:
-            return Preprocess.from_config(self.config, **flags)
-        merged = dict(recorded or {})
-        merged.update({k: v for k, v in flags.items() if v is not None})
-        return Preprocess(**merged)
+            preprocess = Preprocess.from_config(self.config, **flags)
+        else:
+            merged = dict(recorded or {})
+            merged.update({k: v for k, v in flags.items() if v is not None})
+            preprocess = Preprocess(**merged)
+        warn_unit_normalization(preprocess.mean, preprocess.std)
+        return preprocess
 
     def source(self, recorded_preprocess: Optional[dict] = None) -> "SampleSource":
         """Where the samples come from and how they are read."""

@@ -5,6 +5,7 @@ from typing import Optional
 
 from reports.evaluation import Evaluation
 from reports.layers import LayerReport, OutputReport, Report, cosine_drops, rank_bottlenecks
+from reports.output_breakdown import OutputBreakdown, dead_warnings
 
 
 def build_report(ev: Evaluation, model: str, quant: str, top: Optional[int] = None) -> Report:
@@ -30,16 +31,21 @@ def build_report(ev: Evaluation, model: str, quant: str, top: Optional[int] = No
     if ev.overflows:
         notes.append("int32 accumulator saturated in: "
                      + ", ".join(f"{n} ({c} values)" for n, c in sorted(ev.overflows.items())))
+    outputs = [OutputReport(name, acc.result(), OutputBreakdown.of(ev.output_groups.get(name, [])))
+               for name, acc in ev.outputs.items()]
     return Report(
         model=model,
         quant=quant,
         images=ev.images,
         layers=layer_reports,
-        outputs=[OutputReport(name, acc.result()) for name, acc in ev.outputs.items()],
+        outputs=outputs,
         classification=ev.classification.to_dict() if ev.classification is not None else None,
+        index_outputs={name: acc.to_dict() for name, acc in ev.index_outputs.items()},
         bottlenecks=rank_bottlenecks(layer_reports, top=top),
         float_nodes=list(ev.float_nodes),
         float_reasons=dict(ev.float_reasons),
         notes=notes,
         isolated_images=isolated_images,
+        warnings=[line for out in outputs for line in dead_warnings(out.name, out.breakdown)],
+        detections=ev.detections.to_dict() if ev.detections is not None and ev.detections.samples else None,
     )

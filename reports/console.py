@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from reports.auto_debug import AutoResult, Trial
+from reports.diagnosis import tune_command
 from reports.fake_quant import FakeQuantResult
 
 
@@ -36,7 +37,10 @@ def auto_table(result: AutoResult) -> str:
         lines.append(f"{k:<4} {row.layer:<{width}} {row.op_type:<10} {cell(row.float_trial)} {cell(row.int16_trial)}")
     s = result.suggestion
     if not (s.int16_tensors or s.float_layers):
-        lines.append("suggestion: none of these layers recovers the output (keep the table as it is)")
+        command = tune_command(result.report)
+        lines.append("suggestion: none of these layers recovers the output alone (the error is made in many places)"
+                     + (f"; ptq tune changes many tensors step by step until the output reaches a target: {command}"
+                        if command else ""))
     else:
         if s.int16_tensors:
             lines.append(f"suggestion: 16 bits for {', '.join(s.int16_tensors)}")

@@ -145,7 +145,7 @@ def dsp_report(graph: Graph, table: QuantTable, array: DspArray = DspArray()) ->
     for name in graph.inputs:
         info = graph.tensors[name]
         if info.shape is None or any(not d for d in info.shape):
-            raise ValueError(f"input {name!r} has no fixed shape {info.shape}; calibrate with --input-shape")
+            raise ValueError(f"input {name!r} has no fixed shape {info.shape}; calibrate with `ptq calibrate --input-shape`")
         inputs[name] = np.zeros(info.shape, dtype=info.dtype or np.float32)
     prepared.run(inputs, keep_all=False, on_tensor=on_tensor)
     return DspReport(array, list(layers.values()))

@@ -9,6 +9,7 @@ import numpy as np
 
 from ptq.core.graph import Graph
 from ptq.engine.executor import prepare
+from ptq.core.names import did_you_mean
 from ptq.table.quant_table import QuantTable
 from reports.float_reference import float_reference
 from reports.layer_specs import layer_specs
@@ -38,7 +39,8 @@ def dump_tensors(graph: Graph, table: QuantTable, images, out_dir: Union[str, Pa
         wanted = []
         for layer in layers:
             if layer not in known and layer not in by_node:
-                raise ValueError(f"--dump: {layer!r} is not a reported tensor or node of the integer graph")
+                raise ValueError(f"--dump: {layer!r} is not a reported tensor or node of the integer graph"
+                                 f"{did_you_mean(layer, list(known) + list(by_node))}")
             wanted.append(layer if layer in known else by_node[layer])
         specs = [s for s in specs if s.name in set(wanted)]
     out = Path(out_dir)

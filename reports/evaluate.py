@@ -17,11 +17,14 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Optional, Sequence, Union
 
+from tqdm import tqdm
+
 from ptq.core.graph import Graph
 from ptq.engine.executor import IntegerGraph, prepare
 from ptq.engine.float_run import FloatRunner
 from ptq.engine.clip_ranges import folded_ranges
 from ptq.table.quant_table import QuantTable
+from reports.detections import DetectionTask
 from reports.evaluation import Evaluation
 from reports.float_reference import GoalReference, float_reference
 from reports.grid import grid_bounds
@@ -29,18 +32,26 @@ from reports.image_run import ImageRun
 from ptq.data.image_source import ArraySamples, ImageSet
 from reports.inline import background
 from reports.layer_specs import layer_specs
-from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreement
+from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreement, ValueAgreement
+from reports.output_breakdown import GroupAccumulator, output_groups
 from reports.value_histogram import ValueHistogram
 from reports.worker import MetricWorker
 
 
-def _is_scores(graph: Graph, name: str) -> bool:
-    """A classification output: a float tensor with one non-batch axis of more than one class."""
+def class_count(graph: Graph, name: str) -> Optional[int]:
+    """The classes of a classification output (a float tensor with one non-batch axis of more than one
+    class), else None."""
     info = graph.tensors.get(name)
     if info is None or not info.is_float or info.shape is None:
-        return False
+        return None
     dims = [d for d in info.shape[1:] if d != 1]
-    return len(dims) == 1 and (dims[0] or 0) > 1
+    return dims[0] if len(dims) == 1 and (dims[0] or 0) > 1 else None
+
+
+def index_outputs(graph: Graph, prepared: IntegerGraph) -> list[str]:
+    """The graph outputs that are indices or booleans (not quantized, not float): compared by agreement."""
+    return [o for o in prepared.graph.outputs if o not in prepared.qparams and graph.tensors.get(o) is not None
+            and graph.tensors[o].dtype is not None and not graph.tensors[o].is_float]
 
 
 def evaluate(
@@ -60,6 +71,7 @@ def evaluate(
     reference: Callable[[Graph, Sequence[str]], FloatRunner] = float_reference,
     threads: bool = True,
     goal: Optional[Graph] = None,
+    detection: Optional[DetectionTask] = None,
 ) -> Evaluation:
     """Run the float model and the integer graph on every image and accumulate the similarities.
 
@@ -73,9 +85,8 @@ def evaluate(
     outputs, the layers with `graph`'s tensors (`reports.float_reference.GoalReference`).
     `threads=False`: no helper threads, every step in the calling thread (a sharded report's worker when the
     workers already take every core: `reports.evaluate_shards`).
+    `detection`: the detections to compare (`reports.detections.detection_task`), counted in `ev.detections`.
     """
-    from tqdm import tqdm
-
     if isolated and not layers:
         raise ValueError("isolated metrics need layers=True")
     if isolated_images is not None and isolated_images < 0:
@@ -84,14 +95,16 @@ def evaluate(
         raise ValueError("give float_nodes and backend to prepare(), not with an already prepared graph")
     prepared = prepared or prepare(graph, table, float_nodes=float_nodes, backend=backend)
     outputs = [o for o in prepared.graph.outputs if o in prepared.qparams]
-    if not outputs:
-        raise ValueError(f"no graph output of the model is quantized ({prepared.graph.outputs})")
+    indices = index_outputs(graph, prepared)
+    if not outputs and not indices:
+        raise ValueError(f"no graph output of the model is quantized or an index ({prepared.graph.outputs})")
     specs = layer_specs(prepared, graph.activations) if layers else []
     steps = sorted({s.step for s in specs if s.step is not None})
     # the isolated runs read every quantized input of those steps, no-op outputs included (they get no row)
     in_float_model = set(graph.activations)
-    read = [i for k in steps for i in prepared.steps[k].node.inputs if i in prepared.qparams and i in in_float_model]
-    wanted = list(dict.fromkeys([s.name for s in specs] + outputs + read))
+    read = [i for k in steps for i in prepared.steps[k].node.all_inputs if i in prepared.qparams and i in in_float_model]
+    detection_tensors = _detection_tensors(prepared, detection)
+    wanted = list(dict.fromkeys([s.name for s in specs] + outputs + indices + read + detection_tensors))
     runner = reference(graph, wanted)
     if goal is not None:
         runner = GoalReference(runner, reference(goal, outputs))
@@ -101,10 +114,13 @@ def evaluate(
         cumulative={s.name: accumulator() for s in specs},
         isolated={s.name: accumulator() for s in specs} if isolated else {},
         outputs={o: accumulator() for o in outputs},
-        classification=TopKAgreement() if _is_scores(graph, outputs[0]) else None,
+        classification=_classification(graph, outputs),
         float_nodes=[f.name for f in prepared.float_nodes],
         float_reasons={f.name: f"{f.op_type}: {f.reason}" for f in prepared.float_nodes},
         clipped={s.name: ClipAccumulator() for s in specs},
+        index_outputs={name: ValueAgreement() for name in indices},
+        output_groups={o: [GroupAccumulator(g) for g in output_groups(graph, o)] for o in outputs},
+        detections=None if detection is None else detection.agreement(),
     )
     ranks = {s.name: len(graph.tensors[s.name].shape or ()) for s in specs}
     bounds = {s.name: grid_bounds(ev.qparams[s.name], ranks[s.name]) for s in specs}
@@ -114,8 +130,8 @@ def evaluate(
     # values are binned in the same pass that compares them (`reports.pair_sums`)
     ev.histograms = {s.name: ValueHistogram.for_grid(ev.qparams[s.name], ranks[s.name]) for s in specs}
     folded = folded_ranges(graph) if table.options.fold_clip else {}
-    image = ImageRun(prepared, ev, specs, steps, bounds, outputs,
-                     {name: span for name, span in folded.items() if name in bounds})
+    image = ImageRun(prepared, ev, specs, steps, bounds, outputs + indices,
+                     {name: span for name, span in folded.items() if name in bounds}, detection)
     with background(threads, "ptq-report") as pool, background(threads, "ptq-float") as float_pool, \
             tqdm(total=images.expected, unit="img", desc=desc, disable=None if progress else True, leave=False) as bar:
         worker = MetricWorker(pool)
@@ -134,6 +150,26 @@ def evaluate(
     if ev.images == 0:
         raise ValueError("no image could be decoded")
     return ev
+
+
+def _classification(graph: Graph, outputs: list[str]) -> Optional[TopKAgreement]:
+    """Top-k agreement of the first output when it is class scores: top-1, and top-5 (reported from 10 classes,
+    `TopKAgreement.meaningful_topk`)."""
+    if not outputs or class_count(graph, outputs[0]) is None:
+        return None
+    return TopKAgreement()
+
+
+def _detection_tensors(prepared: IntegerGraph, detection: Optional[DetectionTask]) -> list[str]:
+    """The run-time tensors the detections are decoded from; each must be a quantized tensor of the integer
+    graph (a constant is read as it is)."""
+    if detection is None:
+        return []
+    constants = prepared.graph.initializers
+    missing = [t for t in detection.tensors if t not in constants and t not in prepared.qparams]
+    if missing:
+        raise ValueError(f"detections: {', '.join(missing)} is not a quantized tensor of the integer graph")
+    return [t for t in detection.tensors if t not in constants]
 
 
 def _start_float_run(pool: ThreadPoolExecutor, runner: FloatRunner, samples: Iterator):

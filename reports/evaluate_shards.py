@@ -20,23 +20,27 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import onnx
+from tqdm import tqdm
 
 from ptq.core.graph import Graph
 from ptq.engine.executor import IntegerGraph, prepare
 from ptq.engine.float_run import FloatRunner
 from ptq.data.images import ImageLog
+from ptq.parallel.runners import make_runner
 from ptq.parallel.workers import (
     CallRunner, QuietLog, Shard, ShardResult, ShardRunner, ShippedModel, choose_workers, guided_shard_batches,
-    load_shipped_model, make_runner, run_sharded, ship_model, usable_cores,
+    load_shipped_model, run_sharded, ship_model, usable_cores,
 )
 from ptq.table.quant_table import QuantTable
 from ptq.data.samples import SampleFormat
+from reports.detections import DetectionAgreement, DetectionTask
 from reports.evaluate import evaluate
 from reports.evaluation import Evaluation
 from reports.float_reference import float_reference
 from ptq.data.image_source import ImageSet
 from ptq.data.labels import LabelResolver
-from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreement
+from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreement, ValueAgreement
+from reports.output_breakdown import GroupAccumulator
 from reports.value_histogram import ValueHistogram
 
 
@@ -80,6 +84,7 @@ class EvaluateCall:
     backend: Optional[str] = None
     layers: bool = True
     isolated: bool = True
+    detection: Optional[DetectionTask] = None
 
 
 @dataclass
@@ -140,7 +145,7 @@ class ReportJob:
             ev = evaluate(context.graph, call.table, source, layers=call.layers, isolated=call.isolated,
                           isolated_images=shard.isolated, prepared=context.prepare(call),
                           accumulator=RecordingAccumulator, reference=context.reference, threads=self.threads,
-                          goal=context.goal)
+                          goal=context.goal, detection=call.detection)
         except ValueError:
             if source.log.skipped and not source.log.used:  # "no image could be decoded"
                 return ShardResult(skipped=source.log.skipped)
@@ -161,9 +166,15 @@ def merge_evaluations(parts: Sequence[Evaluation]) -> Evaluation:
         classification=None if first.classification is None else TopKAgreement(k=first.classification.k),
         float_nodes=first.float_nodes, float_reasons=first.float_reasons,
         clipped={name: ClipAccumulator() for name in first.clipped},
+        index_outputs={name: reduce(ValueAgreement.merge, (part.index_outputs[name] for part in parts))
+                       for name in first.index_outputs},
         # integer counts and extremes: exact in any order
         histograms={name: reduce(ValueHistogram.merge, (part.histograms[name] for part in parts))
                     for name in first.histograms},
+        output_groups={name: [GroupAccumulator(acc.groups) for acc in groups]
+                       for name, groups in first.output_groups.items()},
+        detections=None if first.detections is None else DetectionAgreement(first.detections.score_threshold,
+                                                                            first.detections.match_iou),
     )
     for part in parts:
         for merged, shard in ((ev.cumulative, part.cumulative), (ev.isolated, part.isolated),
@@ -172,8 +183,12 @@ def merge_evaluations(parts: Sequence[Evaluation]) -> Evaluation:
                 for sample in shard[name].records:
                     accumulator._add(**sample)  # the same additions, in the same order, as one process
         ev.clipped = {name: acc.merge(part.clipped[name]) for name, acc in ev.clipped.items()}
+        ev.output_groups = {name: [mine.merge(theirs) for mine, theirs in zip(groups, part.output_groups[name])]
+                            for name, groups in ev.output_groups.items()}
         if ev.classification is not None:
             ev.classification = ev.classification.merge(part.classification)
+        if ev.detections is not None:
+            ev.detections = ev.detections.merge(part.detections)
         for name, count in part.overflows.items():
             ev.overflows[name] = ev.overflows.get(name, 0) + count
         ev.images += part.images
@@ -212,27 +227,27 @@ class ShardedEvaluator:
 
     def __call__(self, graph: Optional[Graph], table: QuantTable, images: ImageSet, *, float_nodes: Sequence[str] = (),
                  layers: bool = True, isolated: bool = True, isolated_images: Optional[int] = None,
-                 progress: bool = False, desc: str = "report", backend=None) -> Evaluation:
+                 progress: bool = False, desc: str = "report", backend=None,
+                 detection: Optional[DetectionTask] = None) -> Evaluation:
         if graph is not self.graph or images is not self.images:
             raise ValueError("a ShardedEvaluator evaluates the graph and the images it was made for")
         return evaluate_on(self.runner, self.workers, table, images, float_nodes=float_nodes, layers=layers,
                            isolated=isolated, isolated_images=isolated_images, progress=progress, desc=desc,
-                           backend=backend)
+                           backend=backend, detection=detection)
 
 
 def evaluate_on(runner: ShardRunner, workers: int, table: QuantTable, images: ImageSet, *,
                 float_nodes: Sequence[str] = (), layers: bool = True, isolated: bool = True,
                 isolated_images: Optional[int] = None, progress: bool = False, desc: str = "report", backend=None,
-                wrap: Callable[[EvaluateCall], Any] = lambda call: call) -> Evaluation:
+                wrap: Callable[[EvaluateCall], Any] = lambda call: call,
+                detection: Optional[DetectionTask] = None) -> Evaluation:
     """One `evaluate` on `runner`, a pool of `workers` whose job runs (`wrap(call)`, `Shard`) items as
     `ReportJob.run` does (`ptq tune`'s pool wraps the call with the graph it is for)."""
-    from tqdm import tqdm
-
     if backend is not None and not isinstance(backend, str):
         raise ValueError("workers take the backend by name (ptq.engine.backends)")
     if isolated and not layers:
         raise ValueError("isolated metrics need layers=True")
-    call = wrap(EvaluateCall(uuid.uuid4().hex, table, tuple(float_nodes), backend, layers, isolated))
+    call = wrap(EvaluateCall(uuid.uuid4().hex, table, tuple(float_nodes), backend, layers, isolated, detection))
     prefix = images.expected if isolated_images is None else isolated_images
     log = ImageLog()
     with tqdm(total=images.expected, unit="img", desc=desc, disable=None if progress else True,
@@ -277,6 +292,7 @@ def sharded_evaluate(
     desc: str = "report",
     graph: Optional[Graph] = None,
     goal: Union[str, Path, onnx.ModelProto, None] = None,
+    detection: Optional[DetectionTask] = None,
 ) -> Evaluation:
     """What `evaluate(graph, table, images, ...)` returns, computed by `workers` processes (or on Ray).
     `graph`: `model` as already loaded here (forked workers inherit it instead of loading the model).
@@ -284,4 +300,5 @@ def sharded_evaluate(
     with ShardedEvaluator(model, table.options.input_shapes, images, workers=workers, ray=ray,
                           graph=graph, goal=goal) as evaluator:
         return evaluator(graph, table, images, float_nodes=float_nodes, layers=layers, isolated=isolated,
-                         isolated_images=isolated_images, progress=progress, desc=desc, backend=backend)
+                         isolated_images=isolated_images, progress=progress, desc=desc, backend=backend,
+                         detection=detection)

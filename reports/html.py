@@ -12,8 +12,13 @@ from html import escape
 from pathlib import Path
 from typing import Optional, Union
 
+from ptq.core.atomic import atomic_write_text
+from reports.diagnosis import next_step_lines
 from reports.html_histogram import histogram_caption, histogram_svg
+from reports.detections import detection_line
 from reports.layers import Report
+from reports.writers import suspect_line
+from reports.output_breakdown import DEAD_CODES
 
 PLOT_W, PLOT_H = 960, 320
 HISTOGRAM_SUSPECTS = 5  # the top suspects that get a value histogram
@@ -28,6 +33,8 @@ td.t,th.t{text-align:left}
 th{background:#f0f0f0;cursor:pointer;user-select:none}
 th.asc::after{content:" \\25B2"} th.desc::after{content:" \\25BC"}
 tr.suspect td{background:#fde8e8}
+#layers th{white-space:normal;padding:3px 4px} #layers td{padding:3px 4px}
+#layers td.name{white-space:normal;overflow-wrap:anywhere;min-width:10em;max-width:18em}
 .summary td{text-align:left}
 svg text{font-size:11px;fill:#333}
 .legend span{display:inline-block;margin-right:16px;font-size:13px}
@@ -36,6 +43,7 @@ svg text{font-size:11px;fill:#333}
 .tip{position:absolute;pointer-events:none;background:#fff;border:1px solid #888;padding:2px 6px;font-size:12px;
 white-space:nowrap;box-shadow:1px 1px 3px rgba(0,0,0,.2)}
 g.pt rect{fill:#000;fill-opacity:0;pointer-events:all} g.pt:hover rect{fill-opacity:.06} .mark{pointer-events:none}
+.warn{background:#fde8e8;border:1px solid #d11c1c;padding:6px 12px;margin:8px 0} h3{font-size:15px}
 .hists{display:flex;flex-wrap:wrap;gap:8px 24px} figure{margin:0} figcaption{font-size:12px;max-width:560px}
 """
 
@@ -91,8 +99,10 @@ def _sort_key(value) -> str:
     return str(value)
 
 
-def _cell(value, text: Optional[str] = None, left: bool = False) -> str:
-    cls = ' class="t"' if left else ""
+def _cell(value, text: Optional[str] = None, left: bool = False, cls: str = "") -> str:
+    """A cell whose data-v attribute sorts it; `left`: text aligned left; `cls`: more classes."""
+    classes = " ".join(c for c in ("t" if left else "", cls) if c)
+    cls = f' class="{classes}"' if classes else ""
     shown = escape(text if text is not None else str(value))
     return f'<td{cls} data-v="{escape(_sort_key(value))}">{shown}</td>'
 
@@ -173,9 +183,15 @@ def _summary(report: Report) -> str:
         rows.append((f"output {out.name}",
                      f"cosine {s.cosine:.6f}, mse {_fmt(s.mse, 4)}, sqnr {_fmt(s.sqnr_db, 4)} dB, "
                      f"max abs err {_fmt(s.max_abs_err, 4)}"))
+    for name, agreement in report.index_outputs.items():
+        rows.append((f"output {name}", f"agreement with float {agreement['agreement']:.4f} "
+                                       f"({agreement['equal']}/{agreement['values']} values)"))
     c = report.classification
     if c:
-        rows.append(("top-1 / top-5 agreement", f"{c['top1_agreement']:.3f} / {c['top5_agreement']:.3f}"))
+        if "top5_agreement" in c:  # only with 10 classes or more
+            rows.append(("top-1 / top-5 agreement", f"{c['top1_agreement']:.3f} / {c['top5_agreement']:.3f}"))
+        else:
+            rows.append(("top-1 agreement", f"{c['top1_agreement']:.3f}"))
         if "labelled" in c:
             rows.append(("accuracy (float / int)",
                          f"{c['float_accuracy']:.3f} / {c['int_accuracy']:.3f} over {c['labelled']} labelled images"))
@@ -190,10 +206,62 @@ def _summary(report: Report) -> str:
         rows.append(("float nodes", "none: every node ran in integers"))
     for note in report.notes:
         rows.append(("note", note))
+    for line in next_step_lines(report):
+        rows.append(("where the loss is", line))
+    if report.detections:
+        rows.append(("detections", detection_line(report.detections)))
     body = "".join(f'<tr><th class="t">{escape(k)}</th><td>{escape(v)}</td></tr>' for k, v in rows)
-    suspects = "".join(f"<li><b>{escape(b.name)}</b>: {escape(b.reason)}</li>" for b in report.bottlenecks[:10])
+    suspects = "".join(f"<li><b>{escape(b.name)}</b>: {escape(suspect_line(report, b)[len(b.name) + 2:])}</li>"
+                       for b in report.bottlenecks[:10])
     return (f'<table class="summary">{body}</table><h2>Top suspects</h2>'
+            "<p>Isolated: the layer alone on quantized float inputs (the error it makes); cumulative: the integer "
+            "graph end to end (the error that reaches it). A layer that adds almost nothing alone while the "
+            "cumulative cosine falls across it amplifies error made upstream.</p>"
             + (f"<ol>{suspects}</ol>" if suspects else "<p>None: every layer keeps its cosine.</p>"))
+
+
+def _warnings(report: Report) -> str:
+    """The warnings (dead output parts or channels), first on the page."""
+    if not report.warnings:
+        return ""
+    items = "".join(f"<li>{escape(w)}</li>" for w in report.warnings)
+    return f'<div class="warn" id="warnings"><b>Warnings</b><ul>{items}</ul></div>'
+
+
+def _output_groups(report: Report) -> str:
+    """Per output, its parts (a join) and the spread of its channel cosines, with each dead group marked."""
+    sections = []
+    for out in report.outputs:
+        b = out.breakdown
+        if b.parts is None and b.channels is None:
+            continue
+        heads = ["group", "where", "elements", "cosine", "sqnr dB", "mse", "max err", "float min", "float max",
+                 "codes", "dead"]
+        rows = []
+        for kind, groups in (("part", b.parts), ("channel", b.channels)):
+            for g in groups or ():
+                cls = ' class="suspect"' if g.dead else ""
+                codes = str(g.codes) if g.codes <= DEAD_CODES else f">{DEAD_CODES}"
+                rows.append(
+                    f"<tr{cls}>" + "".join([
+                        _cell(f"{kind} {g.name}", left=True), _cell(g.span, left=True), _cell(g.elements),
+                        _cell(g.cosine, f"{g.cosine:.6f}"), _cell(g.sqnr_db, _fmt(g.sqnr_db, 4)),
+                        _cell(g.mse, _fmt(g.mse, 4)), _cell(g.max_abs_err, _fmt(g.max_abs_err, 4)),
+                        _cell(g.float_min, _fmt(g.float_min, 4)), _cell(g.float_max, _fmt(g.float_max, 4)),
+                        _cell(g.codes, codes), _cell(int(g.dead), "dead" if g.dead else "")]) + "</tr>")
+        spread = b.spread()
+        caption = ""
+        if spread is not None:
+            caption = (f"<p>{len(b.channels)} channels on axis 1: cosine min {spread['min']:.6f} (channel "
+                       f"{spread['worst_channel']}), median {spread['median']:.6f}, max {spread['max']:.6f}.</p>")
+        head = "".join(f'<th class="t">{h}</th>' if h in ("group", "where") else f"<th>{h}</th>" for h in heads)
+        sections.append(f"<h3>{escape(out.name)}</h3>{caption}<table class=\"sortable\"><thead><tr>{head}</tr>"
+                        f"</thead><tbody>{''.join(rows)}</tbody></table>")
+    if not sections:
+        return ""
+    return ("<h2>Output parts and channels</h2><p>Each part of an output that joins tensors, and each channel of an "
+            "output with up to 256: cosine over all its values of all images, the distinct integer codes it takes "
+            f"(dead: {DEAD_CODES} or fewer while its float values, on a grid of their own, take more).</p>" + "".join(sections))
 
 
 def _histograms(report: Report, count: int) -> str:
@@ -236,7 +304,7 @@ def _table(report: Report) -> str:
         cls = ' class="suspect"' if rank is not None and rank <= 10 else ""
         op = layer.op_type + (" (float)" if layer.float_fallback else "")
         cells = [
-            _cell(i), _cell(layer.name, left=True), _cell(op, left=True), _cell(qp.bits), _cell(scale_v, scale_t),
+            _cell(i), _cell(layer.name, left=True, cls="name"), _cell(op, left=True), _cell(qp.bits), _cell(scale_v, scale_t),
             _cell(zp_v, zp_t), _cell(cum.cosine, f"{cum.cosine:.6f}"), _cell(cum.sqnr_db, _fmt(cum.sqnr_db, 4)),
             _cell(cum.mse, _fmt(cum.mse, 4)), _cell(cum.max_abs_err, _fmt(cum.max_abs_err, 4)),
             _cell(iso.cosine, f"{iso.cosine:.6f}"), _cell(iso.sqnr_db, _fmt(iso.sqnr_db, 4)),
@@ -256,7 +324,9 @@ def render_html(report: Report, histograms: int = HISTOGRAM_SUSPECTS) -> str:
         f'<html lang="en"><head><meta charset="utf-8"/><title>{escape(title)}</title>'
         f"<style>{_CSS}</style></head><body>"
         f"<h1>{escape(title)}</h1>"
+        f"{_warnings(report)}"
         f"<h2>Summary</h2>{_summary(report)}"
+        f"{_output_groups(report)}"
         f"<h2>Cosine along the graph</h2>{_plot(report)}"
         f"<h2>Values of the top suspects</h2>{_histograms(report, histograms)}"
         f"<h2>Layers</h2><p>Click a column header to sort.</p>{_table(report)}"
@@ -266,6 +336,4 @@ def render_html(report: Report, histograms: int = HISTOGRAM_SUSPECTS) -> str:
 
 
 def write_html(report: Report, path: Union[str, Path], histograms: int = HISTOGRAM_SUSPECTS) -> Path:
-    path = Path(path)
-    path.write_text(render_html(report, histograms), encoding="utf-8")
-    return path
+    return atomic_write_text(path, render_html(report, histograms))

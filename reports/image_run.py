@@ -16,6 +16,7 @@ from typing import Optional
 import numpy as np
 
 from ptq.engine.executor import IntegerGraph, Step
+from reports.detections import DetectionTask
 from reports.evaluation import Evaluation
 from reports.grid import dequantize32
 from reports.layer_specs import LayerSpec
@@ -27,7 +28,7 @@ def isolated_args(prepared: IntegerGraph, step: Step, floats: dict, ints: dict, 
     """The step's inputs with every quantized activation replaced by its quantized float value."""
     constants = prepared.graph.initializers
     args = []
-    for name in step.node.inputs:
+    for name in step.node.all_inputs:
         if not name:
             args.append(None)
         elif name in constants:
@@ -56,25 +57,31 @@ class ImageRun:
     # tensors whose range calibration folded to the clamp of their consumers (Relu, Clip): the float value
     # they stand for is the clamped one, so they are compared with it (their clipping is by design)
     folded: dict[str, tuple[float, float]]
+    detection: Optional[DetectionTask] = None  # the detections to compare, decoded from both runs
 
     def run(self, worker: MetricWorker, sample: dict[str, np.ndarray], label: Optional[int], floats: dict,
             with_isolated: bool) -> None:
         ev = self.ev
         runtime_values: dict[str, np.ndarray] = {}  # run-time shape/index tensors (isolated runs read them)
+        watched = set(self.detection.tensors) if self.detection is not None else set()
+        captured: dict[str, np.ndarray] = {}  # the codes the detections are decoded from
 
         def fold(name: str, codes: np.ndarray) -> None:
             # each integer tensor is compared as soon as it exists; the executor may drop it meanwhile
+            if name in watched:
+                captured[name] = codes
             if name in self.bounds:
                 worker.submit(self._fold_cumulative, name, floats[name], codes)
             elif name not in ev.qparams:
                 runtime_values[name] = codes
 
-        result = self.prepared.run(sample, keep_all=False, on_tensor=fold if self.specs else None)
+        result = self.prepared.run(sample, keep_all=False, on_tensor=fold if self.specs or watched else None)
         for name, count in result.overflows.items():
             ev.overflows[name] = ev.overflows.get(name, 0) + count
         if with_isolated:  # in the worker too (measured on 20 images, isolated on all: +85% there, +134% here)
             worker.submit(self._isolated, floats, runtime_values)
-        worker.submit(self._fold_outputs, floats, {name: result.tensors[name] for name in self.outputs}, label)
+        worker.submit(self._fold_outputs, floats, {name: result.tensors[name] for name in self.outputs}, label,
+                      captured)
 
     def _fold_cumulative(self, name: str, x: np.ndarray, codes: np.ndarray) -> None:
         """One read of the float tensor and its codes: similarity sums, clipped counts, histogram."""
@@ -105,10 +112,21 @@ class ImageRun:
             sums, _ = compare(floats[spec.name], codes, qp, clamp=self.folded.get(spec.name))
             self.ev.isolated[spec.name].add(sums)
 
-    def _fold_outputs(self, floats: dict, codes: dict, label: Optional[int]) -> None:
+    def _fold_outputs(self, floats: dict, codes: dict, label: Optional[int], captured: dict) -> None:
         ev = self.ev
         for name in self.outputs:
-            ev.outputs[name].add(compare(floats[name], codes[name], ev.qparams[name])[0])
+            if name in ev.index_outputs:
+                ev.index_outputs[name].update(floats[name], codes[name])
+            else:
+                ev.outputs[name].add(compare(floats[name], codes[name], ev.qparams[name])[0])
+                for groups in ev.output_groups.get(name, ()):
+                    groups.update(floats[name], codes[name], ev.qparams[name])
         if ev.classification is not None:
             first = self.outputs[0]
             ev.classification.update(floats[first], dequantize32(ev.qparams[first], codes[first]), label)
+        if ev.detections is not None:
+            constants = self.prepared.graph.initializers
+            names = self.detection.tensors
+            reference = {n: constants[n] if n in constants else floats[n] for n in names}
+            test = {n: constants[n] if n in constants else dequantize32(ev.qparams[n], captured[n]) for n in names}
+            ev.detections.update(self.detection.decode(reference), self.detection.decode(test))

@@ -8,6 +8,7 @@ import numpy as np
 
 from ptq.core.qparams import QParams
 from reports.metrics import Similarity
+from reports.output_breakdown import OutputBreakdown
 from reports.value_histogram import ValueHistogram
 
 
@@ -81,16 +82,39 @@ def cosine_drops(names: list[str], inputs: dict[str, list[str]], cumulative_cosi
 
 @dataclass(frozen=True)
 class Bottleneck:
+    """A suspect: `added`, the cosine it loses alone beyond what its inputs' quantization costs (where error is
+    made); `drop`, how far the cumulative cosine falls across it (where error shows, made here or amplified)."""
+
     name: str
     score: float
     reason: str
+    added: float = 0.0
+    drop: float = 0.0
+
+    @property
+    def amplifies(self) -> bool:
+        """The fall of the cumulative cosine counts for more than what the layer adds alone: it carries (and
+        amplifies) error made upstream, and floating it recovers little."""
+        return self.added < DROP_WEIGHT * self.drop
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "score": self.score, "reason": self.reason}
+        return {"name": self.name, "score": self.score, "reason": self.reason, "added": self.added,
+                "drop": self.drop, "kind": "amplifies" if self.amplifies else "makes"}
 
 
 DROP_WEIGHT = 0.1  # weight of the cumulative drop in the score (see rank_bottlenecks)
 CLIP_NOTE = 0.001  # a suspect that saturates at least this fraction of its values says so
+
+
+def added_errors(layers: list[LayerReport]) -> dict[str, float]:
+    """Per layer, the cosine it loses alone beyond what the quantization of its inputs already costs:
+    max(0, (1 - isolated cosine) - max over the inputs of (1 - their isolated cosine))."""
+    by_name = {layer.name: layer for layer in layers}
+    added = {}
+    for layer in layers:
+        inherited = max((1.0 - by_name[i].isolated.cosine for i in layer.inputs if i in by_name), default=0.0)
+        added[layer.name] = max(0.0, (1.0 - layer.isolated.cosine) - inherited)
+    return added
 
 
 def rank_bottlenecks(layers: list[LayerReport], top: Optional[int] = None, min_score: float = 1e-4) -> list[Bottleneck]:
@@ -106,12 +130,10 @@ def rank_bottlenecks(layers: list[LayerReport], top: Optional[int] = None, min_s
     while adding almost nothing itself), and floating such a layer cannot remove an error made upstream.
     Layers scoring below `min_score` are not suspects.
     """
-    by_name = {layer.name: layer for layer in layers}
+    added_by_layer = added_errors(layers)
     suspects = []
     for layer in layers:
-        own = 1.0 - layer.isolated.cosine
-        inherited = max((1.0 - by_name[i].isolated.cosine for i in layer.inputs if i in by_name), default=0.0)
-        added = max(0.0, own - inherited)
+        added = added_by_layer[layer.name]
         drop = max(0.0, layer.cosine_drop)
         score = added + DROP_WEIGHT * drop
         if score < min_score:
@@ -126,7 +148,7 @@ def rank_bottlenecks(layers: list[LayerReport], top: Optional[int] = None, min_s
             parts.append(f"{100 * layer.clipped:.2f}% of its float values lie beyond its range (saturate)")
         if layer.float_fallback:
             parts.append("runs in float")
-        suspects.append(Bottleneck(layer.name, score, "; ".join(parts)))
+        suspects.append(Bottleneck(layer.name, score, "; ".join(parts), added, drop))
     suspects.sort(key=lambda b: (-b.score, b.name))
     return suspects if top is None else suspects[:top]
 
@@ -137,10 +159,12 @@ class OutputReport:
 
     name: str
     similarity: Similarity
+    breakdown: OutputBreakdown = field(default_factory=OutputBreakdown)  # its parts and channels
 
     def to_dict(self) -> dict:
         d = self.similarity.to_dict()
-        return {"name": self.name, "cosine": d["cosine"], "mse": d["mse"], "sqnr_db": d["sqnr_db"], "max_abs_err": d["max_abs_err"]}
+        return {"name": self.name, "cosine": d["cosine"], "mse": d["mse"], "sqnr_db": d["sqnr_db"],
+                "max_abs_err": d["max_abs_err"], **self.breakdown.to_dict()}
 
 
 @dataclass
@@ -152,16 +176,24 @@ class Report:
     outputs: list[OutputReport]
     classification: Optional[dict]  # TopKAgreement.to_dict() of the first output, when it is a score vector
     bottlenecks: list[Bottleneck]
+    # per index/boolean graph output (ArgMax, TopK indices): ValueAgreement.to_dict() against the float model
+    index_outputs: dict[str, dict] = field(default_factory=dict)
     float_nodes: list[str] = field(default_factory=list)
     float_reasons: dict[str, str] = field(default_factory=dict)  # node -> "OpType: why it runs in float"
     notes: list[str] = field(default_factory=list)
     isolated_images: int = 0  # images the isolated metrics were accumulated over (the first ones)
     inputs: dict = field(default_factory=dict)  # the samples used: --images or --data, preprocessing, labels, ...
+    warnings: list[str] = field(default_factory=list)  # dead output parts or channels (`reports.output_breakdown`)
+    detections: Optional[dict] = None  # `reports.detections.DetectionAgreement.to_dict()` with --task detect
 
     def to_dict(self) -> dict:
         outputs: dict = {"tensors": [o.to_dict() for o in self.outputs]}
+        if self.index_outputs:
+            outputs["index_outputs"] = [{"name": name, **value} for name, value in self.index_outputs.items()]
         if self.classification:
             outputs.update(self.classification)
+        if self.detections:
+            outputs["detections"] = dict(self.detections)
         return {
             "model": self.model,
             "quant": self.quant,
@@ -172,6 +204,7 @@ class Report:
             "float_nodes": list(self.float_nodes),
             "float_reasons": dict(self.float_reasons),
             "notes": list(self.notes),
+            "warnings": list(self.warnings),
             "outputs": outputs,
             "bottlenecks": [b.to_dict() for b in self.bottlenecks],
             "layers": [layer.to_dict() for layer in self.layers],
@@ -195,5 +228,17 @@ METRIC_DEFINITIONS = {
                   "width w = (high - low)/inner_bins below low, inner_bins bins across the grid, margin_bins bins "
                   "above high, and counts[-1] beyond; below/above: values outside [low, high] (saturated)",
     "top1_agreement": "fraction of images where the integer argmax equals the float argmax",
-    "top5_agreement": "fraction of images where the float argmax is among the integer top 5",
+    "top5_agreement": "fraction of images where the float argmax is among the integer top 5 (10 classes or more)",
+    "index_outputs": "per index or boolean graph output (ArgMax, TopK indices, a mask): the fraction of its values "
+                     "equal to the float model's, over all images",
+    "parts": "per output that is a join (a Concat, then only Reshape/Transpose-like ops), each joined input's "
+             "elements: cosine pooled over all its elements of all images, mse, sqnr_db, max_abs_err, the distinct "
+             "integer codes it takes (counted up to 5), its float range, codes_needed (the most distinct codes its "
+             "float values take in one image on a 256-step grid of their own min..max); dead: 4 or fewer codes "
+             "while the float values vary (more than 4 needed, spread above 1e-3 of their magnitude)",
+    "channels": "per output of rank >= 3 with 2..256 channels on axis 1, the same per channel; channel_cosine: "
+                "min / median / max of the channels' cosines and the worst channel",
+    "detections": "with --task detect: the integer run's detections matched to float's (same class, IoU >= "
+                  "match_iou, greedy by float score); recall = matched / float detections, precision = matched / "
+                  "integer detections, over all images",
 }

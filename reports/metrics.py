@@ -123,13 +123,15 @@ class TopKAgreement:
     """How often the test model's classification agrees with the reference's, per sample (rows of logits).
 
     - top1_agreement: argmax(test) == argmax(reference)
-    - top5_agreement: argmax(reference) is among the 5 largest test scores
+    - top5_agreement: argmax(reference) is among the 5 largest test scores; reported only for at least
+      2 x 5 = 10 classes (`meaningful_topk`: with 4 classes the top 5 holds every class and agrees always)
     - accuracy: with labels, the fraction of labelled samples whose argmax equals the label (for the
       reference and the test model separately); unlabelled samples are skipped (label None).
     Ties in argmax resolve to the lowest index (numpy's argmax).
     """
 
     k: int = 5
+    classes: int = 0  # the score vectors' length (0: no sample yet)
     samples: int = 0
     top1_agree: int = 0
     topk_agree: int = 0
@@ -147,6 +149,7 @@ class TopKAgreement:
         test_top1 = int(np.argmax(y))
         k = min(self.k, y.size)
         test_topk = np.argpartition(-y, k - 1)[:k]
+        self.classes = x.size
         self.samples += 1
         self.top1_agree += int(ref_top1 == test_top1)
         self.topk_agree += int(ref_top1 in test_topk)
@@ -157,11 +160,17 @@ class TopKAgreement:
             self.reference_correct += int(ref_top1 == label)
             self.test_correct += int(test_top1 == label)
 
+    @property
+    def meaningful_topk(self) -> bool:
+        """Whether top-k agreement tells anything: at least 2k classes (top 5 of 10 already holds half)."""
+        return self.classes >= 2 * self.k
+
     def merge(self, other: "TopKAgreement") -> "TopKAgreement":
         if self.k != other.k:
             raise ValueError(f"cannot merge top-{self.k} and top-{other.k} agreement")
         return TopKAgreement(
             k=self.k,
+            classes=max(self.classes, other.classes),
             samples=self.samples + other.samples,
             top1_agree=self.top1_agree + other.top1_agree,
             topk_agree=self.topk_agree + other.topk_agree,
@@ -173,16 +182,44 @@ class TopKAgreement:
     def to_dict(self) -> dict:
         if self.samples == 0:
             raise ValueError("top-k agreement: no samples were accumulated")
-        out = {
-            "samples": self.samples,
-            "top1_agreement": self.top1_agree / self.samples,
-            f"top{self.k}_agreement": self.topk_agree / self.samples,
-        }
+        out = {"samples": self.samples, "top1_agreement": self.top1_agree / self.samples}
+        if self.meaningful_topk:
+            out[f"top{self.k}_agreement"] = self.topk_agree / self.samples
         if self.labelled:
             out["labelled"] = self.labelled
             out["float_accuracy"] = self.reference_correct / self.labelled
             out["int_accuracy"] = self.test_correct / self.labelled
         return out
+
+
+@dataclass
+class ValueAgreement:
+    """How many values of an index or boolean output (ArgMax, TopK indices, a mask) equal the reference's:
+    exact comparison, element by element. An output whose length depends on the data (NonMaxSuppression's
+    selected boxes) is compared row by row along axis 0 over the rows both have; each row only one of them has
+    counts as unequal. Merging adds the counts."""
+
+    values: int = 0
+    equal: int = 0
+
+    def update(self, reference: np.ndarray, test: np.ndarray) -> None:
+        x, y = np.asarray(reference), np.asarray(test)
+        if x.shape[1:] != y.shape[1:] or x.ndim == 0:
+            raise ValueError(f"agreement: output shapes {x.shape} and {y.shape} must match past axis 0")
+        rows = min(len(x), len(y))
+        row_size = int(np.prod(x.shape[1:], dtype=np.int64))
+        self.values += max(len(x), len(y)) * row_size
+        self.equal += int(np.count_nonzero(x[:rows] == y[:rows]))
+
+    def merge(self, other: "ValueAgreement") -> "ValueAgreement":
+        return ValueAgreement(self.values + other.values, self.equal + other.equal)
+
+    @property
+    def fraction(self) -> float:
+        return self.equal / self.values if self.values else float("nan")
+
+    def to_dict(self) -> dict:
+        return {"agreement": self.fraction, "values": self.values, "equal": self.equal}
 
 
 @dataclass

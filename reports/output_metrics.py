@@ -18,11 +18,15 @@ class OutputMetrics:
 
     @classmethod
     def of(cls, ev: Evaluation) -> "OutputMetrics":
+        if not ev.outputs:
+            raise ValueError(f"the model's outputs are indices or booleans ({list(ev.index_outputs)}): `ptq report` "
+                             "compares them by agreement; debugging and tuning measure a float output")
         sim = next(iter(ev.outputs.values())).result()
         c = ev.classification
         top1 = top5 = None
         if c is not None and c.samples:
-            top1, top5 = c.top1_agree / c.samples, c.topk_agree / c.samples
+            top1 = c.top1_agree / c.samples
+            top5 = c.topk_agree / c.samples if c.meaningful_topk else None
         return cls(sim.cosine, sim.mse, sim.sqnr_db, top1, top5)
 
     def to_dict(self) -> dict:
@@ -32,5 +36,7 @@ class OutputMetrics:
     def line(self) -> str:
         text = f"cosine {self.cosine:.6f}  sqnr {self.sqnr_db:.2f} dB"
         if self.top1_agreement is not None:
-            text += f"  top-1 agreement {self.top1_agreement:.3f}  top-5 agreement {self.top5_agreement:.3f}"
+            text += f"  top-1 agreement {self.top1_agreement:.3f}"
+        if self.top5_agreement is not None:
+            text += f"  top-5 agreement {self.top5_agreement:.3f}"
         return text

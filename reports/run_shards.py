@@ -14,15 +14,18 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
+from tqdm import tqdm
 
 from ptq.core.graph import Graph
 from ptq.engine.executor import ExecutorOptions, IntegerGraph, prepare
 from ptq.engine.float_run import FloatRunner
+from ptq.parallel.runners import make_runner
 from ptq.parallel.workers import (
-    Shard, ShardResult, ShippedModel, load_shipped_model, make_runner, plan_shards, shard_batches_for,
+    Shard, ShardResult, ShippedModel, load_shipped_model, plan_shards, shard_batches_for,
 )
 from ptq.table.quant_table import QuantTable
 from ptq.data.samples import SampleFormat, UnreadableSample
+from reports.evaluate import class_count
 from reports.float_reference import float_reference
 
 
@@ -37,6 +40,11 @@ class ImageOutcome:
     seconds: float = 0.0
     overflows: dict[str, int] = field(default_factory=dict)
     float_class: Optional[int] = None
+    # an output that is no class-score vector (ArgMax tags, TopK indices, a mask, a sequence of frames): how many
+    # of its values equal the float model's (index/bool outputs exactly; float outputs by their argmax over
+    # a last axis of 2 or more), and how many values were compared
+    matched: Optional[tuple[int, int]] = None
+    cosine: Optional[float] = None  # a float output without such an axis (a probability [1, 1]): its cosine
 
 
 @dataclass(frozen=True)
@@ -89,23 +97,42 @@ def classify_image(context: RunContext, path: Path, top: int) -> ImageOutcome:
     """One file through the integer graph: its top-k classes, or why it was skipped (`ptq run`'s per-image
     step, in one process or on a worker); and the float model's top-1 class."""
     try:
-        sample = {name: value[None] for name, value in context.reader.read(path).items()}
+        sample = context.reader.read(path)
     except UnreadableSample as exc:
         return ImageOutcome(path, skipped=str(exc))
     start = time.perf_counter()
     result = context.prepared.run(sample, keep_all=False)
     seconds = time.perf_counter() - start
     output = context.graph.outputs[0]
-    ranked = top_k(softmax(result.outputs[output].reshape(-1)), top)
-    float_class = int(np.argmax(context.floats.run_dict(sample)[output].reshape(-1)))
+    got, want = result.outputs[output], context.floats.run_dict(sample)[output]
+    if class_count(context.graph, output) is None:
+        if np.issubdtype(np.asarray(want).dtype, np.floating) and np.shape(want)[-1:] in ((), (1,)):
+            return ImageOutcome(path, [], None, seconds, dict(result.overflows), cosine=cosine(want, got))
+        return ImageOutcome(path, [], None, seconds, dict(result.overflows), matched=output_matches(want, got))
+    ranked = top_k(softmax(got.reshape(-1)), top)
+    float_class = int(np.argmax(want.reshape(-1)))
     return ImageOutcome(path, ranked, None, seconds, dict(result.overflows), float_class)
+
+
+def cosine(want: np.ndarray, got: np.ndarray) -> float:
+    """cos(float output, integer output), flattened; 1 when both are zero."""
+    a, b = np.asarray(want, np.float64).ravel(), np.asarray(got, np.float64).ravel()
+    norm = np.linalg.norm(a) * np.linalg.norm(b)
+    return float(a @ b / norm) if norm > 0 else float(np.array_equal(a, b))
+
+
+def output_matches(want: np.ndarray, got: np.ndarray) -> tuple[int, int]:
+    """(values of `got` equal to `want`, values compared): index and boolean outputs element by element, float
+    outputs by their argmax over the last axis (one decision per frame or position)."""
+    want, got = np.asarray(want), np.asarray(got)
+    if np.issubdtype(want.dtype, np.floating) and want.ndim:
+        want, got = np.argmax(want, axis=-1), np.argmax(got, axis=-1)
+    return int(np.count_nonzero(want == got)), int(want.size)
 
 
 def classify_sharded(job: ClassifyJob, files: list[Path], workers: int, ray: Optional[str],
                      on_outcome: Callable[[ImageOutcome], None], progress: bool = False) -> None:
     """Classify `files` on workers; `on_outcome(outcome)` is called in file order."""
-    from tqdm import tqdm
-
     shards = plan_shards(files, 1, shard_batches_for(len(files), 1, workers))
     index = {shard: k for k, shard in enumerate(shards)}
     done: dict[int, list[ImageOutcome]] = {}

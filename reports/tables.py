@@ -10,13 +10,14 @@ from typing import Iterable
 import numpy as np
 
 from ptq.core.qparams import QParams, compute_qparams
+from ptq.core.names import did_you_mean
 from ptq.table.quant_table import QuantTable, TensorEntry
 
 
 def _entry(table: QuantTable, name: str) -> TensorEntry:
     entry = table.tensors.get(name)
     if entry is None:
-        raise ValueError(f"tensor {name!r} is not in the quantization table")
+        raise ValueError(f"tensor {name!r} is not in the quantization table{did_you_mean(name, table.tensors)}")
     return entry
 
 

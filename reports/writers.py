@@ -8,7 +8,26 @@ import math
 from pathlib import Path
 from typing import Union
 
-from reports.layers import Report
+from ptq.core.atomic import atomic_write_text
+from reports.detections import detection_line
+from reports.diagnosis import loss_spread, next_step_lines
+from reports.layers import CLIP_NOTE, Bottleneck, Report
+from reports.output_breakdown import OutputBreakdown
+
+
+def breakdown_lines(breakdown: OutputBreakdown) -> list[str]:
+    """An output's parts, one line each, and the spread of its channel cosines."""
+    lines = []
+    for part in breakdown.parts or ():
+        codes = str(part.codes) if part.dead or part.codes <= 4 else ">4"
+        lines.append(f"part {part.name} ({part.span}): cosine {part.cosine:.6f}  sqnr {part.sqnr_db:.2f} dB  "
+                     f"float {part.float_min:.4g}..{part.float_max:.4g}  codes {codes}"
+                     + ("  DEAD" if part.dead else ""))
+    spread = breakdown.spread()
+    if spread is not None:
+        lines.append(f"{len(breakdown.channels)} channels on axis 1: cosine min {spread['min']:.6f} (channel "
+                     f"{spread['worst_channel']})  median {spread['median']:.6f}  max {spread['max']:.6f}")
+    return lines
 
 CSV_COLUMNS = (
     "index", "name", "node", "op_type", "bits", "granularity", "scale", "zero_point", "range_min", "range_max",
@@ -30,13 +49,14 @@ def finite_or_none(value):
 
 
 def report_json(report: Report) -> str:
-    return json.dumps(finite_or_none(report.to_dict()), indent=1, allow_nan=False)
+    data = report.to_dict()
+    spread = loss_spread(report)
+    data["loss_spread"] = None if spread is None else spread.to_dict()
+    return json.dumps(finite_or_none(data), indent=1, allow_nan=False)
 
 
 def write_json(report: Report, path: Union[str, Path]) -> Path:
-    path = Path(path)
-    path.write_text(report_json(report) + "\n", encoding="utf-8")
-    return path
+    return atomic_write_text(path, report_json(report) + "\n")
 
 
 def report_csv(report: Report) -> str:
@@ -64,20 +84,27 @@ def report_csv(report: Report) -> str:
 
 
 def write_csv(report: Report, path: Union[str, Path]) -> Path:
-    path = Path(path)
-    path.write_text(report_csv(report), encoding="utf-8")
-    return path
+    return atomic_write_text(path, report_csv(report))
 
 
 def summary_text(report: Report, top: int = 5) -> str:
     """Output metrics and the top suspects, for stdout."""
-    lines = [f"{report.images} images, {len(report.layers)} quantized tensors"]
+    lines = list(report.warnings)
+    lines.append(f"{report.images} images, {len(report.layers)} quantized tensors")
     for out in report.outputs:
         s = out.similarity
         lines.append(f"output {out.name}: cosine {s.cosine:.6f}  mse {s.mse:.4g}  sqnr {s.sqnr_db:.2f} dB")
+        lines.extend(f"  {line}" for line in breakdown_lines(out.breakdown))
+    if report.detections:
+        lines.append(detection_line(report.detections))
+    for name, agreement in report.index_outputs.items():
+        lines.append(f"output {name}: agreement with float {agreement['agreement']:.4f} "
+                     f"({agreement['equal']}/{agreement['values']} values)")
     c = report.classification
     if c:
-        line = f"top-1 agreement {c['top1_agreement']:.3f}  top-5 agreement {c['top5_agreement']:.3f}"
+        line = f"top-1 agreement {c['top1_agreement']:.3f}"
+        if "top5_agreement" in c:  # only with 10 classes or more
+            line += f"  top-5 agreement {c['top5_agreement']:.3f}"
         if "labelled" in c:
             line += f"  accuracy float {c['float_accuracy']:.3f} int {c['int_accuracy']:.3f} ({c['labelled']} labelled)"
         else:
@@ -87,9 +114,26 @@ def summary_text(report: Report, top: int = 5) -> str:
         lines.append(f"float nodes: {', '.join(report.float_nodes)}")
     lines.extend(report.notes)
     if report.bottlenecks:
-        lines.append(f"top {min(top, len(report.bottlenecks))} suspects:")
-        for k, b in enumerate(report.bottlenecks[:top], 1):
-            lines.append(f"  {k}. {b.name}: {b.reason}")
+        lines.append(f"top {min(top, len(report.bottlenecks))} suspects (isolated: the layer alone on quantized "
+                     "float inputs, the error it makes; cumulative: end to end, the error that reaches it):")
+        lines.extend(f"  {k}. {suspect_line(report, b)}" for k, b in enumerate(report.bottlenecks[:top], 1))
+        if any(b.amplifies for b in report.bottlenecks[:top]):
+            lines.append("an amplifier adds almost nothing alone: it carries error made upstream further, and "
+                         "floating it recovers little")
     else:
         lines.append("no suspects: every layer keeps its cosine")
+    lines.extend(next_step_lines(report))
     return "\n".join(lines)
+
+
+def suspect_line(report: Report, suspect: Bottleneck) -> str:
+    """A suspect with its isolated and cumulative metrics side by side, and whether it makes or amplifies error."""
+    layer = next(layer for layer in report.layers if layer.name == suspect.name)
+    kind = "amplifies its inputs' error" if suspect.amplifies else "makes error"
+    parts = [f"{suspect.name}: {kind} ({layer.op_type}): isolated cosine {layer.isolated.cosine:.5f}, adds "
+             f"{suspect.added:.4f} alone; cumulative cosine {layer.cumulative.cosine:.5f}, falls {suspect.drop:.4f}"]
+    if layer.clipped >= CLIP_NOTE:
+        parts.append(f"{100 * layer.clipped:.2f}% of its float values saturate")
+    if layer.float_fallback:
+        parts.append("runs in float")
+    return "; ".join(parts)

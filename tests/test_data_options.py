@@ -184,9 +184,9 @@ def test_data_shards_give_the_one_process_table_and_report(two, tmp_path):
     ({"x": np.zeros(4, np.float32)}, r"missing input\(s\) \['ids'\]"),
     ({"x": np.zeros(4, np.float32), "ids": np.zeros(3, np.int64), "y": np.zeros(1)}, r"unknown array\(s\) \['y'\]"),
     ({"x": np.zeros((4, 1), np.float32), "ids": np.zeros(3, np.int64)},
-     r"input 'x' has shape \(4, 1\); the model's input is \(N, 4\): one sample per file, \(4,\) or \(1, 4\)$"),
-    ({"x": np.zeros((2, 2, 4), np.float32), "ids": np.zeros(3, np.int64)}, r"shape \(2, 2, 4\); .*\(4,\) or \(1, 4\)"),
-    ({"x": np.zeros((2, 4), np.float32), "ids": np.zeros(3, np.int64)}, r"shape \(2, 4\); .*one sample per file"),
+     r"input 'x' has shape \(4, 1\); the model's input is \(N, 4\): one sample per file, \(4,\) or \(N, 4\) "
+     r"\(dimension 1 must be 4\)$"),
+    ({"x": np.zeros((2, 2, 4), np.float32), "ids": np.zeros(3, np.int64)}, r"shape \(2, 2, 4\); .*\(4,\) or \(N, 4\)"),
     ({"x": np.zeros(5, np.float32), "ids": np.zeros(3, np.int64)}, r"dimension 1 must be 4"),
     ({"x": np.zeros(4, np.float32), "ids": np.zeros(3, np.float32)}, r"input 'ids' is float32, .* int64"),
     ({"x": np.zeros(4, np.int32), "ids": np.zeros(3, np.int64)}, r"input 'x' is int32, .* float"),
@@ -237,8 +237,8 @@ def test_array_reader_casts_by_the_documented_rule(tmp_path):
     path = tmp_path / "s.npz"
     np.savez(path, x=np.full((1, 4), 0.1, np.float64), ids=np.arange(3, dtype=np.int16))
     sample = reader.read(path)
-    assert sample["x"].dtype == np.float32 and sample["x"].shape == (4,) and sample["x"][0] == np.float32(0.1)
-    assert sample["ids"].dtype == np.int64 and sample["ids"].tolist() == [0, 1, 2]
+    assert sample["x"].dtype == np.float32 and sample["x"].shape == (1, 4) and sample["x"][0, 0] == np.float32(0.1)
+    assert sample["ids"].dtype == np.int64 and sample["ids"].tolist() == [[0, 1, 2]]  # a batch axis of 1 added
 
 
 class _Terminal:
@@ -280,3 +280,19 @@ def test_progress_bars_on_a_terminal_and_quiet_silences_them(command, tiny, tmp_
         bars = "/3 [" in terminal.text or (command == "tune" and "/7 [" in terminal.text)
         assert bars != quiet, terminal.text
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("function, own", [("report", ["out", "quant", "isolated_images", "float_nodes"]),
+                                            ("calibrate", ["out", "calibrator", "input_shape"]),
+                                            ("tune", ["out", "quant", "target_cosine"])])
+def test_an_unknown_keyword_lists_the_functions_own_keywords_with_the_closest(function, own):
+    """Issue 27, item 7: `ptq.report(..., outdir=...)` listed the shared options only, not `out`, `quant`, ..."""
+    import ptq
+
+    required = {"report": {"quant": "q.json"}, "calibrate": {}, "tune": {"quant": "q.json", "target_cosine": 0.9}}
+    with pytest.raises(TypeError) as caught:
+        getattr(ptq, function)("model.onnx", outdir="o", images="x", **required[function])
+    message = str(caught.value)
+    assert message.startswith(f"ptq.{function}() got unexpected keyword argument(s) ['outdir'] (did you mean 'out'")
+    own_part = message.split("its own keywords are ")[1].split("], the shared options")[0]
+    assert all(repr(name) in own_part for name in own)

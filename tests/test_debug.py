@@ -94,7 +94,7 @@ def test_cli_report_and_debug(setup, model_path, eval_dir, tmp_path, capsys):
     args = ["--quant", str(table_path), "--images", str(eval_dir), "--num-images", "2"]
     assert main(["report", str(model_path), *args, "--out", str(out), "--isolated-images", "1"]) == 0
     printed = capsys.readouterr().out
-    assert "output logits: cosine" in printed and "top 5 suspects:" in printed
+    assert "output logits: cosine" in printed and "top 5 suspects (isolated: " in printed
     data = json.loads((out / "report.json").read_text())
     assert data["images"] == 2 and data["isolated_images"] == 1
     assert data["outputs"]["labelled"] == 2  # labels from the file names

@@ -167,10 +167,14 @@ def test_cli_ops_lists_every_registered_op(capsys):
 
     assert main(["ops"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:2] == ["op", "domain"]
-    rows = {tuple(line.split()[:2]) for line in lines[2:-3] if line.strip()}
+    assert lines[0].split()[:2] == ["op", "section"]
+    rows = set()
+    for line in lines[2:-3]:  # an op's first line; its details are indented, a domain other than ai.onnx bracketed
+        if line.strip() and not line.startswith(" "):
+            words = line.split()
+            rows.add((words[0], words[1][1:-1] if words[1].startswith("[") else "ai.onnx"))
     assert rows == {(op_type, domain or "ai.onnx") for domain, op_type in REGISTRY}
-    assert lines[-2] == f"{len(REGISTRY)} op(s)"
+    assert lines[-2] == f"{len(REGISTRY)} op(s); `ptq ops MODEL` tells how each node of a model runs"
     assert lines[-1] == "79 of 79 whitepaper chapter-4 operators implemented"
 
 
@@ -354,3 +358,43 @@ def test_bn_weight_bits_set_through_the_public_options_reach_a_standalone_batchn
     np.testing.assert_array_equal(quantized.weight, sign * (2 ** (bits - 1) - 1))
     default = ptq.prepare(graph, table).steps[0].quantized
     assert default.weight_qparams.bits == ptq.QuantizeOptions().bn_weight_bits == 16
+
+
+@pytest.mark.parametrize("op_type, attrs, out_type", [
+    ("NonZero", {}, TensorProto.INT64),
+    ("IsNaN", {}, TensorProto.BOOL),
+    ("IsInf", {}, TensorProto.BOOL),
+])
+def test_an_unregistered_op_reading_an_activation_is_a_float_node_whatever_its_output_dtype(op_type, attrs, out_type):
+    """F2: NonZero/IsNaN/IsInf of a quantized activation used to become a "shape" step: run in float on the
+    dequantized values, absent from float_nodes, accepted by strict mode."""
+    assert get_op(op_type) is None, "the test needs an unregistered op"
+    nodes = [helper.make_node("Atan", ["x"], ["c"], name="atan"),
+             helper.make_node(op_type, ["c"], ["i"], name="index", **attrs)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])],
+                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2, 5]),
+                               helper.make_tensor_value_info("i", out_type, [2, None] if op_type == "NonZero" else [2, 5])])
+    model = load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=9))
+    table = _table({"x": QX, "c": QC})
+    prepared = prepare(model, table, float_nodes=["Atan"])
+    step = next(s for s in prepared.steps if s.node.name == "index")
+    assert step.kind is NodeKind.FLOAT and step.reason == "not registered"
+    x = np.array([[-1.0, 0.0, 0.5, 0.0, 2.0], [0.0, 0.0, -0.25, 1.0, 0.0]], np.float32)
+    result = prepared.run({"x": x})
+    assert [(f.name, f.reason) for f in result.float_nodes] == [("atan", "marked float"), ("index", "not registered")]
+    c = QC.dequantize(result.tensors["c"])
+    want = {"NonZero": np.array(np.nonzero(c)), "IsNaN": np.isnan(c), "IsInf": np.isinf(c)}[op_type]
+    np.testing.assert_array_equal(result.outputs["i"], want)
+    with pytest.raises(ExecutorError, match=rf"^{op_type} 'index' would run in float \(not registered\); strict"):
+        prepare(model, table, float_nodes=["Atan"], options=ExecutorOptions(strict=True))
+
+
+def test_shape_of_an_activation_stays_a_shape_step():
+    """Shape reads only its input's shape: no float node, even on a quantized activation."""
+    nodes = [helper.make_node("Atan", ["x"], ["c"], name="atan"),
+             helper.make_node("Shape", ["c"], ["s"], name="shape"),
+             helper.make_node("Reshape", ["c", "s"], ["y"], name="reshape")]
+    graph = load_model(_model(nodes, [("x", ["n", 4])], [("y", ["n", 4])]))
+    prepared = prepare(graph, _table({"x": QX, "c": QC, "y": QC}))
+    kinds = {s.node.name: s.kind for s in prepared.steps}
+    assert kinds["shape"] is NodeKind.SHAPE and kinds["reshape"] is NodeKind.INTEGER

@@ -17,7 +17,8 @@ PROJECT = ("ptq", "ops", "lut", "calibrators", "reports", "dsp")
 
 GROUND = ("ptq.core",)
 KERNELS = GROUND + ("lut", "calibrators", "ops", "dsp")
-# `ptq/__init__.py` imports nothing at module level: its `__version__` may be read from any floor above the kernels
+# `ptq/__init__.py` imports nothing at module level: its constants may be read from any floor above the kernels
+ROOT_CONSTANTS = ("ptq.__version__", "ptq.IMPORTED_AT")
 FLOORS = ("ptq.table", "ptq.engine", "ptq.data", "ptq.parallel", "ptq.qdq", "reports", "ptq.adjust",
           "ptq.calibration", "ptq.tuning", "ptq.opdocs")
 TOP = ("ptq/commands",)
@@ -29,7 +30,7 @@ ALLOWED = {
     "calibrators": ("calibrators",) + GROUND,
     "ops": ("ops", "lut") + GROUND,
     "dsp": ("dsp",) + GROUND,
-    **{floor.replace(".", "/"): KERNELS + ("ptq.__version__",) + FLOORS[:i + 1] for i, floor in enumerate(FLOORS)},
+    **{floor.replace(".", "/"): KERNELS + ROOT_CONSTANTS + FLOORS[:i + 1] for i, floor in enumerate(FLOORS)},
     **{top: PROJECT for top in TOP},
 }
 

@@ -84,10 +84,10 @@ def test_bad_inputs_raise():
 
 
 def test_topk_agreement_and_accuracy():
-    t = TopKAgreement(k=2)
-    t.update([0.1, 0.9, 0.0], [0.2, 0.8, 0.0], label=1)  # agree, both right
-    t.update([0.9, 0.5, 0.0], [0.4, 0.6, 0.0], label=0)  # disagree; float top-1 (0) in int top-2; int wrong
-    t.update([0.0, 0.1, 0.9], [0.9, 0.5, 0.0], label=None)  # disagree; float top-1 (2) not in int top-2 {0,1}
+    t = TopKAgreement(k=2)  # 4 classes: top-2 agreement is reported (2k classes or more)
+    t.update([0.1, 0.9, 0.0, 0.0], [0.2, 0.8, 0.0, 0.0], label=1)  # agree, both right
+    t.update([0.9, 0.5, 0.0, 0.0], [0.4, 0.6, 0.0, 0.0], label=0)  # disagree; float top-1 (0) in int top-2; int wrong
+    t.update([0.0, 0.1, 0.9, 0.0], [0.9, 0.5, 0.0, 0.0], label=None)  # disagree; float top-1 (2) not in int top-2
     d = t.to_dict()
     assert d["samples"] == 3
     assert d["top1_agreement"] == pytest.approx(1 / 3)
@@ -96,7 +96,7 @@ def test_topk_agreement_and_accuracy():
     assert d["float_accuracy"] == pytest.approx(1.0)
     assert d["int_accuracy"] == pytest.approx(0.5)
     other = TopKAgreement(k=2)
-    other.update([1.0, 0.0, 0.0], [1.0, 0.0, 0.0], label=0)
+    other.update([1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], label=0)
     assert t.merge(other).to_dict()["top1_agreement"] == pytest.approx(2 / 4)
     with pytest.raises(ValueError, match="label 7"):
         t.update([1.0, 0.0], [1.0, 0.0], label=7)

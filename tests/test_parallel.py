@@ -257,6 +257,58 @@ def _session_processes(sid: int) -> list[int]:
     return pids
 
 
+INTERRUPTED_POOLS = """
+import contextlib, multiprocessing, threading, time
+from concurrent.futures.process import _ExecutorManagerThread
+from ptq.parallel import workers as parallel
+
+
+class Sleeps:
+    def setup(self):
+        return None
+
+    def run(self, context, item):
+        time.sleep(30)
+
+
+def left_over():
+    threads = [t for t in threading.enumerate() if isinstance(t, _ExecutorManagerThread)]
+    return len(threads), len(multiprocessing.active_children())
+
+
+def interrupted(pool):
+    with contextlib.suppress(KeyboardInterrupt):
+        with pool:
+            pool.pool.submit(parallel._run_in_worker, 1)  # a worker busy with a shard
+            raise KeyboardInterrupt
+    return left_over()
+
+
+@contextlib.contextmanager
+def ctrl_c_on_unblock():  # the Ctrl-C that came while the pool started, delivered when the signal is unblocked
+    yield
+    raise KeyboardInterrupt
+
+
+print("running", interrupted(parallel.LocalPool(Sleeps(), 2)))
+parallel.worker_environment = ctrl_c_on_unblock
+print("starting", interrupted(parallel.LocalPool(Sleeps(), 2)))
+"""
+
+
+def test_an_interrupted_pool_leaves_no_thread_to_race_the_exit():
+    """Ctrl-C during a run (or while the pool starts): when the command returns, the pool's thread has ended and
+    its workers are gone. A thread left running closed its wake-up pipe while the interpreter's exit hook wrote
+    to it: `ptq report: interrupted` followed by a traceback (issue 27: the flaky report-workers-starting)."""
+    import subprocess
+    import sys
+
+    script = f"import sys\nsys.path[:0] = {[str(REPO)]!r}\n" + INTERRUPTED_POOLS
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines() == ["running (0, 0)", "starting (0, 0)"]
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
 @pytest.mark.parametrize("command,delay", [("calibrate", 0.3), ("calibrate", 2.0), ("report", 0.3)],
                          ids=["calibrate-workers-starting", "calibrate-workers-running", "report-workers-starting"])

@@ -116,7 +116,8 @@ def test_cli_target_none_writes_int8_weights_and_a_gap_is_a_warning(tiny, tmp_pa
     with caplog.at_level(logging.WARNING, logger="ptq"):
         assert main(["calibrate", str(model_path), "--images", str(images), "--out", str(tmp_path / "o"),
                      *RAW_FLAGS, "--target", "NONE"]) == 0
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # (the tiny calibration set also draws the few-images warning of the ptq.data logger)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name != "ptq.data"]
     assert len(warnings) == 1 and "optimized run of the QDQ model loses accuracy: output cosine to float 0.9000 " \
         "against 0.9900" in warnings[0]
     qdq = onnx.load(str(tmp_path / "o" / "tiny.qdq.onnx"))

@@ -11,6 +11,7 @@ from PIL import Image
 
 from headless_chromium import Page, find_browser
 from reports.html import HISTOGRAM_SUSPECTS, render_html
+from reports.layers import rank_bottlenecks
 from tiny_models import conv_relu_gemm
 
 
@@ -143,3 +144,22 @@ def test_console_error_is_detected(page, report, tmp_path):
     html = render_html(report).replace("</body>", "<script>console.error('deliberate', 'error');</script></body>")
     _load(page, html, tmp_path)
     assert [(e.source, e.text) for e in page.errors()] == [("console", "deliberate error")]
+
+
+def test_the_layer_table_fits_a_1280_pixel_window_with_exporters_long_names(page, report, tmp_path):
+    """Issue 27, item 3: at 1280 px the table's "clipped %" and "suspect" columns were cut off (long tensor names
+    of exporters, `/features/features.3/conv/conv.0/Conv_output_0`, kept on one line)."""
+    import dataclasses
+
+    rename = {layer.name: f"/features/features.{k}/conv/conv.0/Conv_output_0/{layer.name}_with_a_long_suffix"
+              for k, layer in enumerate(report.layers)}
+    layers = [dataclasses.replace(layer, name=rename[layer.name], inputs=[rename[i] for i in layer.inputs],
+                                  op_type="GlobalAveragePool") for layer in report.layers]
+    wide = dataclasses.replace(report, layers=layers, bottlenecks=rank_bottlenecks(layers))
+    _load(page, render_html(wide), tmp_path)
+    right, window, page_width, last = page.evaluate(
+        "(() => { const t = document.getElementById('layers'); const head = t.querySelectorAll('th');"
+        " return [t.getBoundingClientRect().right, window.innerWidth, document.documentElement.scrollWidth,"
+        " head[head.length - 1].getBoundingClientRect().right]; })()")
+    assert window == 1280 and right <= window and last <= window and page_width <= window
+    assert page.errors() == []

@@ -297,3 +297,17 @@ def test_hand_edited_range_recomputes_the_scale_and_equals_table_set(effnet_tabl
     assert by_set.read_bytes() == save_quant_table(load_edited(by_hand), tmp_path / "resaved.json").read_bytes()
     changed = [n for n, e in load_quant_table(by_set).tensors.items() if e != untouched.tensors[n]]
     assert changed == [LAYER]
+
+
+def test_a_negative_range_is_accepted_with_or_without_the_equals_sign(tiny, tmp_path, capsys):
+    """Issue 27, item 8: `--range -2,3.5` was `argument --range: expected one argument`."""
+    _, _, table_path = tiny
+    spaced, joined = tmp_path / "spaced.quant.json", tmp_path / "joined.quant.json"
+    assert cli(capsys, "table", "set", table_path, "input", "--range", "-2,3.5", "--out", spaced)[0] == 0
+    assert cli(capsys, "table", "set", table_path, "input", "--range=-2,3.5", "--out", joined)[0] == 0
+    assert spaced.read_text() == joined.read_text()
+    entry = load_quant_table(spaced).tensors["input"]
+    assert (float(entry.min[0]), float(entry.max[0])) == (-2.0, 3.5)
+    with pytest.raises(SystemExit):  # a flag after --range is not its value
+        cli(capsys, "table", "set", table_path, "input", "--range", "--out", joined)
+    assert "argument --range: expected one argument" in capsys.readouterr().err

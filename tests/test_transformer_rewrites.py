@@ -215,9 +215,10 @@ def test_layer_norm_over_a_shared_variance_is_left_alone():
 
 # --- attention --------------------------------------------------------------------------------------------
 
-def _attention(scale_op: str, mask, rng):
+def _attention(scale_op: str, mask, rng, opset: int = 17, softmax_axis=-1):
     """Single-head attention: x @ Wq, x @ Wk, scores = q @ k^T scaled by 1/sqrt(d) -> [+ mask] -> Softmax -> @ v.
-    mask: False, "bias" (relative-position bias, moderate values) or "padding" (the last two keys at -1e4)."""
+    mask: False, "bias" (relative-position bias, moderate values) or "padding" (the last two keys at -1e4).
+    softmax_axis None: the Softmax without an axis attribute (the opset's default)."""
     t, d = 6, 8
     init = {"Wq": rng.normal(0, 0.5, (d, d)), "Wk": rng.normal(0, 0.5, (d, d)), "Wv": rng.normal(0, 0.5, (d, d)),
             "c": np.sqrt(d) if scale_op == "Div" else 1 / np.sqrt(d)}
@@ -235,9 +236,10 @@ def _attention(scale_op: str, mask, rng):
     if mask:
         nodes.append(helper.make_node("Add", ["bias", "scaled"], ["masked"], name="mask"))
         logits = "masked"
-    nodes += [helper.make_node("Softmax", [logits], ["probs"], axis=-1, name="softmax"),
+    axis = {} if softmax_axis is None else {"axis": softmax_axis}
+    nodes += [helper.make_node("Softmax", [logits], ["probs"], name="softmax", **axis),
               helper.make_node("MatMul", ["probs", "v"], ["y"], name="context")]
-    return _model(nodes, ["N", t, d], ["N", t, d], init)
+    return _model(nodes, ["N", t, d], ["N", t, d], init, opset=opset)
 
 
 @pytest.mark.parametrize("scale_op, mask", [("Div", False), ("Mul", "bias"), ("Div", "padding")])
@@ -261,6 +263,27 @@ def test_attention_scale_folds_into_the_scores_matmul(scale_op, mask):
     got, want, graph = _integer_run(model, data)
     assert all(s.kind is NodeKind.INTEGER for s in graph.steps)
     assert _cosine(got, want) > 0.995
+
+
+@pytest.mark.parametrize("softmax_axis, fused", [(None, False), (1, False), (2, True), (-1, True)])
+def test_opset_11_softmax_fuses_its_mask_only_over_one_axis(softmax_axis, fused):
+    """Softmax before opset 13 coerces its input to 2-D at `axis` (default 1): over [N, T, T] scores the default
+    reduces over T * T values, which the single-axis AddSoftmax cannot compute (it used to take the axis as
+    given: errors 2-4x the output's magnitude). Only an axis that is the last one fuses."""
+    rng = np.random.default_rng(11)
+    model = _attention("Div", "bias", rng, opset=11, softmax_axis=softmax_axis)
+    rewritten, _ = _rewritten(model)
+    types = [n.op_type for n in rewritten.nodes]
+    assert ("AddSoftmax" in types) == fused and ("Softmax" in types) != fused
+    if fused:
+        assert next(n for n in rewritten.nodes if n.op_type == "AddSoftmax").attrs["axis"] == -1
+    _check_float_equal(model, rewritten, rng.normal(0, 1, (1, 6, 8)).astype(np.float32))
+
+    data = rng.normal(0, 1, (16, 6, 8)).astype(np.float32)
+    got, want, graph = _integer_run(model, data)
+    assert all(s.kind is NodeKind.INTEGER for s in graph.steps)
+    assert _cosine(got, want) > 0.99
+    assert np.abs(got - want).max() < 0.1 * np.abs(want).max()
 
 
 def test_attention_scale_with_a_constant_operand_is_not_folded():

@@ -28,8 +28,10 @@ from typing import Iterable
 
 import numpy as np
 
+from ops.registry import channel_groups, layer_kind
 from ptq.adjust.bias_correction import conv_geometry, weighted_layers, BiasCorrectionLog
 from ptq.core.graph import Graph, Node
+from ptq.core.roles import LayerKind
 from ptq.engine.float_run import layer_inputs
 from ptq.table.quant_table import QuantTable
 
@@ -138,8 +140,8 @@ def adaround(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray], *, 
     counts: dict[str, int] = {}
     for node, x in layer_inputs(graph, layers, batches):
         w = graph.initializers[node.inputs[1]]
-        if node.op_type == "Conv":
-            group = int(node.attr("group", 1))
+        if layer_kind(node) is LayerKind.CONVOLUTION:
+            group = channel_groups(node)
             patches = sample_patches(x.astype(np.float64), node, w, positions, rng)
             xg = patches.reshape(patches.shape[0], group, -1).transpose(1, 0, 2)  # [G, S, K]
         else:
@@ -157,8 +159,9 @@ def adaround(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray], *, 
             log.skipped.append((node.name, f"{counts[node.name]} input samples for {hess[node.name].shape[-1]} "
                                            "weights per channel: H is singular, rounding would overfit"))
             continue
-        if node.op_type == "Conv":
-            group = int(node.attr("group", 1))
+        convolution = layer_kind(node) is LayerKind.CONVOLUTION
+        if convolution:
+            group = channel_groups(node)
             wg = w.reshape(group, w.shape[0] // group, -1)
             scale = np.broadcast_to(qp.scale.reshape(-1, 1) if qp.axis is not None else qp.scale.reshape(1, 1),
                                     (w.shape[0], 1)).reshape(group, -1, 1)
@@ -176,7 +179,7 @@ def adaround(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray], *, 
             q = np.clip(np.rint(wg / scale), qp.qmin, qp.qmax)
             after = before
         value = (q * scale).astype(np.float32)
-        if node.op_type == "Conv":
+        if convolution:
             value = value.reshape(w.shape)
         else:
             value = value[0] if node.attr("transB", 0) else value[0].T

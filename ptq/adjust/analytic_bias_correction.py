@@ -24,13 +24,14 @@ import onnx
 from onnx import numpy_helper
 from scipy.special import ndtr
 
+from ops.registry import layer_kind, op_of
 from ptq.adjust.batchnorm_stats import ChannelStats
-from ptq.adjust.bias_correction import bias_target, conv_geometry, layer_shift, mean_patch, rounding_delta, weighted_layers
+from ptq.adjust.bias_correction import (
+    bias_target, conv_geometry, corrected_bias, layer_shift, mean_patch, rounding_delta, weighted_layers,
+)
 from ptq.core.graph import Graph
-from ptq.core.clip import clip_bounds
+from ptq.core.roles import LayerKind
 from ptq.table.quant_table import QuantTable
-
-MEAN_PRESERVING = ("GlobalAveragePool", "Flatten", "Identity")
 
 
 @dataclass
@@ -67,28 +68,26 @@ def expected_input(graph: Graph, tensor: str, stats: dict[str, ChannelStats]) ->
     BatchNorm statistics (module docstring); None when there is none."""
     producer = graph.producer()
     node = producer.get(tensor)
-    while node is not None and node.op_type in MEAN_PRESERVING and tensor not in stats:
+    while node is not None and _preserves_mean(node) and tensor not in stats:
         tensor = node.inputs[0]
         node = producer.get(tensor)
     lo, hi = -np.inf, np.inf
     while tensor not in stats:
         node = producer.get(tensor)
-        if node is None:
+        op = op_of(node) if node is not None else None
+        bounds = op.clamp_bounds(node, graph.constant_lookup(node)) if op is not None else None
+        if bounds is None:
             return None
-        if node.op_type == "Relu":
-            lo = np.maximum(lo, 0.0)
-        elif node.op_type == "Clip":
-            bounds = clip_bounds(node, graph.constant_lookup(node))
-            if bounds is None:
-                return None
-            lo, hi = np.maximum(lo, bounds[0]), np.minimum(hi, bounds[1])
-        elif node.op_type == "Min" and len(node.inputs) == 2 and node.inputs[1] in graph.initializers:
-            hi = np.minimum(hi, graph.initializers[node.inputs[1]].astype(np.float64).reshape(-1))
-        else:
-            return None
+        lo = np.maximum(lo, np.reshape(bounds[0], -1))
+        hi = np.minimum(hi, np.reshape(bounds[1], -1))
         tensor = node.inputs[0]
     s = stats[tensor]
     return clipped_mean(s.mean, s.std, lo, hi)
+
+
+def _preserves_mean(node) -> bool:
+    op = op_of(node)
+    return op is not None and op.preserves_channel_mean
 
 
 def tap_coverage(shape, kernel, pads, strides, dilations) -> Optional[np.ndarray]:
@@ -116,15 +115,13 @@ def correct_biases_analytic(graph: Graph, table: QuantTable,
             log.skipped.append((node.name, "no BatchNorm statistics for its input" if mean is None else "no own bias"))
             continue
         w = graph.initializers[node.inputs[1]]
-        if node.op_type == "Conv":
+        if layer_kind(node) is LayerKind.CONVOLUTION:
             pads, strides, dilations = conv_geometry(node, w)
             coverage = tap_coverage(graph.tensors[node.inputs[0]].shape, w.shape[2:], pads, strides, dilations)
             patch = mean[:, None, None] * (np.ones(w.shape[2:]) if coverage is None else coverage)
         else:
             patch = mean
         shift = layer_shift(node, rounding_delta(w, table.tensors[node.inputs[1]].qparams), patch)
-        bias = graph.initializers[bias_name]
-        corrected = bias.astype(np.float64) - sign * shift.reshape(bias.shape)
-        inits[bias_name].CopyFrom(numpy_helper.from_array(corrected.astype(bias.dtype), bias_name))
+        inits[bias_name].CopyFrom(numpy_helper.from_array(corrected_bias(graph, bias_name, shift, sign), bias_name))
         log.corrected[node.name] = float(np.max(np.abs(shift)))
     return model, log

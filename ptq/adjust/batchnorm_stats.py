@@ -20,7 +20,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ops.registry import get_op, layer_kind
 from ptq.core.graph import Graph
+from ptq.core.roles import LayerKind
 
 
 @dataclass
@@ -35,7 +37,7 @@ def batchnorm_statistics(graph: Graph) -> dict[str, ChannelStats]:
     """Output tensor -> (beta, |gamma|) of every inference-mode BatchNormalization with constant parameters."""
     out = {}
     for node in graph.nodes:
-        if node.op_type != "BatchNormalization" or node.domain or node.attr("training_mode", 0):
+        if layer_kind(node) is not LayerKind.BATCH_NORMALIZATION or node.attr("training_mode", 0):
             continue
         params = node.inputs[1:5]
         if len(params) < 4 or not all(p in graph.initializers for p in params):
@@ -59,12 +61,14 @@ def fold_batchnorms(graph: Graph) -> tuple[onnx.ModelProto, int]:
     outputs = {o.name for o in model.graph.output}
     removed = []
     for bn in model.graph.node:
-        if bn.op_type != "BatchNormalization" or bn.domain:
+        bn_op = get_op(bn.op_type, bn.domain)
+        if bn_op is None or bn_op.layer_kind is not LayerKind.BATCH_NORMALIZATION:
             continue
         if any(a.name == "training_mode" and a.i for a in bn.attribute) or len([o for o in bn.output if o]) != 1:
             continue
         conv = producer.get(bn.input[0])
-        if conv is None or conv.op_type != "Conv" or conv.domain or uses.get(bn.input[0], 0) != 1:
+        conv_op = get_op(conv.op_type, conv.domain) if conv is not None else None
+        if conv_op is None or not conv_op.absorbs_batchnorm or uses.get(bn.input[0], 0) != 1:
             continue
         if bn.input[0] in outputs or not all(p in inits for p in list(bn.input[1:5]) + [i for i in conv.input[1:] if i]):
             continue

@@ -23,9 +23,14 @@ import onnx
 from onnx import numpy_helper
 
 from ptq.engine.bias_add_fold import bias_add_after
+from ops.registry import bias_role, channel_groups, layer_kind
 from ptq.core.graph import Graph, Node
+from ptq.core.roles import LayerKind
 from ptq.engine.float_run import layer_inputs
 from ptq.table.quant_table import QuantTable
+
+# the layers whose output mean shift the correction computes: convolutions (2-D, explicit pads) and Gemms
+CORRECTED_LAYERS = (LayerKind.CONVOLUTION, LayerKind.FULLY_CONNECTED)
 
 
 @dataclass
@@ -74,17 +79,18 @@ def conv_shift(delta: np.ndarray, patch: np.ndarray, group: int) -> np.ndarray:
 def weighted_layers(graph: Graph, table: QuantTable, log: BiasCorrectionLog) -> list[Node]:
     chosen = []
     for node in graph.nodes:
-        if node.op_type not in ("Conv", "Gemm") or len(node.inputs) < 2:
+        kind = layer_kind(node)
+        if kind not in CORRECTED_LAYERS or len(node.inputs) < 2:
             continue
         entry = table.tensors.get(node.inputs[1])
         if entry is None or entry.kind != "weight":
             continue
         w = graph.initializers[node.inputs[1]]
-        if node.op_type == "Conv" and conv_geometry(node, w) is None:
+        if kind is LayerKind.CONVOLUTION and conv_geometry(node, w) is None:
             log.skipped.append((node.name, "not a 2-D Conv with explicit pads"))
             continue
-        if node.op_type == "Gemm" and (node.attr("alpha", 1.0) != 1.0 or node.attr("beta", 1.0) != 1.0
-                                       or node.attr("transA", 0) or w.ndim != 2):
+        if kind is LayerKind.FULLY_CONNECTED and (node.attr("alpha", 1.0) != 1.0 or node.attr("beta", 1.0) != 1.0
+                                                  or node.attr("transA", 0) or w.ndim != 2):
             log.skipped.append((node.name, "Gemm with alpha/beta != 1 or transA"))
             continue
         chosen.append(node)
@@ -98,7 +104,7 @@ def mean_patches(graph: Graph, layers: list[Node], batches: Iterable[np.ndarray]
     counts: dict[str, int] = {}
     for node, x in layer_inputs(graph, layers, batches):
         w = graph.initializers[node.inputs[1]]
-        if node.op_type == "Conv":
+        if layer_kind(node) is LayerKind.CONVOLUTION:
             pads, strides, dilations = conv_geometry(node, w)
             s, n = mean_patch(x, w.shape[2:], pads, strides, dilations)
         else:
@@ -111,8 +117,8 @@ def mean_patches(graph: Graph, layers: list[Node], batches: Iterable[np.ndarray]
 
 def layer_shift(node: Node, delta: np.ndarray, patch: np.ndarray) -> np.ndarray:
     """shift_c = E[(delta x)_c] for the layer's weight change `delta` (module docstring)."""
-    if node.op_type == "Conv":
-        return conv_shift(delta, patch, int(node.attr("group", 1)))
+    if layer_kind(node) is LayerKind.CONVOLUTION:
+        return conv_shift(delta, patch, channel_groups(node))
     return (delta if node.attr("transB", 0) else delta.T) @ patch
 
 
@@ -123,8 +129,9 @@ def rounding_delta(w: np.ndarray, qparams) -> np.ndarray:
 
 
 def own_bias(graph: Graph, node: Node, shared: set) -> str:
-    """The node's bias initializer when no other node uses it, else ''."""
-    name = node.inputs[2] if len(node.inputs) > 2 else ""
+    """The node's bias initializer (its op's `bias_role`) when no other node uses it, else ''."""
+    role = bias_role(node)
+    name = node.inputs[role.input_index] if role is not None and len(node.inputs) > role.input_index else ""
     return name if name and name in graph.initializers and name not in shared else ""
 
 
@@ -138,6 +145,13 @@ def bias_target(graph: Graph, node: Node, shared: set, consumers: dict) -> tuple
     if match is None or match.constant in shared or graph.initializers[match.constant].size != match.channels:
         return "", 0
     return match.constant, match.sign
+
+
+def corrected_bias(graph: Graph, bias_name: str, shift: np.ndarray, sign: int = 1) -> np.ndarray:
+    """b' = b - sign * shift_c for the initializer `bias_name` holding the layer's bias (module docstring), in the
+    bias's dtype; `sign` -1 for a constant subtracted after the layer (`bias_target`)."""
+    bias = graph.initializers[bias_name]
+    return (bias.astype(np.float64) - sign * np.reshape(shift, bias.shape)).astype(bias.dtype)
 
 
 def correct_biases(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray],
@@ -165,9 +179,7 @@ def correct_biases(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray
         if not bias_name:
             log.skipped.append((node.name, "no bias of its own to correct"))
             continue
-        bias = graph.initializers[bias_name]
-        corrected = bias.astype(np.float64) - sign * shift.reshape(bias.shape)
-        inits[bias_name].CopyFrom(numpy_helper.from_array(corrected.astype(bias.dtype), bias_name))
+        inits[bias_name].CopyFrom(numpy_helper.from_array(corrected_bias(graph, bias_name, shift, sign), bias_name))
         log.corrected[node.name] = float(np.max(np.abs(shift)))
     for name, value in (quantized or {}).items():
         inits[name].CopyFrom(numpy_helper.from_array(value, name))
@@ -185,14 +197,12 @@ def recorrected_biases(graph: Graph, old: QuantTable, new: QuantTable, weights: 
     shared = {name for name, users in consumers.items() if len(users) > 1}
     out = {}
     for node in graph.nodes:
-        if node.op_type not in ("Conv", "Gemm") or len(node.inputs) < 2 or node.inputs[1] not in wanted:
+        if layer_kind(node) not in CORRECTED_LAYERS or len(node.inputs) < 2 or node.inputs[1] not in wanted:
             continue
         bias_name, sign = bias_target(graph, node, shared, consumers)
         if not bias_name or node.name not in patches:
             continue
         w = graph.initializers[node.inputs[1]]
         change = rounding_delta(w, new.tensors[node.inputs[1]].qparams) - rounding_delta(w, old.tensors[node.inputs[1]].qparams)
-        bias = graph.initializers[bias_name]
-        value = bias.astype(np.float64) - sign * layer_shift(node, change, patches[node.name]).reshape(bias.shape)
-        out[bias_name] = value.astype(bias.dtype)
+        out[bias_name] = corrected_bias(graph, bias_name, layer_shift(node, change, patches[node.name]), sign)
     return out

@@ -1,9 +1,10 @@
 """Cross-layer equalization (Nagel et al. 2019, "Data-Free Quantization", section 4.1), data-free.
 
-For two Convs in a chain `Conv1 -> [Relu | Clip(0, b)] -> Conv2` (Conv1's output and the activation's output
+For two Convs in a chain `Conv1 -> [act | Clip(0, b)] -> Conv2` (Conv1's output and the activation's output
 each consumed only by the next node), output channel c of Conv1 feeds input channel c of Conv2. Scaling
 channel c by 1/s_c in Conv1 and by s_c in Conv2 keeps the float function, because the activation is
-positively homogeneous (Relu(x/s) = Relu(x)/s for s > 0):
+positively homogeneous (act(x/s) = act(x)/s for s > 0: Relu, LeakyRelu, PRelu, as their ops declare,
+`OpDef.positively_homogeneous`):
 
     W1'[c] = W1[c] / s_c,   b1'[c] = b1[c] / s_c,   W2'[:, c] = W2[:, c] * s_c
     s_c = sqrt(r1_c / r2_c),  r1_c = max|W1[c]|,  r2_c = max|W2[:, c]|   (depthwise Conv2: max|W2[c]|)
@@ -23,24 +24,25 @@ the high biases that provably pass through the activation move into Conv2 (`ptq.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ops.registry import channel_groups, layer_kind, op_of
+from ptq.adjust.bias_absorption import AbsorptionLog, absorb
 from ptq.core.graph import Graph, Node
-
-if TYPE_CHECKING:
-    from ptq.adjust.bias_absorption import AbsorptionLog
+from ptq.core.roles import LayerKind
 
 
 @dataclass
 class _Pair:
     conv1: Node
-    act: Optional[Node]  # Relu / Clip between the two Convs (None: linear chain)
+    act: Optional[Node]  # the activation between the two Convs (None: linear chain)
     conv2: Node
-    bound: Optional[np.ndarray]  # Clip's upper bound per channel (None: Relu or no activation)
+    bound: Optional[np.ndarray]  # a clamping activation's upper bound per channel (None: unbounded or none)
+    clamped: bool = False  # the activation clamps its output to [0, bound] (Relu, Clip(0, b))
 
 
 @dataclass
@@ -48,7 +50,7 @@ class EqualizeLog:
     pairs: list[tuple[str, str]] = field(default_factory=list)  # (conv1, conv2) node names equalized
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (node name, why) chains left alone
     sweeps: int = 0
-    absorption: Optional["AbsorptionLog"] = None
+    absorption: Optional[AbsorptionLog] = None
 
     def summary(self) -> str:
         text = f"equalized {len(self.pairs)} Conv pairs in {self.sweeps} sweeps"
@@ -60,7 +62,7 @@ class EqualizeLog:
 
 
 def _conv_weight(graph: Graph, node: Node) -> Optional[np.ndarray]:
-    if node.op_type != "Conv" or len(node.inputs) < 2:
+    if layer_kind(node) is not LayerKind.CONVOLUTION or len(node.inputs) < 2:
         return None
     w = graph.initializers.get(node.inputs[1])
     return w if w is not None and np.issubdtype(w.dtype, np.floating) else None
@@ -73,14 +75,30 @@ def _only_consumer(graph: Graph, consumers: dict, tensor: str) -> Optional[Node]
     return users[0]
 
 
-def _clip_bounds(graph: Graph, node: Node) -> Optional[tuple[float, float]]:
-    lookup = graph.constant_lookup(node)
-    if node.opset < 11:
-        return None  # load_model converts old opsets; attribute bounds are not rescaled here
-    lo, hi = lookup(1), lookup(2)
-    if (len(node.inputs) > 1 and node.inputs[1] and lo is None) or (len(node.inputs) > 2 and node.inputs[2] and hi is None):
+def _clip_range(graph: Graph, node: Node) -> Optional[tuple[float, float]]:
+    """The interval the node clamps its input to (`OpDef.clip_range`), None when it is no clamp with constant
+    bounds."""
+    op = op_of(node)
+    return op.clip_range(node, graph.constant_lookup(node)) if op is not None else None
+
+
+def _activation(graph: Graph, node: Node, channels: int, log: EqualizeLog) -> Optional[tuple[Optional[np.ndarray], bool]]:
+    """(per-channel upper bound, clamps to [0, bound]) of an activation equalization scales through: a positively
+    homogeneous op, or a clamp to [0, b] (Clip) whose bound `_split_clip` scales with the channel; None for any
+    other node (logged when it is a clamp to another interval)."""
+    op = op_of(node)
+    bounds = _clip_range(graph, node)
+    if op is not None and op.positively_homogeneous:
+        return None, bounds is not None
+    if bounds is None:
         return None
-    return (-np.inf if lo is None else float(lo)), (np.inf if hi is None else float(hi))
+    if bounds[0] != 0.0:
+        log.skipped.append((node.name, f"{node.op_type} bounds {bounds} are not [0, b]: not homogeneous"))
+        return None
+    if node.opset < 11:  # load_model converts old opsets; attribute bounds are not rescaled here
+        log.skipped.append((node.name, f"{node.op_type} bounds given as attributes (opset < 11) are not rescaled"))
+        return None
+    return (np.full(channels, bounds[1], dtype=np.float64) if np.isfinite(bounds[1]) else None), True
 
 
 def find_pairs(graph: Graph, log: EqualizeLog) -> list[_Pair]:
@@ -92,26 +110,22 @@ def find_pairs(graph: Graph, log: EqualizeLog) -> list[_Pair]:
         if w1 is None or len(conv1.outputs) != 1:
             continue
         nxt = _only_consumer(graph, consumers, conv1.outputs[0])
-        act, bound = None, None
-        if nxt is not None and nxt.op_type in ("Relu", "Clip"):
-            act = nxt
-            if nxt.op_type == "Clip":
-                bounds = _clip_bounds(graph, nxt)
-                if bounds is None or bounds[0] != 0.0:
-                    log.skipped.append((nxt.name, f"Clip bounds {bounds} are not [0, b]: not homogeneous"))
-                    continue
-                if np.isfinite(bounds[1]):
-                    bound = np.full(w1.shape[0], bounds[1], dtype=np.float64)
+        act, bound, clamped = None, None, False
+        if nxt is not None and _conv_weight(graph, nxt) is None:
+            found = _activation(graph, nxt, w1.shape[0], log)
+            if found is None:
+                continue
+            act, (bound, clamped) = nxt, found
             nxt = _only_consumer(graph, consumers, nxt.outputs[0])
         w2 = _conv_weight(graph, nxt) if nxt is not None else None
         if w2 is None:
             continue
-        group = int(nxt.attr("group", 1))
+        group = channel_groups(nxt)
         channels = w1.shape[0]
         if not (group == 1 and w2.shape[1] == channels) and not (group == channels == w2.shape[0] and w2.shape[1] == 1):
             log.skipped.append((nxt.name, f"group {group} is neither 1 nor depthwise"))
             continue
-        pairs.append(_Pair(conv1, act, nxt, bound))
+        pairs.append(_Pair(conv1, act, nxt, bound, clamped))
     return pairs
 
 
@@ -154,7 +168,7 @@ def equalize(graph: Graph, *, max_sweeps: int = 50, tol: float = 1e-4,
         moved = 0.0
         for pair in pairs:
             w1, w2 = weight(pair.conv1), weight(pair.conv2)
-            depthwise2 = int(pair.conv2.attr("group", 1)) > 1
+            depthwise2 = channel_groups(pair.conv2) > 1
             s = equalization_scales(w1, w2, depthwise2)
             moved = max(moved, float(np.max(np.abs(np.log(s)))))
             shape1 = (-1,) + (1,) * (w1.ndim - 1)
@@ -168,27 +182,29 @@ def equalize(graph: Graph, *, max_sweeps: int = 50, tol: float = 1e-4,
             break
     log.pairs = [(p.conv1.name, p.conv2.name) for p in pairs]
     if absorb_biases:
-        from ptq.adjust.bias_absorption import absorb
-
         log.absorption = absorb(pairs, weight, bias, _input_bounds(graph, pairs))
     return _write(graph, pairs, weights, biases), log
 
 
 def _input_bounds(graph: Graph, pairs: list[_Pair]):
-    """tensor, channels -> per-channel (lo, hi) of the tensor when a Relu/Clip bounds it, else None; a pair's
-    activation output reads the pair's current per-channel bound (lowered by absorption as it goes)."""
+    """tensor, channels -> per-channel (lo, hi) of the tensor when a clamp (Relu, Clip: `OpDef.clip_range`)
+    bounds it, else None; a pair's activation output reads the pair's current per-channel bound (lowered by
+    absorption as it goes)."""
     producer = graph.producer()
     by_output = {p.act.outputs[0]: p for p in pairs if p.act is not None}
 
     def bounds(tensor: str, channels: int) -> Optional[tuple[np.ndarray, np.ndarray]]:
         pair = by_output.get(tensor)
         if pair is not None:
+            if not pair.clamped:
+                return None
             hi = pair.bound if pair.bound is not None else np.full(channels, np.inf)
             return np.zeros(channels), np.array(hi, dtype=np.float64)
         node = producer.get(tensor)
-        if node is None or node.op_type not in ("Relu", "Clip"):
+        clamp = _clip_range(graph, node) if node is not None else None
+        if clamp is None:
             return None
-        lo, hi = (0.0, np.inf) if node.op_type == "Relu" else (_clip_bounds(graph, node) or (-np.inf, np.inf))
+        lo, hi = clamp
         if not np.isfinite(lo) and not np.isfinite(hi):
             return None
         return np.full(channels, lo), np.full(channels, hi)
@@ -244,7 +260,8 @@ def _write(graph: Graph, pairs: list[_Pair], weights: dict, biases: dict) -> onn
 
 
 def _split_clip(model: onnx.ModelProto, clip: onnx.NodeProto, bound: np.ndarray, spatial: int, fresh) -> None:
-    """Clip(0, b) -> Clip(0, max b) -> Min(., b per channel) (module docstring), in place."""
+    """Clip(0, b) -> Clip(0, max b) -> Min(., b per channel) (module docstring), in place. The clamp is a Clip:
+    the only op whose `OpDef.clip_range` has a finite upper bound (Relu's is infinite)."""
     lo = fresh(f"{clip.name}.equalized_min")
     hi = fresh(f"{clip.name}.equalized_max")
     per_channel = fresh(f"{clip.name}.equalized_bound")

@@ -9,36 +9,28 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Iterable, Optional
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ops.registry import bias_role, layer_kind
+from ptq.adjust.adaround import adaround
+from ptq.adjust.adjusted_model import save_adjusted
+from ptq.adjust.analytic_bias_correction import correct_biases_analytic
+from ptq.adjust.batchnorm_stats import ChannelStats, batchnorm_statistics, fold_batchnorms
+from ptq.adjust.bias_correction import correct_biases
+from ptq.adjust.equalize import equalize
 from ptq.core.graph import Graph, load_model
-from ptq.data.images import ImageLog, iter_batches
+from ptq.core.roles import LayerKind
 from ptq.table.quant_table import QuantTable
-from ptq.data.samples import SampleSource, iter_sample_batches, iter_samples
 
 logger = logging.getLogger("ptq.calibration.adjustments")
 
 
-def sample_batches(graph: Graph, source: Union[SampleSource, np.ndarray], num_images: Optional[int], batch_size: int,
-                   seed: int) -> Iterator:
-    """The calibration samples again, as `collect_image_statistics` reads them (same files, same order)."""
-    if isinstance(source, np.ndarray):
-        samples = list(source[:num_images] if num_images else source)
-        return iter_batches(iter(samples), batch_size)
-    log = ImageLog()
-    files = source.candidates(log, num_images, seed)
-    return iter_sample_batches(iter_samples(files, source.format.reader(graph), log, num_images=num_images),
-                               batch_size)
-
-
 def batchnorm_folded(graph: Graph, input_shapes: Optional[dict]) -> tuple[Graph, dict]:
     """The graph with its BatchNormalizations folded, and their statistics by output tensor."""
-    from ptq.adjust.batchnorm_stats import batchnorm_statistics, fold_batchnorms
-
     stats = batchnorm_statistics(graph)
     model, folded = fold_batchnorms(graph)
     if not folded:
@@ -49,8 +41,6 @@ def batchnorm_folded(graph: Graph, input_shapes: Optional[dict]) -> tuple[Graph,
 
 def equalized(graph: Graph, input_shapes: Optional[dict], stats: Optional[dict] = None) -> tuple[Graph, dict]:
     """The equalized graph, and the BatchNorm statistics of `stats` moved with it (`rescaled_statistics`)."""
-    from ptq.adjust.equalize import equalize
-
     model, log = equalize(graph)
     logger.info("%s", log.summary())
     after = load_model(model, input_shapes)
@@ -60,59 +50,56 @@ def equalized(graph: Graph, input_shapes: Optional[dict], stats: Optional[dict] 
 def rescaled_statistics(before: Graph, after: Graph, stats: dict) -> dict:
     """Statistics of Conv outputs after equalization (W'_c = W_c / s_c, any new bias b'): a channel's values
     become (y - b_c) / s_c + b'_c, so mean' = (mean - b_c) / s_c + b'_c and std' = std / s_c."""
-    from ptq.adjust.batchnorm_stats import ChannelStats
-
     producer_before, producer_after = before.producer(), after.producer()
     out = {}
     for tensor, st in stats.items():
         n0, n1 = producer_before.get(tensor), producer_after.get(tensor)
-        if n0 is None or n1 is None or n0.op_type != "Conv" or n1.op_type != "Conv":
+        if n0 is None or n1 is None or not (layer_kind(n0) is layer_kind(n1) is LayerKind.CONVOLUTION):
             out[tensor] = st
             continue
         w0, w1 = (g.initializers[n.inputs[1]].astype(np.float64) for g, n in ((before, n0), (after, n1)))
         r0, r1 = (np.abs(w).reshape(w.shape[0], -1).max(axis=1) for w in (w0, w1))
         s = np.where((r0 > 0) & (r1 > 0), r0 / np.where(r1 > 0, r1, 1), 1.0)
-        b0, b1 = (g.initializers[n.inputs[2]].astype(np.float64) if len(n.inputs) > 2 and n.inputs[2]
-                  else np.zeros(len(s)) for g, n in ((before, n0), (after, n1)))
+        b0, b1 = (_bias(g, n, len(s)) for g, n in ((before, n0), (after, n1)))
         out[tensor] = ChannelStats((st.mean - b0) / s + b1, st.std / s)
     return out
 
 
-def searched_ranges(graph: Graph, stats: dict, options, batches) -> dict:
-    """The activation entries the per-tensor range search keeps (`ptq.calibration.range_search`), over `batches()`."""
-    from ptq.calibration.range_search import candidate_entries, search_ranges
-
-    chosen, log = search_ranges(graph, candidate_entries(graph, stats, options), batches())
-    logger.info("%s", log.summary())
-    return chosen
+def _bias(graph: Graph, node, channels: int) -> np.ndarray:
+    """The node's bias (its op's `bias_role`) as float64, zeros when it has none."""
+    role = bias_role(node)
+    if role is None or len(node.inputs) <= role.input_index or not node.inputs[role.input_index]:
+        return np.zeros(channels)
+    return graph.initializers[node.inputs[role.input_index]].astype(np.float64)
 
 
 def analytic_corrected(graph: Graph, table: QuantTable, stats: dict, input_shapes: Optional[dict]) -> Graph:
-    from ptq.adjust.analytic_bias_correction import correct_biases_analytic
-
+    """The graph with its biases corrected from the BatchNorm statistics (`ptq.adjust.analytic_bias_correction`)."""
     model, log = correct_biases_analytic(graph, table, stats)
     logger.info("%s", log.summary())
     return load_model(model, input_shapes)
 
 
-def after_table(graph: Graph, table: QuantTable, batches, *, bias_correction: bool, adaround: bool,
-                input_shapes: Optional[dict]) -> Graph:
-    """AdaRound (weights onto the table's grid, rounding learned), then the bias correction of the mean shift
-    that remains against the float weights."""
-    from ptq.adjust.bias_correction import correct_biases
+def adarounded(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray]) -> dict[str, np.ndarray]:
+    """Weight name -> the weight on the table's grid with its rounding learned (`ptq.adjust.adaround`)."""
+    learned, log = adaround(graph, table, batches)
+    logger.info("%s", log.summary())
+    return learned
 
-    learned = None
-    if adaround:
-        from ptq.adjust.adaround import adaround as learn
 
-        learned, log = learn(graph, table, batches())
-        logger.info("%s", log.summary())
-    if bias_correction:
-        model, log = correct_biases(graph, table, batches(), quantized=learned)
-        logger.info("%s", log.summary())
-    else:
-        model = with_initializers(graph.model, learned or {})
+def bias_corrected(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray], rounded: dict[str, np.ndarray],
+                   input_shapes: Optional[dict]) -> Graph:
+    """The graph with its biases corrected for the mean shift of the table's weight rounding, or of `rounded`
+    (AdaRound's weights, which the corrected graph then holds) against the float weights
+    (`ptq.adjust.bias_correction`)."""
+    model, log = correct_biases(graph, table, batches, quantized=rounded or None)
+    logger.info("%s", log.summary())
     return load_model(model, input_shapes)
+
+
+def with_rounded_weights(graph: Graph, rounded: dict[str, np.ndarray], input_shapes: Optional[dict]) -> Graph:
+    """The graph holding AdaRound's weights (`adarounded`) instead of its float ones."""
+    return load_model(with_initializers(graph.model, rounded), input_shapes)
 
 
 def with_initializers(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> onnx.ModelProto:
@@ -126,7 +113,5 @@ def with_initializers(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> 
 
 
 def write_adjusted(graph: Graph, table_path: Path) -> tuple[str, str]:
-    from ptq.adjust.adjusted_model import save_adjusted
-
     _, relative, digest = save_adjusted(graph.model, table_path)
     return relative, digest

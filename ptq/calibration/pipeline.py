@@ -2,53 +2,73 @@
 
     images -> float run (streaming statistics) -> calibrator -> ranges -> QParams -> table (+ QDQ model)
 
-Activations are calibrated per tensor from the images; weights per channel (or per tensor) from their
-values. With `fold_clip`, a tensor whose every consumer is a Relu or a Clip with constant bounds gets its
-range intersected with those bounds: values outside them are clipped away downstream anyway, so the
-quantization grid is spent on the values that survive (what a fused Conv+ReLU6 does on hardware).
+`calibrate` checks its arguments, loads the model, runs the steps the options ask for
+(`ptq.calibration.steps`: BatchNorm folding, equalization, range statistics, ranges, range search, bias
+correction, AdaRound, alignment with the integer graph) and writes what they made: the table, the adjusted
+model when the steps changed it, and the QDQ model.
 """
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import onnx
 
-from calibrators import TensorStatistics, calibrate_array, get_calibrator, required_stats
-from ptq.calibration import adjustments as adjust
-from ptq.calibration import int4_dsp
-from ptq.calibration.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
+from calibrators import get_calibrator
+from ptq.calibration import adjustments, int4_dsp
+from ptq.calibration.entries import activation_entries, build_table, weight_entries
+from ptq.calibration.statistics import ImageSource, collect_image_statistics, sample_source
+from ptq.calibration.steps import (
+    CalibrationSamples, CalibrationState, RangeStatistics, adjusts_model, align_with_integer_graph, calibration_steps,
+    run_steps,
+)
 from ptq.core.atomic import refuse_to_overwrite
-from ptq.engine.float_run import collect_statistics, image_input
-from ptq.engine.clip_ranges import folded_ranges
 from ptq.core.graph import Graph, load_model
-from ptq.data.images import ImageLog, InputSpec, Preprocess, iter_batches
-from ptq.parallel.workers import QuietLog, choose_workers
-from ptq.data.samples import ArrayFormat, ImageFormat, SampleSource, iter_sample_batches, iter_samples
+from ptq.core.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
+from ptq.data.images import InputSpec, Preprocess
+from ptq.data.samples import ArrayFormat, SampleSource, data_input_shapes
+from ptq.engine.compile_notice import first_run_note
+from ptq.engine.float_run import image_input
 from ptq.qdq.check import CHECK_SAMPLES, QDQCheck
 from ptq.qdq.export import DEFAULT_TARGET, get_target
 from ptq.qdq.output import export_checked, summary_lines, write_model
-from ptq.core.qparams import compute_qparams
-from ptq.core.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
-from ptq.calibration.joined_ranges import separate_joined_parts
-from ptq.table.quant_table import CalibrationOptions, QuantTable, TensorEntry, save_quant_table
-from ptq.engine.weight_scale_floor import floor_weight_scales
-from ptq.engine.weight_tensors import weight_tensors
+from ptq.table.quant_table import CalibrationOptions, QuantTable, save_quant_table
+
+# the pipeline's names from before its steps moved to their own modules, still imported from here
+__all__ = ["CalibrationResult", "ImageSource", "ModelSource", "activation_entries", "align_with_integer_graph",
+           "build_table", "calibrate", "collect_image_statistics", "input_spec", "output_paths", "sample_source",
+           "weight_entries"]
 
 _FREE_DEFAULTS = dict(bits=8, weight_bits=8, symmetric=False, weight_symmetric=True, narrow=False,
                       weight_narrow=True, pow2=False)
 
 ModelSource = Union[str, Path, onnx.ModelProto]
-ImageSource = Union[str, Path, Sequence[Union[str, Path]], np.ndarray]
 
 
 @dataclass
 class CalibrationResult:
+    """`ptq.calibrate`: the quant table, the graph it describes and what was written.
+
+    Attributes:
+        table: the quantization table (ranges, scales, zero points of every tensor, and the options used).
+        graph: the model calibrated (the adjusted one when an option changed the weights).
+        images_used: samples that went into the statistics.
+        skipped: (path, reason) of each sample file that could not be read.
+        seconds: calibration time.
+        table_path: where `<stem>.quant.json` was written (None: nothing written, no `out`).
+        qdq_path: where `<stem>.qdq.onnx` was written (None: nothing written).
+        qdq_target: the runtime the QDQ model is stored for.
+        qdq_check: the QDQ model's output cosine to float in onnxruntime, optimizations off and on (None: not run).
+        first_run: what this first run of the installation compiled, said beside the time ("" on later runs).
+        images_skipped: the number of skipped sample files.
+        tensors_calibrated: activations in the table.
+        weights_quantized: weights in the table.
+    """
+
     table: QuantTable
     graph: Graph
     images_used: int
@@ -58,6 +78,7 @@ class CalibrationResult:
     qdq_path: Optional[Path] = None
     qdq_target: str = DEFAULT_TARGET
     qdq_check: Optional[QDQCheck] = None
+    first_run: str = ""  # `ptq.engine.compile_notice.first_run_note`: said beside the time
 
     @property
     def images_skipped(self) -> int:
@@ -90,7 +111,7 @@ class CalibrationResult:
             f"{self.weights_quantized} weights ({self.table.options.weight_calibrator}, "
             f"{self.table.options.weight_bits}-bit, {'per-channel' if self.table.options.per_channel else 'per-tensor'})",
             *(f"own grid for {name!r}: {entry.why}" for name, entry in self.table.tensors.items() if entry.why),
-            f"time: {self.seconds:.1f} s",
+            f"time: {self.seconds:.1f} s{self.first_run}",
         ]
         if self.table_path is not None:
             lines.append(f"quantization table: {self.table_path}")
@@ -99,126 +120,11 @@ class CalibrationResult:
 
 
 def _normalize_input_shapes(input_shapes: Optional[dict]) -> Optional[dict]:
-    return {k: [int(d) for d in v] for k, v in input_shapes.items()} if input_shapes else None
+    return {k: [None if d is None else int(d) for d in v] for k, v in input_shapes.items()} if input_shapes else None
 
 
 def input_spec(graph: Graph, pre: Preprocess) -> InputSpec:
     return InputSpec.from_shape(graph.tensors[image_input(graph)].shape, pre.layout)
-
-
-def sample_source(images: ImageSource, preprocess: Optional[Preprocess]) -> "SampleSource":
-    """Image files (a folder, one file or a list of files) as a `SampleSource`."""
-    location = Path(images) if isinstance(images, (str, Path)) else tuple(Path(p) for p in images)
-    return SampleSource(location, ImageFormat(preprocess or Preprocess()))
-
-
-def collect_image_statistics(
-    graph: Graph,
-    images: Union[ImageSource, SampleSource],
-    needs: frozenset,
-    *,
-    preprocess: Optional[Preprocess] = None,
-    num_images: Optional[int] = None,
-    batch_size: int = 8,
-    seed: int = 0,
-    progress: bool = False,
-) -> tuple[dict[str, TensorStatistics], ImageLog]:
-    """Statistics of every activation of `graph` over the samples: a `SampleSource` (image or `--data`
-    files), image files (a folder or a list, preprocessed with `preprocess`), or an array of already
-    preprocessed samples with the batch on axis 0."""
-    from tqdm import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
-    log = ImageLog()
-    if isinstance(images, np.ndarray):
-        samples = list(images[:num_images] if num_images else images)
-        if not samples:
-            raise ValueError("no images given (empty array)")
-        log.used = [Path(f"<array sample {k}>") for k in range(len(samples))]
-        batches: Iterable = iter_batches(iter(samples), batch_size)
-        total = len(samples)
-    else:
-        source = images if isinstance(images, SampleSource) else sample_source(images, preprocess)
-        reader = source.format.reader(graph)
-        candidates = source.candidates(log, num_images, seed)
-        total = len(candidates) if num_images is None else min(num_images, len(candidates))
-        batches = iter_sample_batches(iter_samples(candidates, reader, log, num_images=num_images), batch_size)
-    bar = tqdm(total=total, unit="img", desc="calibrating", disable=None if progress else True, leave=False)
-    with bar, logging_redirect_tqdm():  # skip warnings are printed above the bar, not through it
-        stats = collect_statistics(graph, batches, graph.activations, needs, on_batch=bar.update)
-    if not log.used:
-        where = images.location if isinstance(images, SampleSource) else images
-        raise ValueError(f"no valid image in {where} ({len(log.skipped)} files skipped)")
-    return stats, log
-
-
-def activation_entries(
-    graph: Graph, stats: dict[str, TensorStatistics], options: CalibrationOptions
-) -> dict[str, TensorEntry]:
-    """Table entries of the activations from their statistics; a join of widely different ranges that ends in
-    a graph output keeps one grid per part (`ptq.calibration.joined_ranges`)."""
-    calibrator = get_calibrator(options.calibrator).for_grid(options.symmetric)
-    bounds = folded_ranges(graph) if options.fold_clip else {}
-    entries = {}
-    for name in graph.activations:
-        try:
-            rmin, rmax = calibrator.compute(stats[name], bits=options.bits)
-        except ValueError as exc:
-            raise ValueError(f"calibrating tensor {name!r}: {exc}") from exc
-        if name in bounds:
-            lo, hi = bounds[name]
-            rmin, rmax = np.clip(rmin, lo, hi), np.clip(rmax, lo, hi)
-        qp = compute_qparams(rmin, rmax, options.bits, symmetric=options.symmetric, narrow=options.narrow,
-                             pow2=options.pow2)
-        entries[name] = TensorEntry("activation", calibrator.spelling, rmin, rmax, qp)
-    for join in separate_joined_parts(graph, entries, options):
-        logging.getLogger("ptq.calibration.pipeline").info("%s", join.why)
-    return entries
-
-
-def weight_entries(graph: Graph, options: CalibrationOptions) -> dict[str, TensorEntry]:
-    """Table entries of the weights (initializers in a weight role, see ptq.core.roles)."""
-    calibrator = get_calibrator(options.weight_calibrator).for_grid(options.weight_symmetric)
-    entries = {}
-    for name, w, axis in weight_tensors(graph, options.per_channel):
-        rmin, rmax = calibrate_array(calibrator, w, axis=axis, bits=options.weight_bits)
-        qp = compute_qparams(rmin, rmax, options.weight_bits, symmetric=options.weight_symmetric,
-                             narrow=options.weight_narrow, pow2=options.pow2, axis=axis)
-        entries[name] = TensorEntry("weight", calibrator.spelling, rmin, rmax, qp)
-    return entries
-
-
-def build_table(graph: Graph, stats: dict[str, TensorStatistics], options: CalibrationOptions) -> QuantTable:
-    tensors = activation_entries(graph, stats, options)
-    tensors.update(weight_entries(graph, options))
-    floor_weight_scales(graph, tensors, options)
-    return QuantTable(options=options, tensors=tensors)
-
-
-def align_with_integer_graph(graph: Graph, table: QuantTable) -> list[str]:
-    """Give activations the qparams the integer graph fixes by rule, in place; returns the tensors changed.
-
-    Some op rules override the calibrated proposal for their output (layout ops, MaxPool and nearest Resize
-    move codes and keep their input's qparams). Writing those final qparams into the table makes the QDQ model
-    describe the grid the integer executor computes on. A graph the executor cannot prepare keeps the
-    calibrated qparams, with a warning.
-    """
-    from ptq.engine.executor import prepare
-
-    try:
-        final = prepare(graph, table).qparams
-    except ValueError as exc:  # QuantizationError, ExecutorError
-        logging.getLogger("ptq.calibration.pipeline").warning(
-            "the integer graph could not be prepared (%s); the table keeps the calibrated qparams", exc)
-        return []
-    changed = []
-    for name, entry in table.tensors.items():
-        qp = final.get(name)
-        if entry.kind == "activation" and qp is not None and qp != entry.qparams:
-            lo, hi = qp.real_range()
-            table.tensors[name] = TensorEntry("activation", entry.calibrator, lo, hi, qp, why=entry.why)
-            changed.append(name)
-    return changed
 
 
 def _check_feeds(graph: Graph, source: Union[SampleSource, np.ndarray], used: list[Path]) -> list[dict]:
@@ -228,7 +134,7 @@ def _check_feeds(graph: Graph, source: Union[SampleSource, np.ndarray], used: li
         name = image_input(graph)
         return [{name: sample[None]} for sample in source[:min(CHECK_SAMPLES, len(used))]]
     reader = source.format.reader(graph)
-    return [{k: v[None] for k, v in reader.read(path).items()} for path in used[:CHECK_SAMPLES]]
+    return [reader.read(path) for path in used[:CHECK_SAMPLES]]
 
 
 def output_paths(model: ModelSource, out_dir: Union[str, Path]) -> tuple[Path, Path]:
@@ -314,9 +220,6 @@ def calibrate(
     preprocess = preprocess or Preprocess()
     fixed = _scheme_options(scheme, bits=bits, weight_bits=weight_bits, symmetric=symmetric,
                             weight_symmetric=weight_symmetric, narrow=narrow, weight_narrow=weight_narrow, pow2=pow2)
-    bits, weight_bits, symmetric = fixed["bits"], fixed["weight_bits"], fixed["symmetric"]
-    weight_symmetric, narrow, weight_narrow, pow2 = (fixed["weight_symmetric"], fixed["narrow"],
-                                                     fixed["weight_narrow"], fixed["pow2"])
     if data is not None:
         location = Path(data) if isinstance(data, (str, Path)) else tuple(Path(p) for p in data)
         source: Union[SampleSource, np.ndarray] = SampleSource(location, ArrayFormat())
@@ -324,12 +227,13 @@ def calibrate(
         source = images
     else:
         source = sample_source(images, preprocess)
+    if isinstance(source, SampleSource):  # --data: dynamic dimensions past axis 0 take the first sample's sizes
+        input_shapes = {**data_input_shapes(model, source, num_images, seed), **(input_shapes or {})} or None
     target = get_target(qdq_target)
     options = CalibrationOptions(
         calibrator=get_calibrator(calibrator).spelling,
         weight_calibrator=get_calibrator(weight_calibrator).spelling,
-        bits=bits, weight_bits=weight_bits, symmetric=symmetric, weight_symmetric=weight_symmetric,
-        narrow=narrow, weight_narrow=weight_narrow, per_channel=per_channel, pow2=pow2, fold_clip=fold_clip,
+        **fixed, per_channel=per_channel, fold_clip=fold_clip,
         num_images=num_images, batch_size=batch_size, seed=seed,
         preprocess=None if data is not None else preprocess.to_dict(),
         input_shapes=_normalize_input_shapes(input_shapes),
@@ -341,58 +245,22 @@ def calibrate(
         refuse_to_overwrite({"model": model}, paths)
     graph = load_model(model, input_shapes)
     float_model = graph.model
-    if bias_correction and analytic_bias_correction:
-        raise ValueError("choose one bias correction: empirical (on the images) or analytic (BatchNorm statistics)")
-    adjusted = equalize or bias_correction or adaround or analytic_bias_correction
-    bn_stats: dict = {}
-    if adjusted:
-        graph, bn_stats = adjust.batchnorm_folded(graph, input_shapes)
-    if equalize:
-        graph, bn_stats = adjust.equalized(graph, input_shapes, bn_stats)
-    rewritten = scheme == int4_dsp.SCHEME
-    if rewritten:
-        graph, _copies = int4_dsp.with_requantize(graph)
-    needs = required_stats([options.calibrator] + (list(RANGE_SEARCH_CANDIDATES) if range_search else []))
-    if isinstance(source, SampleSource) and workers is None:
-        workers = choose_workers(None, len(source.candidates(QuietLog(), num_images, seed)))
-    if ((workers or 1) > 1 or ray is not None) and isinstance(source, SampleSource):
-        from ptq.calibration.shards import sharded_statistics
-
-        # the workers load the model they are sent: the adjusted one when the adjustments changed it
-        shipped = graph.model if adjusted or rewritten else model
-        stats, log = sharded_statistics(shipped, graph, source, needs, num_images=num_images, batch_size=batch_size,
-                                        seed=seed, input_shapes=input_shapes, workers=workers, ray=ray,
-                                        progress=progress)
-    else:
-        stats, log = collect_image_statistics(graph, source, needs, num_images=num_images, batch_size=batch_size,
-                                              seed=seed, progress=progress)
-    if rewritten:
-        table = int4_dsp.build_table(graph, stats, options, folded_ranges(graph) if fold_clip else {})
-    else:
-        table = build_table(graph, stats, options)
-    if range_search:
-        table.tensors.update(adjust.searched_ranges(
-            graph, stats, options, lambda: adjust.sample_batches(graph, source, num_images, 1, seed)))
-    if analytic_bias_correction:
-        graph = adjust.analytic_corrected(graph, table, bn_stats, input_shapes)
-    if bias_correction or adaround:
-        graph = adjust.after_table(
-            graph, table, lambda: adjust.sample_batches(graph, source, num_images, batch_size, seed),
-            bias_correction=bias_correction, adaround=adaround, input_shapes=input_shapes)
-    if align:
-        align_with_integer_graph(graph, table)
+    steps = calibration_steps(options, align=align, statistics=RangeStatistics(workers, ray, progress))
+    state = run_steps(steps, CalibrationState(graph, options, CalibrationSamples(source, num_images, seed), model,
+                                              input_shapes))
+    graph, table, log = state.graph, state.table, state.image_log
     qdq = export_checked(graph, table, target, reference=float_model,
                          feeds=_check_feeds(graph, source, log.used) if check_qdq else ()) if write_qdq else None
     result = CalibrationResult(table=table, graph=graph, images_used=len(log.used), skipped=list(log.skipped),
                                qdq_target=target.name, qdq_check=qdq.check if qdq is not None else None)
     if paths is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        if adjusted or rewritten:
-            relative, digest = adjust.write_adjusted(graph, paths[0])
+        if adjusts_model(options):
+            relative, digest = adjustments.write_adjusted(graph, paths[0])
             table.options = dataclasses.replace(table.options, adjusted_model=relative, adjusted_sha256=digest)
         result.table_path = save_quant_table(table, paths[0])
         if qdq is not None:
             result.qdq_path = write_model(qdq.model, paths[1])
     result.seconds = time.perf_counter() - start
+    result.first_run = first_run_note()
     return result
-

@@ -24,8 +24,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ops.registry import op_of
+from ptq.calibration.entries import activation_entries
 from ptq.core.graph import Graph
+from ptq.engine.fused_layers import fused_output
 from ptq.engine.float_fallback import NodeFloatEvaluator
 from ptq.engine.float_run import FloatRunner
 from ptq.table.quant_table import CalibrationOptions, TensorEntry
@@ -48,12 +49,8 @@ class RangeSearchLog:
 
 
 def _fused_away(graph: Graph, tensor: str, consumers: dict, producer: dict) -> bool:
-    users = consumers.get(tensor, [])
     host = producer.get(tensor)
-    if len(users) != 1 or host is None or tensor in graph.outputs:
-        return False
-    act, host_op = op_of(users[0]), op_of(host)
-    return act is not None and act.absorbable and host_op is not None and host_op.absorbs_activation
+    return host is not None and host.outputs[0] == tensor and fused_output(graph, host, consumers) != tensor
 
 
 def _inputs(node, values: dict, graph: Graph, replaced: str = "", value=None) -> list:
@@ -71,7 +68,7 @@ def _relative_error(a: np.ndarray, ref: np.ndarray) -> float:
 
 def search_ranges(graph: Graph, candidates: dict[str, dict[str, TensorEntry]], samples: Iterable[np.ndarray],
                   max_images: int = DEFAULT_MAX_IMAGES) -> tuple[dict[str, TensorEntry], RangeSearchLog]:
-    """`candidates`: calibrator name -> its activation entries (`ptq.calibration.pipeline.activation_entries`);
+    """`candidates`: calibrator name -> its activation entries (`ptq.calibration.entries.activation_entries`);
     `samples`: model inputs with a batch axis. Returns the chosen entry per searched tensor and the log."""
     names = list(candidates)
     consumers, producer = graph.consumers(), graph.producer()
@@ -119,7 +116,5 @@ def search_ranges(graph: Graph, candidates: dict[str, dict[str, TensorEntry]], s
 def candidate_entries(graph: Graph, stats: dict, options: CalibrationOptions,
                       calibrators: Sequence[str] = DEFAULT_CANDIDATES) -> dict[str, dict[str, TensorEntry]]:
     """Calibrator name -> the activation entries it gives on `stats` (same bits, symmetry, Clip folding)."""
-    from ptq.calibration.pipeline import activation_entries
-
     return {name: activation_entries(graph, stats, dataclasses.replace(options, calibrator=name))
             for name in calibrators}

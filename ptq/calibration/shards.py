@@ -10,12 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from tqdm import tqdm
+
 from calibrators import TensorStatistics
+from ptq.core.bodies import calibrated_tensors
 from ptq.core.graph import Graph
 from ptq.engine.float_run import FloatRunner, collect_statistics
 from ptq.data.images import ImageLog
+from ptq.parallel.runners import make_runner
 from ptq.parallel.workers import (
-    Shard, ShardResult, ShippedModel, load_shipped_model, make_runner, run_sharded, shard_batches_for, ship_model,
+    Shard, ShardResult, ShippedModel, load_shipped_model, run_sharded, shard_batches_for, ship_model,
 )
 from ptq.data.samples import SampleFormat, SampleSource, UnreadableSample, stack
 
@@ -39,7 +43,7 @@ class CalibrationJob:
     def setup(self) -> WorkerContext:
         graph = load_shipped_model(self.model, self.input_shapes)
         return WorkerContext(graph, self.format.reader(graph),
-                             FloatRunner.create(graph, graph.activations, intra_op_threads=1))
+                             FloatRunner.create(graph, calibrated_tensors(graph), intra_op_threads=1))
 
     def run(self, context: WorkerContext, shard: Shard) -> ShardResult:
         batches, skipped = [], []
@@ -53,7 +57,7 @@ class CalibrationJob:
             batches.append(batch)
         if skipped:  # the layout changes: the driver plans again
             return ShardResult(skipped=skipped)
-        stats = collect_statistics(context.graph, (stack(b) for b in batches), context.graph.activations,
+        stats = collect_statistics(context.graph, (stack(b) for b in batches), calibrated_tensors(context.graph),
                                    self.needs, runner=context.runner)
         return ShardResult(payload=stats)
 
@@ -63,9 +67,8 @@ def sharded_statistics(
     batch_size: int, seed: int, input_shapes: Optional[dict], workers: int, ray: Optional[str] = None,
     progress: bool = False,
 ) -> tuple[dict[str, TensorStatistics], ImageLog]:
-    """What `ptq.calibration.pipeline.collect_image_statistics` returns, computed by `workers` processes (or on Ray)."""
-    from tqdm import tqdm
-
+    """What `ptq.calibration.statistics.collect_image_statistics` returns, computed by `workers` processes (or on
+    Ray)."""
     log = ImageLog()
     candidates = source.candidates(log, num_images, seed)
     source.format.reader(graph)  # errors (no image input, ...) before spawning

@@ -1,8 +1,12 @@
 """`ptq calibrate MODEL --images DIR --out DIR`: the quantization table and a QDQ model."""
 from __future__ import annotations
 
+# imports inside functions: every `ptq ...` call, `--help` included, builds the whole parser, so what a command
+# runs is imported when it runs (tests/test_cli_imports.py)
+
 import argparse
 
+from ptq.core.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
 from ptq.commands.data_options import add_data_arguments, data_kwargs
 from ptq.commands.qdq_options import add_qdq_arguments, qdq_targets_epilog
 
@@ -10,8 +14,6 @@ HELP = "calibrate a model on images or --data samples; write <stem>.quant.json a
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ptq.core.option_defaults import DEFAULT_CALIBRATOR, DEFAULT_SCHEME, DEFAULT_WEIGHT_CALIBRATOR, SCHEMES
-
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = epilog  # a function: the calibrators are imported only when the help is printed
 

@@ -2,6 +2,9 @@
 them, `data_kwargs` hands them to the `ptq.api` function as keyword arguments of the same names."""
 from __future__ import annotations
 
+# imports inside functions: every `ptq ...` call, `--help` included, builds the whole parser, so what a command
+# runs is imported when it runs (tests/test_cli_imports.py)
+
 import argparse
 from dataclasses import fields
 

@@ -9,6 +9,9 @@
 """
 from __future__ import annotations
 
+# imports inside functions: every `ptq ...` call, `--help` included, builds the whole parser, so what a command
+# runs is imported when it runs (tests/test_cli_imports.py)
+
 import argparse
 
 from ptq.commands.data_options import data_kwargs

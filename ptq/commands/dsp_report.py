@@ -8,16 +8,19 @@ it loses accuracy. `--out DIR` writes `dsp_report.json`.
 """
 from __future__ import annotations
 
+# imports inside functions: every `ptq ...` call, `--help` included, builds the whole parser, so what a command
+# runs is imported when it runs (tests/test_cli_imports.py)
+
 import argparse
 import json
 from pathlib import Path
+
+from ptq.core.option_defaults import DEFAULT_CLOCK_MHZ, DEFAULT_DSPS
 
 HELP = "per-layer packed-DSP48E2 cost (int8 and int4 side by side), layers ranked by cycles"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ptq.core.option_defaults import DEFAULT_CLOCK_MHZ, DEFAULT_DSPS
-
     parser.add_argument("model", help="the float ONNX model")
     parser.add_argument("--quant", required=True, help="the quantization table (.quant.json) from `ptq calibrate`")
     parser.add_argument("--dsps", type=int, default=DEFAULT_DSPS,
@@ -32,11 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ptq.adjust.adjusted_model import load_model_for_table
+    from ptq.output_paths import check_outputs
     from ptq.table.quant_table import load_quant_table
     from reports.dsp_resources import DspArray, accuracy_ranks, dsp_report, report_text
 
     if args.top <= 0:
         raise ValueError(f"--top must be positive, got {args.top}")
+    if args.out:
+        check_outputs(args.out, ("dsp_report.json",))
     table = load_quant_table(args.quant)
     graph = load_model_for_table(args.model, table, args.quant)
     report = dsp_report(graph, table, DspArray(args.dsps, args.clock_mhz))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from ptq.qdq.targets import DEFAULT_TARGET, QDQ_TARGETS
+
 
 def add_qdq_arguments(parser: argparse.ArgumentParser, *spellings: str) -> None:
     """A "QDQ model" group: the target (`--qdq-target` plus `spellings`; dest `target`) and `--no-check`."""
-    from ptq.qdq.targets import DEFAULT_TARGET, QDQ_TARGETS
-
     qdq = parser.add_argument_group("QDQ model")
     qdq.add_argument(*spellings, "--qdq-target", dest="target", default=DEFAULT_TARGET, type=str.lower,
                      choices=list(QDQ_TARGETS), metavar="TARGET",
@@ -21,7 +21,5 @@ def add_qdq_arguments(parser: argparse.ArgumentParser, *spellings: str) -> None:
 
 def qdq_targets_epilog(flag: str = "--qdq-target") -> str:
     """The QDQ targets and what each stores, for a command's help."""
-    from ptq.qdq.targets import QDQ_TARGETS
-
     return (f"QDQ targets ({flag}):\n"
             + "\n".join(f"  {t.name:13s} {t.description}" for t in QDQ_TARGETS.values()))

@@ -10,9 +10,12 @@ always cover every image.
 """
 from __future__ import annotations
 
+# imports inside functions: every `ptq ...` call, `--help` included, builds the whole parser, so what a command
+# runs is imported when it runs (tests/test_cli_imports.py)
+
 import argparse
 
-from ptq.core.option_defaults import DEFAULT_ISOLATED_IMAGES
+from ptq.core.option_defaults import DEFAULT_ISOLATED_IMAGES, DEFAULT_MATCH_IOU, DEFAULT_SCORE_THRESHOLD, REPORT_TASKS
 from ptq.commands.data_options import add_data_arguments, data_kwargs
 
 HELP = "compare the integer graph with the float model layer by layer and rank the bottlenecks"
@@ -67,6 +70,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--float-nodes", nargs="+", default=[], metavar="NAME",
                         help="node names, output tensor names or op types to run in float")
     parser.add_argument("--top", type=int, default=5, help="suspects printed on stdout (default 5)")
+    parser.add_argument("--task", choices=REPORT_TASKS, default="auto",
+                        help="detect: match the integer run's detections to float's and report recall and "
+                        "precision (a raw YOLO output [1, 4+C, A], or the inputs of a NonMaxSuppression node); "
+                        "auto (default): detect when the graph has one NonMaxSuppression node")
+    parser.add_argument("--score-threshold", type=float, default=DEFAULT_SCORE_THRESHOLD,
+                        help=f"--task detect: detections scoring at least this count (default "
+                        f"{DEFAULT_SCORE_THRESHOLD})")
+    parser.add_argument("--match-iou", type=float, default=DEFAULT_MATCH_IOU,
+                        help=f"--task detect: IoU at which an integer detection matches a float one of its class "
+                        f"(default {DEFAULT_MATCH_IOU})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     if args.top <= 0:
         raise ValueError(f"--top must be positive, got {args.top}")
     result = report(args.model, quant=args.quant, out=args.out, isolated_images=args.isolated_images,
-                    float_nodes=args.float_nodes, strict=args.strict, backend=args.backend, **data_kwargs(args))
+                    float_nodes=args.float_nodes, strict=args.strict, backend=args.backend, task=args.task,
+                    score_threshold=args.score_threshold, match_iou=args.match_iou, **data_kwargs(args))
     print(summary_text(result.report, top=args.top))
     if result.dsp is not None:  # with a DSP backend: the resource report beside the accuracy ranks
         from reports.dsp_resources import accuracy_ranks, report_text

@@ -6,9 +6,16 @@ with, and any preprocessing flag given here overrides that field (`--config FILE
 preprocessing; flags still override the file). Per sample the top-k classes are printed with their
 probabilities (softmax of the dequantized logits); then a summary: the top-1 agreement with the float model,
 the top-1 accuracy when the samples are labelled (a labels file, or images named `name_LABEL.jpg`), nodes
-that ran in float and nodes whose int32 accumulator saturated.
+that ran in float and nodes whose int32 accumulator saturated. An output that is no class-score vector (ArgMax
+tags, TopK indices, a mask, per-frame scores) is compared value by value instead: per sample how many of its
+values (for float outputs: argmax decisions over a last axis of 2 or more) equal the float model's, then the
+agreement of that output over all samples; a float output with nothing to take the argmax over (a probability
+[1, 1]) by its cosine. The figures are of the model's first output, named as they are printed.
 """
 from __future__ import annotations
+
+# imports inside functions: every `ptq ...` call, `--help` included, builds the whole parser, so what a command
+# runs is imported when it runs (tests/test_cli_imports.py)
 
 import argparse
 
@@ -36,20 +43,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def print_result(result) -> None:
     """Per sample its top-k, then the summary."""
+    from ptq.engine.compile_notice import first_run_note
+
     for s in result.samples:
         if s.classes is None:
             print(f"{s.path.name}: skipped ({s.skipped})")
+        elif s.matched is not None:
+            print(f"{s.path.name}: output {result.output}: {s.matched[0]}/{s.matched[1]} values as in float")
+        elif s.cosine is not None:
+            print(f"{s.path.name}: output {result.output}: cosine {s.cosine:.6f} with float")
         else:
             print(f"{s.path.name}: " + "  ".join(f"{c}:{p:.4f}" for c, p in s.classes))
     skipped = f", {result.skipped} skipped" if result.skipped else ""
-    print(f"\n{result.images} image(s) in integers, {1000 * result.seconds / result.images:.1f} ms per image{skipped}")
+    print(f"\n{result.images} image(s) in integers, {1000 * result.seconds / result.images:.1f} ms per image{skipped}"
+          f"{first_run_note()}")
+    if result.output_cosine is not None:
+        print(f"cosine of output {result.output} with the float model {result.output_cosine:.6f} "
+              f"(mean over {result.images} samples)")
+    elif not result.class_scores:
+        equal = sum(s.matched[0] for s in result.classified)
+        total = sum(s.matched[1] for s in result.classified)
+        print(f"agreement of output {result.output} with the float model {result.output_agreement:.4f} "
+              f"({equal}/{total} values)")
+    if not result.class_scores:
+        print_float_nodes_and_overflows(result)
+        return
     agree = sum(bool(s.agrees) for s in result.classified)
-    print(f"top-1 agreement with the float model {agree}/{result.images}")
+    print(f"top-1 agreement of output {result.output} with the float model {agree}/{result.images}")
     if result.labelled:
         how = result.inputs.get("labels") or "their file name (name_LABEL.jpg)"
         print(f"top-1 accuracy {result.correct}/{result.labelled} on the images labelled by {how}")
     else:
         print("no labels")
+    print_float_nodes_and_overflows(result)
+
+
+def print_float_nodes_and_overflows(result) -> None:
     if result.float_nodes:
         print(f"{len(result.float_nodes)} node(s) ran in float:")
         for f in result.float_nodes:

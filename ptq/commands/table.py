@@ -12,6 +12,9 @@ model of MODEL with any table (`ptq.api.export_table`), checked in onnxruntime w
 """
 from __future__ import annotations
 
+# imports inside functions: every `ptq ...` call, `--help` included, builds the whole parser, so what a command
+# runs is imported when it runs (tests/test_cli_imports.py)
+
 import argparse
 
 from ptq.commands.data_options import add_data_arguments, data_kwargs
@@ -42,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     change.add_argument("tensor", help="the tensor whose entry changes")
     change.add_argument("--bits", type=int, help="bit width (2-16); scale and zero point follow from the range")
     change.add_argument("--range", type=_range, metavar="MIN,MAX", dest="value_range",
-                        help="new range; scale and zero point follow (write --range=-1.5,6 when MIN is negative)")
+                        help="new range; scale and zero point follow (--range -1.5,6 and --range=-1.5,6 both work)")
     change.add_argument("--scale", type=float, help="new scale, taken as given (rounded to float32)")
     change.add_argument("--zero-point", type=int, help="new zero point, taken as given")
     flag = change.add_mutually_exclusive_group()
@@ -144,10 +147,15 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_set(args: argparse.Namespace) -> int:
+    from ptq.output_paths import check_file, note_replaced
     from ptq.table.quant_table import load_quant_table, save_quant_table
     from ptq.table.edit import edit_entry, entry_changes
 
+    target = args.out or args.table
+    replaced = check_file(target, "--out" if args.out else "TABLE")
     table = load_quant_table(args.table)
+    if replaced and args.out:
+        note_replaced([target])
     edited = edit_entry(table, args.tensor, bits=args.bits, value_range=args.value_range, scale=args.scale,
                         zero_point=args.zero_point, run_in_float=args.run_in_float, source=args.table)
     changes = entry_changes(table.tensors[args.tensor], edited.tensors[args.tensor])

@@ -7,19 +7,21 @@ does) and `<stem>.tune.json` with what each step changed and bought. Decisions a
 other held-out images still."""
 from __future__ import annotations
 
+# imports inside functions: every `ptq ...` call, `--help` included, builds the whole parser, so what a command
+# runs is imported when it runs (tests/test_cli_imports.py)
+
 import argparse
 import logging
 
 from ptq.commands.data_options import add_data_arguments, data_kwargs
 from ptq.commands.qdq_options import add_qdq_arguments, qdq_targets_epilog
+from ptq.tuning.defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
 
 HELP = ("reach a target logits cosine: per-channel weights, better ranges, 16-bit tensors, float as a last resort; "
         "write <stem>.tuned.quant.json, <stem>.tuned.qdq.onnx and <stem>.tune.json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ptq.tuning.defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
-
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = qdq_targets_epilog
     parser.add_argument("model", help="the float ONNX model")

@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import external_data_helper, helper, numpy_helper, shape_inference, version_converter
 
+from ptq.core.subgraphs import implicit_inputs
+
 MIN_OPSET, MAX_OPSET = 7, 21
 CONVERTED_BELOW = 11  # models of opsets 7-10 are converted to opset 11 by onnx's version converter
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64))
@@ -46,9 +48,15 @@ class Node:
     attrs: dict[str, Any] = field(default_factory=dict)
     domain: str = ""
     opset: int = MAX_OPSET  # the opset version of the node's domain (ops whose semantics changed read it)
+    implicit_inputs: list[str] = field(default_factory=list)  # outer-scope tensors its subgraphs read (If, Loop)
 
     def attr(self, name: str, default=None):
         return self.attrs.get(name, default)
+
+    @property
+    def all_inputs(self) -> list[str]:
+        """Its inputs followed by the outer-scope tensors its subgraphs read: what it needs to run."""
+        return self.inputs + self.implicit_inputs if self.implicit_inputs else self.inputs
 
 
 @dataclass
@@ -70,7 +78,7 @@ class Graph:
     def consumers(self) -> dict[str, list[Node]]:
         users: dict[str, list[Node]] = {}
         for node in self.nodes:
-            for name in node.inputs:
+            for name in node.all_inputs:
                 if name:
                     users.setdefault(name, []).append(node)
         return users
@@ -89,7 +97,7 @@ def _dtype_of(elem_type: int) -> Optional[np.dtype]:
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
 
 
-def _tensor_info(value_info: onnx.ValueInfoProto) -> TensorInfo:
+def tensor_info(value_info: onnx.ValueInfoProto) -> TensorInfo:
     ttype = value_info.type.tensor_type
     shape = None
     if ttype.HasField("shape"):
@@ -106,6 +114,19 @@ def _attr_value(attr: onnx.AttributeProto):
     if isinstance(value, list) and value and isinstance(value[0], bytes):
         return [v.decode("utf-8") for v in value]
     return value
+
+
+def domain_opsets(model: onnx.ModelProto) -> dict[str, int]:
+    """The model's opset per domain ("" for ai.onnx)."""
+    return {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
+
+
+def ir_node(proto: onnx.NodeProto, name: str, opsets: dict[str, int]) -> Node:
+    """The IR node of an ONNX node (named `name`), its attributes as Python values (subgraphs as GraphProto)."""
+    domain = proto.domain if proto.domain != "ai.onnx" else ""
+    return Node(name=name, op_type=proto.op_type, inputs=list(proto.input), outputs=list(proto.output),
+                attrs={a.name: _attr_value(a) for a in proto.attribute}, domain=domain,
+                opset=opsets.get(domain, 1), implicit_inputs=implicit_inputs(proto))
 
 
 def _constant_value(node: onnx.NodeProto) -> np.ndarray:
@@ -136,13 +157,18 @@ def _set_input_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple]) ->
     graph_inputs = {i.name: i for i in model.graph.input if i.name not in init_names}
     for name, shape in input_shapes.items():
         if name not in graph_inputs:
-            raise ModelError(f"--input-shape names {name!r}, but the model's inputs are {sorted(graph_inputs)}")
+            raise ModelError(f"the input shapes (`ptq calibrate --input-shape`, recorded in the quant table) name "
+                             f"{name!r}, but the model's inputs are {sorted(graph_inputs)}")
         dims = graph_inputs[name].type.tensor_type.shape.dim
         if len(dims) and len(dims) != len(shape):
-            raise ModelError(f"input {name!r} has rank {len(dims)}, --input-shape gives {len(shape)} dims")
+            raise ModelError(f"input {name!r} has rank {len(dims)}; its shape (`ptq calibrate --input-shape`, "
+                             f"recorded in the quant table) gives {len(shape)} dims")
         del dims[:]
-        for d in shape:
-            dims.add().dim_value = int(d)
+        for axis, d in enumerate(shape):
+            if d is None:  # left dynamic (axis 0 of shapes taken from --data samples)
+                dims.add().dim_param = f"{name}_dim{axis}"
+            else:
+                dims.add().dim_value = int(d)
     # stale inferred shapes would contradict the new input shapes
     del model.graph.value_info[:]
 
@@ -151,7 +177,7 @@ def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.Nod
     """The nodes in rounds: each round, in file order, the pending nodes whose inputs the rounds before it
     (or `available`) produced. Linear in the graph: a node waits on a count of its distinct missing inputs."""
     ready = set(available)
-    waiting = [{i for i in n.input if i and i not in ready} for n in nodes]
+    waiting = [{i for i in list(n.input) + implicit_inputs(n) if i and i not in ready} for n in nodes]
     consumers: dict[str, list[int]] = {}
     for k, missing in enumerate(waiting):
         for name in missing:
@@ -248,7 +274,7 @@ def load_model(
         raise ModelError("model graph has no nodes")
     model = _upgrade_opset(model, opset)
     opset = max(opset, CONVERTED_BELOW)
-    domain_opsets = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
+    opsets = domain_opsets(model)
     _fold_constant_nodes(model)
     if input_shapes:
         _set_input_shapes(model, input_shapes)
@@ -262,7 +288,7 @@ def load_model(
     initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     tensors: dict[str, TensorInfo] = {}
     for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
-        tensors[vi.name] = _tensor_info(vi)
+        tensors[vi.name] = tensor_info(vi)
     for name, arr in initializers.items():
         tensors[name] = TensorInfo(name, arr.dtype, tuple(arr.shape))
 
@@ -272,30 +298,20 @@ def load_model(
     for name in inputs:
         shape = tensors[name].shape
         if shape is None:
-            raise ModelError(f"input {name!r} has unknown rank; give --input-shape {name}:d0,d1,...")
+            raise ModelError(f"input {name!r} has unknown rank; give its shape to `ptq calibrate --input-shape "
+                             f"{name}:d0,d1,...` (the quant table records it for the other commands)")
         dynamic = [axis for axis, d in enumerate(shape) if d is None or d == 0]
         if [a for a in dynamic if a != 0]:
             raise ModelError(
-                f"input {name!r} has dynamic dimensions {dynamic} (shape {shape}); "
-                f"give them with --input-shape {name}:1,3,224,224 (for example)"
+                f"input {name!r} has dynamic dimensions {dynamic} (shape {shape}); give them to `ptq calibrate "
+                f"--input-shape {name}:1,3,224,224` (for example; the quant table records them for the other commands)"
             )
 
     proto_nodes = _toposort(list(model.graph.node), set(initializers) | set(inputs))
     names = _unique_node_names(proto_nodes)
     for proto, name in zip(proto_nodes, names):
         proto.name = name  # in ptq's copy of the model too: onnxruntime refuses repeated node names
-    nodes = [
-        Node(
-            name=names[k],
-            op_type=n.op_type,
-            inputs=list(n.input),
-            outputs=list(n.output),
-            attrs={a.name: _attr_value(a) for a in n.attribute},
-            domain=n.domain if n.domain != "ai.onnx" else "",
-            opset=domain_opsets.get(n.domain if n.domain != "ai.onnx" else "", 1),
-        )
-        for k, n in enumerate(proto_nodes)
-    ]
+    nodes = [ir_node(n, names[k], opsets) for k, n in enumerate(proto_nodes)]
     for node in nodes:
         for out in node.outputs:
             if out and out not in tensors:
@@ -304,7 +320,7 @@ def load_model(
     dynamic_tensors = set(inputs)
     activations, constants, shape_tensors = [], set(initializers), set()
     for node in nodes:
-        depends_on_input = any(i in dynamic_tensors for i in node.inputs if i)
+        depends_on_input = any(i in dynamic_tensors for i in node.all_inputs if i)
         for out in node.outputs:
             if not out:
                 continue

@@ -15,3 +15,7 @@ DEFAULT_ISOLATED_IMAGES = 2  # images the report's isolated metrics cover by def
 
 DEFAULT_DSPS = 2520  # every DSP48E2 slice of the ZCU102's XCZU9EG (the WP521 evaluation board)
 DEFAULT_CLOCK_MHZ = 300.0  # WP521's 4-bit XDPU clock
+
+REPORT_TASKS = ("auto", "classify", "detect")  # `ptq report --task` (`reports.detections`)
+DEFAULT_SCORE_THRESHOLD = 0.25  # detections kept for the comparison (`reports.detections`)
+DEFAULT_MATCH_IOU = 0.5  # an integer detection matches a float one of its class at this IoU or more

@@ -66,11 +66,11 @@ class ImageSet:
         return len(self.files) if self.limit is None else min(self.limit, len(self.files))
 
     def samples(self, graph: Graph, log: Optional[ImageLog] = None) -> Iterator[tuple[Path, dict, Optional[int]]]:
-        """(path, inputs with a batch axis of 1, label) per readable file; undecodable images are skipped
-        (into `log`)."""
+        """(path, inputs at the model's full rank (`ptq.data.samples`: a batch axis of 1 unless the sample gives the
+        full shape), label) per readable file; undecodable images are skipped (into `log`)."""
         reader = self.format.reader(graph)
         for path, sample in iter_samples(self.files, reader, log or ImageLog(), num_images=self.limit):
-            yield path, {name: value[None] for name, value in sample.items()}, self.labels(path)
+            yield path, sample, self.labels(path)
 
 
 @dataclass

@@ -131,7 +131,8 @@ class InputSpec:
         if c not in (1, 3):
             raise ValueError(f"input shape {tuple(shape)} as {layout} has {c} channels; images give 1 or 3")
         if not h or not w:
-            raise ValueError(f"input shape {tuple(shape)} has dynamic spatial dimensions; give --input-shape")
+            raise ValueError(f"input shape {tuple(shape)} has dynamic spatial dimensions; give them to `ptq calibrate "
+                             "--input-shape` (the quant table records them for the other commands)")
         return cls(layout, int(c), int(h), int(w))
 
 

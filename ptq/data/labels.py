@@ -83,6 +83,37 @@ def _put(labels: dict[str, int], name: str, label: int, where: str) -> None:
     labels[name] = label
 
 
+SEQUENCE_MIN = 3  # file-name numbers that count this many files or more (0, 1, 2, ...) are a sequence, not labels
+
+
+def usable_labels(resolver: "LabelResolver", files, classes: Optional[int]) -> tuple["LabelResolver", Optional[str]]:
+    """`resolver` when its labels of `files` can be trusted as class labels of a model with `classes` classes
+    (None: not a classifier, not checked); else no labels and why (a command says it once and goes on):
+    file-name numbers that count the files (`line_00.png`, `line_01.png`, ...), a label outside the classes,
+    a labels file that labels only some of the files, or file names of which only some end in a label."""
+    files = list(files)
+    values = [resolver(f) for f in files]
+    given = [v for v in values if v is not None]
+    source = "the file names" if resolver.labels is None else "the labels file"
+    why = None
+    if resolver.labels == {}:  # no labels file, and not every file name ends in a number
+        named = sum(label_from_filename(f) is not None for f in files)
+        if 0 < named < len(files):
+            why = f"only {named} of the {len(files)} file names end in _LABEL"
+    elif resolver.labels is None and len(given) >= SEQUENCE_MIN and sorted(given) == list(
+            range(min(given), min(given) + len(given))):
+        why = f"the numbers ending the file names count the files ({min(given)}..{max(given)}): not labels"
+    elif classes is not None and given and max(given) >= classes:
+        outside = sorted({v for v in given if v >= classes})
+        shown = ", ".join(map(str, outside[:3])) + (", ..." if len(outside) > 3 else "")
+        why = f"{source} give labels outside the model's {classes} classes ({shown})"
+    elif resolver.labels and len(given) < len(files):
+        why = f"the labels file labels {len(given)} of the {len(files)} files"
+    if why is None:
+        return resolver, None
+    return LabelResolver({}), why
+
+
 class LabelResolver:
     """Looks up the label of an image path: in the labels file when given, else from the file name."""
 

@@ -7,9 +7,16 @@
 - `.npz`: one array per model input, named as the input (`np.savez(path, input_ids=ids, mask=mask)`): every
   input present, no other array.
 
-Batch axis: an array holds the input's shape without its batch axis (`(3, 224, 224)` for an input
-`[N, 3, 224, 224]`), or with a leading batch axis of 1 (`(1, 3, 224, 224)`); the rank tells which. Every fixed
-dimension of the input must match; a dynamic one takes any size (the samples of one batch must agree).
+Shapes: an array holds the input's full shape, taken as it is: no axis is assumed to be a batch (a recurrent
+state `(2, 1, 128)`, a sequence `(64, 576)`); or the shape without its leading batch axis (`(3, 224, 224)`
+for an input `[N, 3, 224, 224]`), which then gets a batch axis of 1. The rank tells which. Every fixed
+dimension of the input must match; a dynamic one takes the sample's size (`sample_input_shapes` fixes a
+model's dynamic dimensions other than axis 0 from the first sample). A sample read here always carries the
+input's full rank.
+
+Batches: samples are joined along axis 0 only where every sample agrees: each of their arrays has axis 0 of
+1 (a batch of one) and the same shape as the others'. A sample that does not (a state whose axis 0 is 2, a
+scalar input) is a batch of its own.
 
 Dtypes: an array must be of the input's kind (float for a float input, integer for an integer input, bool for
 bool). A float array is cast to the input's float type (float64 -> float32 rounds to nearest, as the model
@@ -27,7 +34,9 @@ from typing import ClassVar, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from ptq.core.graph import Graph
+from onnx import helper
+
+from ptq.core.graph import Graph, ModelError, read_model
 from ptq.engine.float_run import image_input
 from ptq.data.images import IMAGE_EXTENSIONS, ImageLog, InputSpec, Preprocess, load_image, select_files
 
@@ -54,7 +63,7 @@ class ImageReader:
             sample = load_image(path, self.preprocess, self.spec)
         except ValueError as exc:
             raise UnreadableSample(str(exc)) from exc
-        return {self.name: sample.astype(self.dtype, copy=False)}
+        return {self.name: sample.astype(self.dtype, copy=False)[None]}
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,10 @@ class ImageFormat:
     def reader(self, graph: Graph) -> ImageReader:
         name = image_input(graph)
         info = graph.tensors[name]
+        batch = info.shape[0] if info.shape else None
+        if batch not in (None, 0, 1):
+            raise ModelError(f"input {name!r} has a fixed batch of {batch}; ptq needs batch 1 or a dynamic batch "
+                             "to feed it images")
         return ImageReader(name, InputSpec.from_shape(info.shape, self.preprocess.layout), info.dtype, self.preprocess)
 
     def to_dict(self) -> dict:
@@ -83,30 +96,35 @@ class InputSlot:
     dtype: np.dtype
 
     def fit(self, array: np.ndarray, path: Path) -> np.ndarray:
-        """`array` as one sample of this input (no batch axis, the input's dtype), or a ValueError."""
+        """`array` as this input's full shape (a batch axis of 1 added to a sample given without it) in the
+        input's dtype, or a ValueError."""
         where = f"{path}: input {self.name!r}"
         if self.shape is not None:
             rank = len(self.shape)
             expected = f"the model's input is {_dims(self.shape)}: one sample per file, {_accepted(self.shape)}"
-            if array.ndim == rank and rank > 0 and array.shape[0] == 1:
-                array = array[0]
-            elif array.ndim != rank - 1:
+            if array.ndim == rank - 1 and self.shape[0] in (None, 1):
+                array = array[None]
+            elif array.ndim != rank:
                 raise ValueError(f"{where} has shape {array.shape}; {expected}")
-            for axis, (got, want) in enumerate(zip(array.shape, self.shape[1:]), 1):
+            for axis, (got, want) in enumerate(zip(array.shape, self.shape)):
                 if want is not None and got != want:
                     raise ValueError(f"{where} has shape {array.shape}; {expected} (dimension {axis} must be {want})")
         return _cast(array, self.dtype, where)
 
 
 def _accepted(shape: tuple) -> str:
-    """The two shapes a sample may have: without the batch axis, or with a batch axis of 1."""
-    inner = ["?" if d is None else str(d) for d in shape[1:]]
-    without = "(" + ", ".join(inner) + ("," if len(inner) == 1 else "") + ")"
-    return f"{without} or (1, {', '.join(inner)})" if inner else f"{without} or (1,)"
+    """The shapes a sample may have: the full shape, or without its batch axis when axis 0 may be one."""
+    dims = ["N" if k == 0 and d is None else "?" if d is None else str(d) for k, d in enumerate(shape)]
+    full = "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+    if not dims or shape[0] not in (None, 1):
+        return full
+    inner = dims[1:]
+    return "(" + ", ".join(inner) + ("," if len(inner) == 1 else "") + f") or {full}"
 
 
 def _dims(shape: tuple) -> str:
-    return "(" + ", ".join("N" if k == 0 else "?" if d is None else str(d) for k, d in enumerate(shape)) + ")"
+    return "(" + ", ".join("N" if k == 0 and d is None else "?" if d is None else str(d)
+                           for k, d in enumerate(shape)) + ")"
 
 
 def _cast(array: np.ndarray, dtype: np.dtype, where: str) -> np.ndarray:
@@ -220,26 +238,80 @@ def iter_samples(candidates: Sequence[Path], reader, log: ImageLog, *,
         yield path, sample
 
 
+def batchable(sample: Feeds) -> bool:
+    """Whether a sample may join others in a batch: each of its arrays is a batch of one (axis 0 of 1)."""
+    return all(np.ndim(value) >= 1 and np.shape(value)[0] == 1 for value in sample.values())
+
+
+def _agree(a: Feeds, b: Feeds) -> bool:
+    return a.keys() == b.keys() and all(np.shape(a[name]) == np.shape(b[name]) for name in a)
+
+
 def stack(samples: Sequence[tuple[Path, Feeds]]) -> Feeds:
-    """One batch: each input's samples stacked on a new axis 0. Samples of a batch must share their shapes."""
+    """One batch: the samples joined along axis 0. Every sample must be `batchable` and of one shape, or the
+    batch be a single sample (taken as it is)."""
     first_path, first = samples[0]
+    if len(samples) == 1:
+        return dict(first)
     for path, sample in samples[1:]:
-        for name, value in sample.items():
-            if value.shape != first[name].shape:
-                raise ValueError(f"{path}: input {name!r} has shape {value.shape}, {first_path.name} in the same "
-                                 f"batch {first[name].shape}; give --batch-size 1 for samples of different shapes")
-    return {name: np.stack([sample[name] for _, sample in samples]) for name in first}
+        if not (batchable(sample) and batchable(first) and _agree(first, sample)):
+            raise ValueError(f"{path}: cannot join {first_path.name} in a batch: samples of a batch are batches of "
+                             "one of the same shape")
+    return {name: np.concatenate([sample[name] for _, sample in samples]) for name in first}
 
 
 def iter_sample_batches(samples: Iterator[tuple[Path, Feeds]], batch_size: int) -> Iterator[Feeds]:
-    """Group samples into batches of up to `batch_size`."""
+    """Group consecutive samples that agree (`batchable`, one shape) into batches of up to `batch_size`; a
+    sample that does not agree with the batch before it starts a new one."""
     if batch_size <= 0:
         raise ValueError(f"--batch-size must be positive, got {batch_size}")
-    batch = []
+    batch: list = []
     for item in samples:
+        if batch and not (batchable(item[1]) and batchable(batch[0][1]) and _agree(batch[0][1], item[1])):
+            yield stack(batch)
+            batch = []
         batch.append(item)
         if len(batch) == batch_size:
             yield stack(batch)
             batch = []
     if batch:
         yield stack(batch)
+
+
+def data_input_shapes(model, source: "SampleSource", num_images: Optional[int] = None, seed: int = 0) -> dict:
+    """`sample_input_shapes` of `model` (a path or ModelProto) from the first `--data` sample of `source`;
+    {} for image sources or a model without dynamic dimensions past axis 0."""
+    if not isinstance(source.format, ArrayFormat):
+        return {}
+    proto = read_model(model)
+    initializers = {t.name for t in proto.graph.initializer}
+    declared = {}
+    for vi in proto.graph.input:
+        if vi.name in initializers:
+            continue
+        tensor_type = vi.type.tensor_type
+        shape = (tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                       for d in tensor_type.shape.dim) if tensor_type.HasField("shape") else None)
+        declared[vi.name] = (shape, np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)))
+    if not any(shape is not None and None in shape[1:] for shape, _ in declared.values()):
+        return {}
+    files = source.candidates(ImageLog(), num_images, seed)
+    if not files:
+        return {}
+    reader = ArrayReader(tuple(InputSlot(name, shape, dtype) for name, (shape, dtype) in declared.items()))
+    return sample_input_shapes({name: shape for name, (shape, _) in declared.items()}, reader.read(files[0]))
+
+
+def sample_input_shapes(graph_inputs: dict, sample: Feeds) -> dict:
+    """{input: shape} fixing the dynamic dimensions other than axis 0 of `graph_inputs` ({name: model shape,
+    None for a dynamic dimension}) to the sizes in `sample` (full-rank arrays); axis 0 stays dynamic (None)
+    unless the model fixes it. Inputs without such dimensions are left out."""
+    shapes = {}
+    for name, shape in graph_inputs.items():
+        if shape is None or name not in sample or not any(d is None for d in shape[1:]):
+            continue
+        got = np.shape(sample[name])
+        if len(got) != len(shape):
+            continue
+        shapes[name] = (shape[0],) + tuple(g if want is None else want for g, want in zip(got[1:], shape[1:]))
+    return shapes

@@ -4,6 +4,9 @@ emulations `dsp:int8` (WP486, two products per slice) and `dsp:int4` (WP521, fou
 plain bit-sliced lane extraction (no sign correction)."""
 from __future__ import annotations
 
+# imports inside functions: the command line's parser reads BACKEND_NAMES; a backend's kernels (numba, the
+# DSP emulation) are imported when it is made
+
 from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:

@@ -19,12 +19,20 @@ tensor name or op type), runs as dequantize inputs -> float op (the op's `forwar
 layer computing it run so: its producing node plus the BatchNormalization and Relu/Clip the rewrites would have
 folded or fused into it (`ptq.engine.fused_layers`; the layer `ptq debug --fake-quant TENSOR` floats), kept apart from
 its neighbours. Such nodes are listed in every run's summary. Nodes that
-compute only shapes/indices (non-float outputs) at run time are evaluated in float and never quantized,
-except a registered op with index outputs (`OpDef.index_outputs`: Equal, Cast to int64) that reads a quantized
-activation: it runs its `forward_int` on the codes, and its index outputs pass on unquantized.
+compute only shapes/indices (non-float outputs) from shapes and index tensors at run time are evaluated in
+float and never quantized. A node with only non-float outputs that reads the values of a quantized activation
+runs its `forward_int` on the codes when its op declares those outputs (`OpDef.index_outputs`: Equal, Cast to
+int64, ArgMax), its index outputs passed on unquantized; otherwise (NonZero, IsNaN, an unregistered op) it is a
+float node, listed like any other (`Shape` and `Size` read only the shape: `ops.registry.reads_values`).
+
+Control flow (`ptq.engine.control_flow`): an If's branches and a Loop's body are prepared as integer graphs of their
+own (a CONTROL step) from the table entries calibration gives their tensors (`ptq.engine.body_float`); the outer
+tensors they read (`Node.implicit_inputs`) reach them as codes. Where that cannot be done (a branch no sample
+took, a Scan) the node runs in float with the reason, its subgraphs in onnx.reference.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,15 +53,27 @@ from ops.registry import (
     get_op,
     node_label,
 )
+from ptq.engine.backends import get_backend
 from ptq.engine.compile_notice import first_run_notice
 from ptq.engine.float_fallback import NodeFloatEvaluator
 from ptq.engine.fused_layers import layer_nodes
+from ptq.core.names import did_you_mean
 from ptq.core.graph import Graph, Node, load_model
 from ptq.core.qparams import QParams, compute_qparams
 from ptq.table.quant_table import QuantTable, load_quant_table
 from ptq.engine.rewrites import RewriteLog, apply_rewrites
 from ptq.engine.weight_scale_floor import floor_folded_weight
 from ops.registry import bias_role, weight_role
+from ptq.engine.compile_notice import first_run_notice
+from ptq.engine.float_fallback import NodeFloatEvaluator
+from ptq.engine.fused_layers import layer_nodes
+from ptq.engine.control_flow import IfStep, LoopStep, branch_output
+from ptq.core.bodies import Body, has_bodies, node_bodies
+from ptq.core.graph import Graph, Node, domain_opsets, load_model
+from ptq.table.quant_table import QuantTable, load_quant_table
+from ptq.engine.rewrites import RewriteLog, apply_rewrites
+from ptq.engine.weight_scale_floor import floor_folded_weight
+from ops.registry import bias_role, reads_values, weight_role
 
 
 class ExecutorError(ValueError):
@@ -64,6 +84,7 @@ class NodeKind(enum.Enum):
     INTEGER = "integer"  # the op's forward_int
     FLOAT = "float"  # float fallback: dequantize -> float op -> quantize
     SHAPE = "shape"  # computes shapes/indices only (non-float outputs), in float, never quantized
+    CONTROL = "control"  # an If or a Loop whose bodies run as integer graphs of their own (`ptq.engine.control_flow`)
 
 
 @dataclass(frozen=True)
@@ -95,6 +116,7 @@ class Step:
     op: Optional[OpDef] = None
     quantized: Optional[QuantizedNode] = None  # INTEGER steps only
     reason: str = ""
+    control: Optional[Union[IfStep, LoopStep]] = None  # CONTROL steps only
 
 
 @dataclass
@@ -131,9 +153,12 @@ def _resolve_float_nodes(graph: Graph, specs: Iterable[str]) -> frozenset:
         elif spec in by_output:
             selected.add(by_output[spec])
         else:
+            # the user selecting nodes by op type (--float-node Conv), not code switching on types
             matches = {node.name for node in graph.nodes if node.op_type == spec}
             if not matches:
-                raise ExecutorError(f"float node {spec!r} is neither a node name, a tensor name nor an op type of the model")
+                known = [*names, *by_output, *(node.op_type for node in graph.nodes)]
+                raise ExecutorError(f"float node {spec!r} is neither a node name, a tensor name nor an op type of the "
+                                    f"model{did_you_mean(spec, known)}")
             selected |= matches
     return frozenset(selected)
 
@@ -161,7 +186,26 @@ class IntegerGraph:
 
     @property
     def float_nodes(self) -> list[FloatNode]:
-        return [FloatNode(s.node.name, s.node.op_type, s.reason) for s in self.steps if s.kind is NodeKind.FLOAT]
+        """The nodes that run in float, those inside If branches and Loop bodies included (named
+        `owner/then_branch/node`, `owner/body/node`)."""
+        found = []
+        for s in self.steps:
+            if s.kind is NodeKind.FLOAT:
+                found.append(FloatNode(s.node.name, s.node.op_type, s.reason))
+            elif s.kind is NodeKind.CONTROL:
+                found += s.control.float_nodes()
+        return found
+
+    def run_values(self, values: dict[str, np.ndarray], runtime: IntRuntime) -> dict[str, np.ndarray]:
+        """Run every step on `values` (codes of the tensors the steps read from outside: an If branch's outer
+        tensors), adding each step's outputs; returns `values`."""
+        constants = self.graph.initializers
+        for step in self.steps:
+            node = step.node
+            args = [(values[i] if i in values else constants[i]) if i else None for i in node.all_inputs]
+            values.update((name, value) for name, value in zip(node.outputs, self._execute(step, args, runtime))
+                          if name)
+        return values
 
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
         expected, given = set(self.graph.inputs), set(inputs)
@@ -213,7 +257,7 @@ class IntegerGraph:
         outputs = set(self.graph.outputs)
         for index, step in enumerate(self.steps):
             node = step.node
-            args = [(values[i] if i in values else constants[i]) if i else None for i in node.inputs]
+            args = [(values[i] if i in values else constants[i]) if i else None for i in node.all_inputs]
             results = self._execute(step, args, runtime)
             for name, value in zip(node.outputs, results):
                 if name:
@@ -223,7 +267,7 @@ class IntegerGraph:
                     if on_tensor is not None:
                         on_tensor(name, value)
             if not keep_all:
-                for name in node.inputs:
+                for name in node.all_inputs:
                     if name and self.last_use.get(name) == index and name not in outputs:
                         values.pop(name, None)
         float_out = {}
@@ -236,6 +280,8 @@ class IntegerGraph:
 
     def _execute(self, step: Step, args: list, runtime: IntRuntime) -> list[np.ndarray]:
         node = step.node
+        if step.kind is NodeKind.CONTROL:
+            return step.control.run(node.all_inputs, args, runtime)
         if step.kind is NodeKind.INTEGER:
             for index, (name, value, qp) in enumerate(zip(node.inputs, args, step.in_qparams)):
                 if qp is not None and name not in self.graph.initializers and not np.issubdtype(value.dtype, np.integer):
@@ -267,7 +313,7 @@ class IntegerGraph:
         return quantized
 
     def run_step(self, step: Step, args: list, runtime: Optional[IntRuntime] = None) -> list[np.ndarray]:
-        """Run one step alone. `args` align with `step.node.inputs`: integer codes for quantized tensors,
+        """Run one step alone. `args` align with `step.node.all_inputs`: integer codes for quantized tensors,
         raw arrays for constants, None for omitted inputs (reports run a layer on its quantized float inputs)."""
         return self._execute(step, args, runtime if runtime is not None else IntRuntime(backend=self.backend))
 
@@ -279,8 +325,10 @@ class _Quantizer:
         self.graph, self.table, self.marked = graph, table, marked
         self.folded = rewrites.folded_weights
         self.qparams: dict[str, QParams] = {}
+        self.options = options
         self.quantize_options = options.quantize
         self.strict = options.strict
+        self.node_float: Optional[NodeFloatEvaluator] = None  # set by `prepare`: the bodies' graphs share it
 
     def _table_qparams(self, name: str) -> Optional[QParams]:
         return self.table.qparams(name)
@@ -332,17 +380,22 @@ class _Quantizer:
 
     def _kind(self, node: Node, op: Optional[OpDef]) -> tuple[NodeKind, str]:
         float_outputs = [o for o in node.outputs if o and o not in self.graph.shape_tensors]
-        if not float_outputs and not self._indexes_activations(node, op):
+        if not float_outputs and not self._reads_activation(node):
             return NodeKind.SHAPE, ""
         if node.name in self.marked:
             return NodeKind.FLOAT, self.marked[node.name]
         if op is None:
-            return NodeKind.FLOAT, "not registered"
+            return NodeKind.FLOAT, "not registered"  # a node with bodies may still run them in integers (`step`)
+        if not float_outputs and not op.index_outputs(node):
+            return NodeKind.FLOAT, "no integer kernel for its non-float outputs"
         return NodeKind.INTEGER, ""
 
-    def _indexes_activations(self, node: Node, op: Optional[OpDef]) -> bool:
-        """An op with index outputs (Equal, ArgMax) reading a quantized activation runs on its integer codes."""
-        return op is not None and bool(op.index_outputs(node)) and any(i in self.qparams for i in node.inputs if i)
+    def _reads_activation(self, node: Node) -> bool:
+        """The node reads the values of a quantized activation: an op with an integer kernel for its index
+        outputs (Equal, ArgMax) runs on the codes; any other op (NonZero, IsNaN, CastLike to int) runs in float
+        on the dequantized values and is reported as a float node, whatever its output dtype."""
+        return reads_values(node) and any(i in self.qparams and i not in self.graph.initializers
+                                           for i in node.all_inputs if i)
 
     def step(self, node: Node) -> Step:
         """How `node` runs: its op's integer forward, or float with the reason (not registered, marked by the
@@ -358,9 +411,16 @@ class _Quantizer:
                     raise QuantizationError(f"{node_label(node)}: {exc}") from exc
                 kind, reason = NodeKind.FLOAT, f"cannot quantize: {exc}"
         # float and shape nodes take constants as they are; only run-time tensors get dequantized
-        in_qp = [self.qparams.get(name) if name not in self.graph.initializers else None for name in node.inputs]
+        in_qp = [self.qparams.get(name) if name not in self.graph.initializers else None for name in node.all_inputs]
         if kind is NodeKind.SHAPE:
             return Step(node, kind, in_qp, [None] * len(node.outputs))
+        if kind is NodeKind.FLOAT and op is None and has_bodies(node) and node.name not in self.marked:
+            try:
+                return self._control_step(node, in_qp)
+            except (QuantizationError, ExecutorError) as exc:
+                if self.strict:
+                    raise ExecutorError(f"{node_label(node)}: {exc}") from exc
+                reason = f"control flow: {exc}; its subgraphs run in float (onnx.reference)"
         if self.strict and node.name not in self.marked:
             raise ExecutorError(f"{node_label(node)} would run in float ({reason}); strict mode wants every "
                                 "node in integers")
@@ -385,6 +445,85 @@ class _Quantizer:
             raise QuantizationError(str(exc)) from exc
         self._record(node, q.out_qparams)
         return Step(node, NodeKind.INTEGER, in_qp, list(q.out_qparams), op=op, quantized=q)
+
+    def _control_step(self, node: Node, in_qp: list[Optional[QParams]]) -> Step:
+        """An If whose branches, or a Loop whose body, run as integer graphs (`ptq.engine.control_flow`);
+        QuantizationError / ExecutorError when it cannot (a Scan, a body tensor without table qparams, ...)."""
+        bodies = {b.attribute: b for b in node_bodies(node, domain_opsets(self.graph.model))}
+        out_qp = [self._table_qparams(o) if o and o not in self.graph.shape_tensors else None for o in node.outputs]
+        if set(bodies) == {"body"} and node.attr("num_scan_inputs") is None:
+            return self._loop_step(node, bodies["body"], in_qp, out_qp)
+        if set(bodies) != {"then_branch", "else_branch"}:
+            raise QuantizationError("only If branches and Loop bodies run in integers")
+        branches, routes = [], []
+        for attribute in ("then_branch", "else_branch"):
+            body = bodies[attribute]
+            branch, child = self._body_graph(body, f"{attribute} tensor", "no calibration sample took that branch")
+            branches.append(branch)
+            routes.append([branch_output(self._float_qparams(branch, child, name), target,
+                                         self.quantize_options.mbits, name)
+                           for name, target in zip(body.outputs, out_qp)])
+        self._record(node, out_qp)
+        control = IfStep(branches[0], branches[1], routes[0], routes[1])
+        return Step(node, NodeKind.CONTROL, in_qp, out_qp, control=control)
+
+    def _loop_step(self, node: Node, body: Body, in_qp: list[Optional[QParams]],
+                   out_qp: list[Optional[QParams]]) -> Step:
+        loop, child = self._body_graph(body, "body tensor", "the loop never ran during calibration")
+        mbits = self.quantize_options.mbits
+        carried = len(node.inputs) - 2
+        initial = node.inputs[2:]
+        carried_in = body.inputs[2:2 + carried]
+        carried_out = body.outputs[1:1 + carried]
+        grid = [self._float_qparams(loop, child, name) for name in carried_in]
+        initial_codes, initial_qp = [], []
+        for name, target in zip(initial, grid):
+            value = self.graph.initializers.get(name)
+            constant = value is not None and target is not None and np.issubdtype(np.asarray(value).dtype, np.floating)
+            initial_codes.append(target.quantize(np.asarray(value)) if constant else None)
+            initial_qp.append(target if constant else self.qparams.get(name))
+        out_grid = [self._float_qparams(loop, child, name) for name in carried_out]
+        scan_names = body.outputs[1 + carried:]
+        control = LoopStep(
+            loop, len(node.inputs), initial_codes,
+            [branch_output(s, t, mbits, n) for s, t, n in zip(initial_qp, grid, initial)],
+            [branch_output(s, t, mbits, n) for s, t, n in zip(out_grid, grid, carried_out)],
+            [branch_output(s, t, mbits, n) for s, t, n in zip(out_grid, out_qp[:carried], carried_out)],
+            [branch_output(s, t, mbits, n) for s, t, n in zip(initial_qp, out_qp[:carried], initial)],
+            [branch_output(self._float_qparams(loop, child, n), t, mbits, n)
+             for n, t in zip(scan_names, out_qp[carried:])])
+        self._record(node, out_qp)
+        return Step(node, NodeKind.CONTROL, in_qp, out_qp, control=control)
+
+    def _body_graph(self, body: Body, what: str, why_missing: str) -> tuple[IntegerGraph, "_Quantizer"]:
+        """A body quantized by a child quantizer that sees the outer tensors' qparams (its inputs: the table's)."""
+        missing = [t for t in body.float_tensors if self._table_qparams(t) is None]
+        if missing:
+            raise QuantizationError(f"{what} {missing[0]!r} has no qparams in the quant table ({why_missing})")
+        sub = self._branch_graph(body)
+        child = _Quantizer(sub, self.table, RewriteLog(), self.marked, self.options)
+        child.qparams = dict(self.qparams)
+        child.qparams.update((name, self._table_qparams(name)) for name in body.inputs if body.is_float(name))
+        child.node_float = self.node_float
+        steps = [child.step(n) for n in body.nodes]
+        self.qparams.update((k, v) for k, v in child.qparams.items() if k not in self.qparams)
+        return IntegerGraph(sub, steps, child.qparams, RewriteLog(), None, self.node_float), child
+
+    @staticmethod
+    def _float_qparams(body: IntegerGraph, child: "_Quantizer", name: str) -> Optional[QParams]:
+        """The final qparams of a body tensor, None for a non-float one (a condition, a counter)."""
+        info = body.graph.tensors.get(name)
+        return child.qparams.get(name) if info is None or info.is_float else None
+
+    def _branch_graph(self, body: Body) -> Graph:
+        """A body as a graph of its own: the outer tensors and constants visible, its own added."""
+        tensors = {**self.graph.tensors, **body.tensors}
+        return dataclasses.replace(
+            self.graph, nodes=list(body.nodes), tensors=tensors,
+            initializers={**self.graph.initializers, **body.initializers}, inputs=list(body.inputs),
+            outputs=list(body.outputs),
+            activations=body.float_tensors, constants=set(self.graph.constants) | set(body.initializers),
+            shape_tensors=set(self.graph.shape_tensors) | {n for n, t in body.tensors.items() if not t.is_float})
 
     def _record(self, node: Node, out_qparams: list[Optional[QParams]]) -> None:
         for name, qp in zip(node.outputs, out_qparams):
@@ -434,6 +573,16 @@ def table_float_nodes(graph: Graph, table: QuantTable, options: Optional[Executo
     return _table_float_layers(table, _rewriter(graph, NodeFloatEvaluator(graph.opset), options), ())
 
 
+def pattern_internal_tensors(graph: Graph, table: QuantTable, options: Optional[ExecutorOptions] = None) -> set[str]:
+    """The activations of `graph` inside a transformer pattern that `prepare(graph, table)` fuses into one op
+    (`ptq.engine.transformer_patterns`: a GELU's Tanh input, a LayerNorm's variance, masked attention scores): the
+    integer graph never quantizes them, so neither does the QDQ export."""
+    options = options or ExecutorOptions()
+    rewrite = _rewriter(graph, NodeFloatEvaluator(graph.opset), options)
+    _, log = rewrite(_table_float_layers(table, rewrite, ()))
+    return {tensor for fusion in log.patterns for tensor in fusion.removed_tensors}
+
+
 def prepare(
     graph: Graph,
     quant_table: QuantTable,
@@ -448,8 +597,6 @@ def prepare(
     the layers computing the tensors the table marks float.
     `backend`: the dot product under Conv, Gemm and MatMul, a `DotBackend` or a name of `ptq.engine.backends`.
     """
-    from ptq.engine.backends import get_backend
-
     options = options or ExecutorOptions()
     backend = get_backend(backend)  # None: the default; a name; or a backend object as it is
     marked = dict.fromkeys(_resolve_float_nodes(graph, float_nodes), "marked float")
@@ -459,12 +606,13 @@ def prepare(
         marked.setdefault(name, f"float in the quant table ({tensor!r})")
     rewritten, log = rewrite(marked)
     quantizer = _Quantizer(rewritten, quant_table, log, marked, options)
+    quantizer.node_float = node_float
     quantizer.graph_inputs()
     steps = [quantizer.step(node) for node in rewritten.nodes]
     for step in steps:
-        if step.kind is not NodeKind.INTEGER and get_op(step.node.op_type, step.node.domain) is None:
+        if step.kind in (NodeKind.FLOAT, NodeKind.SHAPE) and get_op(step.node.op_type, step.node.domain) is None:
             node_float.reference_evaluator(step.node)  # fail now, not in the middle of a run, if nothing can run it
-    last_use = {name: index for index, step in enumerate(steps) for name in step.node.inputs if name}
+    last_use = {name: index for index, step in enumerate(steps) for name in step.node.all_inputs if name}
     return IntegerGraph(rewritten, steps, quantizer.qparams, log, backend, node_float, last_use)
 
 

@@ -42,7 +42,8 @@ def _graph_of(node: Node) -> onnx.GraphProto:
         return helper.make_tensor_value_info(name, onnx.TensorProto.UNDEFINED, None)
 
     return helper.make_graph([node_proto(node)], node.name or node.op_type,
-                             [untyped(i) for i in node.inputs if i], [untyped(o) for o in node.outputs if o])
+                             [untyped(i) for i in dict.fromkeys(node.all_inputs) if i],
+                             [untyped(o) for o in node.outputs if o])
 
 
 class NodeFloatEvaluator:
@@ -79,7 +80,7 @@ class NodeFloatEvaluator:
     def run_reference(self, node: Node, inputs: list[Optional[np.ndarray]]) -> list[np.ndarray]:
         """The float outputs of `node` by onnx.reference (the registered op is not consulted)."""
         ev = self.reference_evaluator(node)
-        feeds = {name: value for name, value in zip(node.inputs, inputs) if name}
+        feeds = {name: value for name, value in zip(node.all_inputs, inputs) if name}
         try:
             outs = ev.run(None, feeds)
         except Exception as exc:  # reference kernels raise whatever numpy raises
@@ -87,7 +88,8 @@ class NodeFloatEvaluator:
         return [np.asarray(o) for o in outs]
 
     def run(self, node: Node, inputs: list[Optional[np.ndarray]]) -> list[np.ndarray]:
-        """The outputs of `node`: its registered `forward_float` when its data input (the first) is a float
+        """The outputs of `node` from `inputs`, aligned with `node.all_inputs` (its inputs, then the outer-scope
+        tensors its subgraphs read): its registered `forward_float` when its data input (the first) is a float
         tensor, else onnx.reference. Index and shape tensors (Shape -> Gather -> Concat -> Reshape, int64 axes,
         bool masks) are thus computed exactly in their own dtype; a registered float forward computes in
         float32."""

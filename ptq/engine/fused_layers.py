@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ops.registry import op_of
+from ptq.core.graph import Graph, Node
+from ptq.engine.rewrites import RewriteLog
 from ptq.core.graph import Graph
+from ptq.core.names import did_you_mean
 from ptq.engine.rewrites import RewriteLog
 
 
@@ -38,6 +42,19 @@ def absorbed_names(rewrites: RewriteLog) -> dict[str, str]:
     return hosts
 
 
+def fused_output(graph: Graph, node: Node, consumers: dict[str, list[Node]]) -> str:
+    """The tensor `node` writes once the rewrites fuse an activation into it: the output of its first output's
+    only consumer when the node absorbs activations and that consumer is absorbable (`OpDef.absorbs_activation`,
+    `OpDef.absorbable`), else its first output. `consumers`: `graph.consumers()`."""
+    name = node.outputs[0]
+    users = consumers.get(name, [])
+    if len(users) != 1 or name in graph.outputs:
+        return name
+    host, act = op_of(node), op_of(users[0])
+    return users[0].outputs[0] if host is not None and host.absorbs_activation and act is not None \
+        and act.absorbable else name
+
+
 def resolve_layer(graph: Graph, rewrites: RewriteLog, layer: str) -> ResolvedLayer:
     """The node of the rewritten `graph` computing `layer`: a node name, the producer of a tensor name, or, for
     a name a rewrite removed, the node that absorbed it (with a note saying so)."""
@@ -51,7 +68,8 @@ def resolve_layer(graph: Graph, rewrites: RewriteLog, layer: str) -> ResolvedLay
         raise ValueError(f"{layer!r} is a graph input: it has no layer to run in float")
     host = absorbed_names(rewrites).get(layer)
     if host is None:
-        raise ValueError(f"{layer!r} is neither a tensor nor a node of the integer graph")
+        known = [*nodes, *producer, *absorbed_names(rewrites)]
+        raise ValueError(f"{layer!r} is neither a tensor nor a node of the integer graph{did_you_mean(layer, known)}")
     node = nodes[host]
     outputs = ", ".join(repr(o) for o in node.outputs if o)
     return ResolvedLayer(host, f"{layer!r} is not in the integer graph: a rewrite fused it into {node.op_type} node "

@@ -146,7 +146,7 @@ def fold_static(graph: Graph, node_float: NodeFloatEvaluator) -> list[str]:
     """
     folded, kept = [], []
     for node in graph.nodes:
-        present = [i for i in node.inputs if i]
+        present = [i for i in node.all_inputs if i]
         foldable = node.op_type not in NONDETERMINISTIC and bool(present)
         values: Optional[list] = None
         if foldable and node.op_type in ("Shape", "Size") and not node.domain:
@@ -155,7 +155,7 @@ def fold_static(graph: Graph, node_float: NodeFloatEvaluator) -> list[str]:
                 dtype = graph.tensors[node.inputs[0]].dtype or np.float32
                 values = node_float.run_reference(node, [np.broadcast_to(np.zeros((), dtype=dtype), shape)])  # no allocation
         elif foldable and all(i in graph.initializers for i in present):
-            values = node_float.run(node, [graph.initializers[i] if i else None for i in node.inputs])
+            values = node_float.run(node, [graph.initializers[i] if i else None for i in node.all_inputs])
         if values is None:
             _infer_output_shapes(graph, node)
             kept.append(node)

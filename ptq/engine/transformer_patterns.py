@@ -6,8 +6,9 @@ internal tensors disappear. A pattern matches only when every internal tensor ha
 (the pattern's own) and is no graph output, and none of its nodes is protected.
 
 - GELU, x * 0.5 * (1 + erf(x / sqrt 2)) and its tanh form -> one `Gelu` table op;
-- LayerNorm, ReduceMean -> Sub -> Pow(2) -> ReduceMean -> Add eps -> Sqrt -> Div -> Mul -> Add -> one
-  integer `LayerNormalization`;
+- LayerNorm, ReduceMean -> Sub -> Pow(2) -> ReduceMean -> Add eps -> Sqrt -> Div -> Mul -> Add (1/sqrt also as
+  Sqrt -> Reciprocal -> Mul or Pow(-0.5) -> Mul, tf2onnx's forms) -> one integer `LayerNormalization`;
+- RMSNorm, x * 1/sqrt(mean(x^2) + eps) [* gamma] in the same forms -> one integer `RMSNormalization`;
 - attention scores, MatMul -> Mul/Div by a constant -> `ScaledMatMul` (the constant in the requant), and
   Add mask -> Softmax -> `AddSoftmax` (the 2^20 exp table).
 """
@@ -147,6 +148,68 @@ def _cube_of(p: _Patterns, tensor: str) -> Optional[tuple[str, list[Node]]]:
     return None
 
 
+POLYNOMIAL_OPS = ("Add", "Sub", "Mul", "Div", "Pow")
+POLYNOMIAL_NODES = 8  # the most nodes a written-out GELU argument takes (x*x*x, two scalings, an add: 5)
+PROBE = np.linspace(-6.0, 6.0, 49)
+
+
+def _tanh_gelu_argument(x: np.ndarray) -> np.ndarray:
+    return np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)
+
+
+def _evaluate(p: _Patterns, nodes: list[Node], x: str, values: np.ndarray) -> Optional[np.ndarray]:
+    """The tensor the last of `nodes` (in graph order) computes from x = `values`, in float64."""
+    env = {x: values}
+    for node in nodes:
+        args = [env[i] if i in env else p.scalar(i) for i in node.inputs]
+        if any(a is None for a in args):
+            return None
+        a, b = args
+        with np.errstate(all="ignore"):
+            env[node.outputs[0]] = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide,
+                                    "Pow": np.power}[node.op_type](a, b)
+    return env.get(nodes[-1].outputs[0]) if nodes else None
+
+
+def _polynomial_head(p: _Patterns, tensor: str, want: Callable) -> Optional[tuple[str, list[Node]]]:
+    """(x, nodes) when `tensor` is computed from one activation x by at most POLYNOMIAL_NODES Add/Sub/Mul/Div/Pow
+    nodes with scalar constants, every internal tensor read only inside, and the result equals want(x) on a
+    probe of x in [-6, 6] (within PATTERN_RTOL): a written-out formula recognized by its values, whatever the
+    grouping an exporter chose."""
+    closure, pending = [], [tensor]
+    while pending:
+        node = p.producer.get(pending.pop())
+        if node is None or node.domain or node.op_type not in POLYNOMIAL_OPS or len(node.inputs) != 2 \
+                or node in closure or len(closure) >= POLYNOMIAL_NODES:
+            continue
+        closure.append(node)
+        pending.extend(i for i in node.inputs if i not in p.graph.initializers)
+    order = {id(n): k for k, n in enumerate(p.graph.nodes)}
+    candidates = {i for n in closure for i in n.inputs if i not in p.graph.initializers}
+    for x in sorted(candidates, key=lambda t: order.get(id(p.producer.get(t)), -1)):
+        nodes, pending = [], [tensor]
+        while pending:  # the nodes between x and `tensor`
+            name = pending.pop()
+            node = p.producer.get(name)
+            if name == x or node is None or node in nodes:
+                continue
+            if node not in closure:
+                break
+            nodes.append(node)
+            pending.extend(i for i in node.inputs if i not in p.graph.initializers)
+        else:
+            nodes.sort(key=lambda n: order[id(n)])
+            inside = {id(n) for n in nodes}
+            if not all(all(id(u) in inside for u in p.consumers.get(n.outputs[0], [])) and n.outputs[0] not in
+                       p.graph.outputs for n in nodes if n.outputs[0] != tensor):
+                continue
+            got = _evaluate(p, nodes, x, PROBE)
+            expected = want(PROBE)
+            if got is not None and np.allclose(got, expected, rtol=PATTERN_RTOL, atol=PATTERN_RTOL):
+                return x, nodes
+    return None
+
+
 def _match_gelu(p: _Patterns, node: Node):
     """Erf form: x * 0.5 * (1 + erf(x / sqrt(2))) (Div by sqrt 2 or Mul by 1/sqrt 2); tanh form:
     0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) (x^3 as Pow(x, 3) or x * x * x)."""
@@ -173,6 +236,8 @@ def _match_gelu(p: _Patterns, node: Node):
                         and p.only_consumer(cube_name) is scale:
                     x, head = candidate, cube[1] + [scale, add, inner]
                     break
+        if x is None:  # another grouping of the same polynomial (HF FastGELU: x * k * (1 + 0.044715 * x * x))
+            x, head = _polynomial_head(p, node.inputs[0], _tanh_gelu_argument) or (None, [])
         approximate = "tanh"
     if x is None:
         return None
@@ -238,9 +303,71 @@ def _constant_input(graph: Graph, base: str, value: np.ndarray) -> str:
     return name
 
 
+def _square_of(p: _Patterns, node: Optional[Node], d: str) -> bool:
+    """Whether `node` is Pow(d, 2) or Mul(d, d)."""
+    if node is None or node.domain:
+        return False
+    if node.op_type == "Mul":
+        return node.inputs == [d, d]
+    return node.op_type == "Pow" and p.scalar_operand(node, "Pow", 2.0, commutes=False) == d
+
+
+def _inverse_root(p: _Patterns, var: str, d: str) -> Optional[tuple[float, list[Node], Node]]:
+    """(eps, nodes, normalize) for d / sqrt(var + eps) written as Add eps -> Sqrt -> Div(d, .), Add eps -> Sqrt
+    -> Reciprocal -> Mul(d, .), or Add eps -> Pow(., -0.5) -> Mul(d, .); `normalize` is the last node."""
+    add_eps = p.only_consumer(var)
+    if add_eps is None or add_eps.op_type != "Add" or add_eps.domain or p.other_input(add_eps, var) is None:
+        return None
+    eps = p.scalar(p.other_input(add_eps, var))
+    root = p.only_consumer(add_eps.outputs[0])
+    if eps is None or eps < 0 or root is None or root.domain:
+        return None
+    if root.op_type == "Pow" and p.scalar_operand(root, "Pow", -0.5, commutes=False) == add_eps.outputs[0]:
+        inverse = [root]
+    elif root.op_type == "Sqrt":
+        after = p.only_consumer(root.outputs[0])
+        if after is not None and after.op_type == "Div" and not after.domain and after.inputs == [d, root.outputs[0]]:
+            return eps, [add_eps, root, after], after
+        if after is None or after.op_type != "Reciprocal" or after.domain:
+            return None
+        inverse = [root, after]
+    else:
+        return None
+    mul = p.only_consumer(inverse[-1].outputs[0])
+    if mul is None or mul.op_type != "Mul" or mul.domain or p.other_input(mul, inverse[-1].outputs[0]) != d:
+        return None
+    return eps, [add_eps] + inverse + [mul], mul
+
+
+def _affine_tail(p: _Patterns, normalized_tensor: str, normalized: tuple, with_bias: bool):
+    """([Mul gamma] [Add beta] nodes, gamma or None, its name, beta or None, its name) after the normalization."""
+    nodes, gamma, gamma_name, beta, beta_name = [], None, "", None, ""
+    mul = p.only_consumer(normalized_tensor)
+    scale = _layer_norm_param(p, p.other_input(mul, normalized_tensor), normalized) \
+        if mul is not None and mul.op_type == "Mul" and not mul.domain else None
+    if scale is not None:
+        gamma, gamma_name = scale, p.other_input(mul, normalized_tensor)
+        nodes.append(mul)
+        add = p.only_consumer(mul.outputs[0]) if with_bias else None
+        bias = _layer_norm_param(p, p.other_input(add, mul.outputs[0]), normalized) \
+            if add is not None and add.op_type == "Add" and not add.domain else None
+        if bias is not None:
+            beta, beta_name = bias, p.other_input(add, mul.outputs[0])
+            nodes.append(add)
+    return nodes, gamma, gamma_name, beta, beta_name
+
+
+def _normalized_shape(info, rank: Optional[int], axes: tuple) -> Optional[tuple]:
+    normalized = tuple(info.shape[rank + axes[0]:]) if rank is not None else None
+    if normalized is None or not all(dim is not None and dim > 0 for dim in normalized):
+        return None  # Scale and B need the normalized shape
+    return normalized
+
+
 def _match_layer_norm(p: _Patterns, node: Node):
-    """ReduceMean -> Sub -> Pow(2) (or Mul(d, d)) -> ReduceMean -> Add eps -> Sqrt -> Div -> [Mul gamma] ->
-    [Add beta] over trailing axes -> LayerNormalization(axis = -k, epsilon)."""
+    """ReduceMean -> Sub -> Pow(2) (or Mul(d, d)) -> ReduceMean -> Add eps -> Sqrt -> Div (or Sqrt ->
+    Reciprocal -> Mul, or Pow(-0.5) -> Mul) -> [Mul gamma] -> [Add beta] over trailing axes ->
+    LayerNormalization(axis = -k, epsilon)."""
     x = node.inputs[0] if node.inputs else ""
     info = p.graph.tensors.get(x)
     rank = len(info.shape) if info is not None and info.shape is not None else None
@@ -249,50 +376,30 @@ def _match_layer_norm(p: _Patterns, node: Node):
     if sub is None or sub.op_type != "Sub" or sub.domain or sub.inputs != [x, node.outputs[0]]:
         return None
     d = sub.outputs[0]
-    users = p.consumers.get(d, [])
-    square = next((u for u in users if u.op_type in ("Pow", "Mul") and not u.domain), None)
-    div = next((u for u in users if u.op_type == "Div" and not u.domain), None)
-    if square is None or div is None or d in p.graph.outputs or {id(u) for u in users} != {id(square), id(div)}:
-        return None
-    if not (square.inputs == [d, d] if square.op_type == "Mul" else
-            p.scalar_operand(square, "Pow", 2.0, commutes=False) == d):
+    users = list({id(u): u for u in p.consumers.get(d, [])}.values())  # Mul(d, d) reads d twice
+    square = next((u for u in users if _square_of(p, u, d)), None)
+    if square is None or d in p.graph.outputs or len(users) != 2:
         return None
     mean2 = p.only_consumer(square.outputs[0])
     if mean2 is None or _reduce_mean_axes(p, mean2, rank) != axes:
         return None
-    add_eps = p.only_consumer(mean2.outputs[0])
-    if add_eps is None or p.other_input(add_eps, mean2.outputs[0]) is None or add_eps.op_type != "Add":
+    found = _inverse_root(p, mean2.outputs[0], d)
+    if found is None or {id(u) for u in users} != {id(square), id(found[2])}:
         return None
-    eps = p.scalar(p.other_input(add_eps, mean2.outputs[0]))
-    sqrt = p.only_consumer(add_eps.outputs[0])
-    if eps is None or eps < 0 or sqrt is None or sqrt.op_type != "Sqrt" or sqrt.domain:
+    eps, inverse, last = found
+    normalized = _normalized_shape(info, rank, axes)
+    if normalized is None:
         return None
-    if p.only_consumer(sqrt.outputs[0]) is not div or div.inputs != [d, sqrt.outputs[0]]:
-        return None
-    nodes = [node, sub, square, mean2, add_eps, sqrt, div]
-    normalized = tuple(info.shape[rank + axes[0]:]) if rank is not None else None
-    if normalized is None or not all(dim is not None and dim > 0 for dim in normalized):
-        return None  # Scale and B need the normalized shape
-    gamma, gamma_name, beta, beta_name = np.ones(normalized, dtype=np.float32), f"{div.name}_scale", None, ""
-    mul = p.only_consumer(div.outputs[0])
-    scale = _layer_norm_param(p, p.other_input(mul, div.outputs[0]), normalized) \
-        if mul is not None and mul.op_type == "Mul" and not mul.domain else None
-    if scale is not None:
-        gamma, gamma_name = scale, p.other_input(mul, div.outputs[0])
-        nodes.append(mul)
-        add = p.only_consumer(mul.outputs[0])
-        bias = _layer_norm_param(p, p.other_input(add, mul.outputs[0]), normalized) \
-            if add is not None and add.op_type == "Add" and not add.domain else None
-        if bias is not None:
-            beta, beta_name = bias, p.other_input(add, mul.outputs[0])
-            nodes.append(add)
+    tail, gamma, gamma_name, beta, beta_name = _affine_tail(p, last.outputs[0], normalized, with_bias=True)
+    nodes = [node, sub, square, mean2] + inverse + tail
+    if gamma is None:
+        gamma, gamma_name = np.ones(normalized, dtype=np.float32), f"{last.name}_scale"
     if not p.free(nodes):
         return None
     inputs = [x, _constant_input(p.graph, gamma_name, gamma)]
     if beta is not None:
         inputs.append(_constant_input(p.graph, beta_name, beta))
-    last = nodes[-1]
-    return nodes, Node(last.name, "LayerNormalization", inputs, [last.outputs[0]],
+    return nodes, Node(nodes[-1].name, "LayerNormalization", inputs, [nodes[-1].outputs[0]],
                        attrs={"axis": axes[0], "epsilon": float(eps)})
 
 
@@ -300,6 +407,41 @@ def fuse_layer_norm(graph: Graph, protected: frozenset = frozenset()) -> list[Pa
     """Replace each decomposed LayerNorm (see `_match_layer_norm`) by one LayerNormalization (opset 17;
     `ops.normalization`: integer statistics, one requant)."""
     return _fuse_each(graph, protected, _match_layer_norm)
+
+
+def _match_rms_norm(p: _Patterns, node: Node):
+    """Pow(x, 2) (or Mul(x, x)) -> ReduceMean over trailing axes -> Add eps -> Sqrt -> Div(x, .) (or Sqrt ->
+    Reciprocal -> Mul(x, .), or Pow(-0.5) -> Mul(x, .)) -> [Mul gamma] -> RMSNormalization(axis = -k,
+    epsilon) (`ops.normalization`: LayerNormalization's integer kernel without the mean)."""
+    if node.domain or node.op_type not in ("Pow", "Mul") or not node.inputs:
+        return None
+    x = node.inputs[0]
+    if not _square_of(p, node, x) or x in p.graph.initializers:
+        return None
+    info = p.graph.tensors.get(x)
+    rank = len(info.shape) if info is not None and info.shape is not None else None
+    mean = p.only_consumer(node.outputs[0])
+    axes = _reduce_mean_axes(p, mean, rank)
+    if not axes:
+        return None
+    found = _inverse_root(p, mean.outputs[0], x)
+    normalized = _normalized_shape(info, rank, axes)
+    if found is None or normalized is None:
+        return None
+    eps, inverse, last = found
+    tail, gamma, gamma_name, _, _ = _affine_tail(p, last.outputs[0], normalized, with_bias=False)
+    nodes = [node, mean] + inverse + tail
+    if gamma is None:
+        gamma, gamma_name = np.ones(normalized, dtype=np.float32), f"{last.name}_scale"
+    if not p.free(nodes):
+        return None
+    return nodes, Node(nodes[-1].name, "RMSNormalization", [x, _constant_input(p.graph, gamma_name, gamma)],
+                       [nodes[-1].outputs[0]], attrs={"axis": axes[0], "epsilon": float(eps)})
+
+
+def fuse_rms_norm(graph: Graph, protected: frozenset = frozenset()) -> list[PatternFusion]:
+    """Replace each decomposed RMSNorm (see `_match_rms_norm`) by one RMSNormalization (ONNX opset 23)."""
+    return _fuse_each(graph, protected, _match_rms_norm)
 
 
 def _match_attention_scale(p: _Patterns, node: Node):
@@ -358,14 +500,34 @@ def _match_masked_softmax(p: _Patterns, node: Node):
                 and producer.op_type in ("MatMul", "ScaledMatMul"))
 
     a, b = add.inputs
-    if a in p.graph.initializers or (not is_scores(b) and b not in p.graph.initializers and is_scores(a)):
+    if a in p.graph.initializers or (is_scores(b) and not is_scores(a)):
         scores, mask = b, a
     else:
         scores, mask = a, b
     if not is_scores(scores) or not p.free([add, node]):
         return None
+    axis = _single_softmax_axis(p.graph, node)
+    if axis is None:
+        return None
     return [add, node], Node(node.name, "AddSoftmax", [scores, mask], [node.outputs[0]],
-                             attrs={"axis": int(node.attr("axis", -1))}, domain="ai.ptq")
+                             attrs={"axis": axis}, domain="ai.ptq")
+
+
+SOFTMAX_COERCED_BEFORE = 13  # Softmax before opset 13 coerces its input to 2-D at `axis` (default 1)
+
+
+def _single_softmax_axis(graph: Graph, softmax: Node) -> Optional[int]:
+    """The one axis a Softmax reduces over, as AddSoftmax takes it; None when it reduces over several. From
+    opset 13 that is `axis` (default -1). Before, the input is coerced to 2-D at `axis` (default 1) and the rows
+    span every axis from `axis` on: one axis only when `axis` is the last (known from the input's rank)."""
+    if softmax.opset >= SOFTMAX_COERCED_BEFORE:
+        return int(softmax.attr("axis", -1))
+    info = graph.tensors.get(softmax.inputs[0])
+    if info is None or info.shape is None:
+        return None
+    rank = len(info.shape)
+    axis = int(softmax.attr("axis", 1))
+    return -1 if rank and axis % rank == rank - 1 else None
 
 
 def fuse_masked_softmax(graph: Graph, protected: frozenset = frozenset()) -> list[PatternFusion]:
@@ -373,7 +535,42 @@ def fuse_masked_softmax(graph: Graph, protected: frozenset = frozenset()) -> lis
     return _fuse_each(graph, protected, _match_masked_softmax)
 
 
+MASK_MAGNITUDE = 1e4  # a constant at or below -1e4 (-1e4, -1e9, finfo(float32).min, -inf) is an additive mask
+# the ops an additive mask flows through on its way to the scores: elementwise arithmetic and data movement
+MASK_CARRIERS = frozenset({"Add", "Sub", "Mul", "Where", "Min", "Max", "Clip", "Cast", "Identity", "Neg",
+                           "Unsqueeze", "Squeeze", "Reshape", "Expand", "Transpose", "Concat", "Tile", "Slice",
+                           "Gather", "Flatten"})
+
+
+def attention_mask_tensors(graph: Graph) -> dict[str, float]:
+    """{tensor: threshold} for the float activations an additive attention mask flows into: from each scalar
+    constant at or below -MASK_MAGNITUDE (`(1 - mask) * finfo(float32).min`, `Where(mask, -inf, 0)`) forward
+    through `MASK_CARRIERS` up to the Softmax (whose probabilities carry no mask). A value at or below the
+    threshold (half the mildest mask constant) is a masked position: calibration takes those tensors' ranges
+    from the other values (`ptq.engine.float_run.collect_statistics`), so a mask never sets a range."""
+    sources = {name: float(np.asarray(value).ravel()[0]) for name, value in graph.initializers.items()
+               if np.asarray(value).size == 1 and np.issubdtype(np.asarray(value).dtype, np.floating)
+               and float(np.asarray(value).ravel()[0]) <= -MASK_MAGNITUDE}
+    if not sources:
+        return {}
+    threshold = max(sources.values()) / 2
+    consumers = graph.consumers()
+    activations = set(graph.activations)
+    flow: dict[str, float] = {}
+    pending = list(sources)
+    while pending:
+        tensor = pending.pop()
+        for node in consumers.get(tensor, []):
+            if node.domain or node.op_type not in MASK_CARRIERS:
+                continue
+            for out in node.outputs:
+                if out in activations and out not in flow:
+                    flow[out] = threshold
+                    pending.append(out)
+    return flow
+
+
 def fuse_transformer(graph: Graph, protected: frozenset = frozenset()) -> list[PatternFusion]:
-    """The transformer patterns, in order: GELU, LayerNorm, attention scale, attention mask."""
-    return (fuse_gelu(graph, protected) + fuse_layer_norm(graph, protected) + fuse_attention_scale(graph, protected)
-            + fuse_masked_softmax(graph, protected))
+    """The transformer patterns, in order: GELU, LayerNorm, RMSNorm, attention scale, attention mask."""
+    return (fuse_gelu(graph, protected) + fuse_layer_norm(graph, protected) + fuse_rms_norm(graph, protected)
+            + fuse_attention_scale(graph, protected) + fuse_masked_softmax(graph, protected))

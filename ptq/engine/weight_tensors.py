@@ -4,11 +4,13 @@ from initializers only (torch's exporter without constant folding writes a Linea
 Transpose(W) -> MatMul) is the constant the executor's `fold_static` makes of it, under the same name."""
 from __future__ import annotations
 
+from collections import ChainMap
 from typing import Iterator, Optional
 
 import numpy as np
 
 from ops.registry import weight_role
+from ptq.core.bodies import all_bodies, has_bodies
 from ptq.core.graph import Graph
 
 
@@ -37,14 +39,16 @@ def weight_tensors(graph: Graph, per_channel: bool) -> Iterator[tuple[str, np.nd
     weight of rank >= 2 whose role has one, else None (one scale for the tensor)."""
     seen = set()
     graph = with_static_weights(graph)
-    for node in graph.nodes:
+    bodies = all_bodies(graph) if any(has_bodies(n) for n in graph.nodes) else []
+    initializers = ChainMap(graph.initializers, *(b.initializers for b in bodies))
+    for node in graph.nodes + [n for b in bodies for n in b.nodes]:  # If / Loop bodies' weights too
         role = weight_role(node)
         if role is None or len(node.inputs) <= role.input_index:
             continue
         name = node.inputs[role.input_index]
-        if name in seen or name not in graph.initializers:
+        if name in seen or name not in initializers:
             continue
-        w = graph.initializers[name]
+        w = initializers[name]
         if not np.issubdtype(w.dtype, np.floating):
             continue
         seen.add(name)

@@ -28,7 +28,6 @@ from typing import Optional
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from ops import REGISTRY, get_op
@@ -120,6 +119,8 @@ def _model(case: Case, constants: dict) -> onnx.ModelProto:
 
 
 def _ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    import onnxruntime as ort  # at first use: see `ptq.parallel.workers.fork_is_safe`
+
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 
 from ops.registry import REGISTRY, OpDef, conformance_case
 from ptq.opdocs.whitepaper import SECTIONS, ops_by_section, sections_of
@@ -58,9 +57,10 @@ def _op_cells(op: OpDef, results: dict, known: dict, section_note: bool = True) 
             "; ".join(notes)]
 
 
-def render(results, known_out_of_bound: Mapping[tuple[str, str], str] = MappingProxyType({})) -> str:
-    """The document from the harness's results; `known_out_of_bound`: (domain, op) -> why, for ops reported
-    outside their bound (`ptq.opdocs.conformance.KNOWN_OUT_OF_BOUND`)."""
+def render(results, known_out_of_bound: Mapping[tuple[str, str], str]) -> str:
+    """The document from the harness's results (each op's case read from the op, `OpDef.conformance`) and its
+    `known_out_of_bound` ops ((domain, op_type) -> why: `ptq.opdocs.conformance.KNOWN_OUT_OF_BOUND`; the harness
+    imports this module, not the other way round)."""
     by_key = {(r.domain, r.op_type): r for r in results}
     table = ops_by_section()
     lines = [HEADER, "## Whitepaper chapter 4", "", _row(COLUMNS), _row(["---"] * len(COLUMNS))]

@@ -19,7 +19,7 @@ _JOBS: dict[str, tuple[ShardJob, Any]] = {}  # in a Ray worker: job key -> (job,
 
 def _import_ray():
     try:
-        import ray
+        import ray  # an optional dependency (ptq[ray]), imported when --ray is given
     except ImportError as exc:
         raise ValueError("--ray needs Ray: pip install 'ptq[ray]'") from exc
     return ray

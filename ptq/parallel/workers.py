@@ -33,6 +33,7 @@ about 3 s of CPU for imports, the model and the compiled kernels, is the work of
 """
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import multiprocessing
@@ -41,14 +42,19 @@ import pickle
 import signal
 import sys
 import threading
+import warnings
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Protocol, Sequence, Union
 
+from threadpoolctl import threadpool_info, threadpool_limits
+
 from ptq.data.image_log import ImageLog
 from ptq.engine.threads import usable_cores
+from ptq.data.image_log import ImageLog
+from ptq.core.notes import Note
 
 DEFAULT_POOL_RESTARTS = 3
 # small shards balance the load (the run ends when the last shard does) and re-run little after a crash; a
@@ -215,9 +221,9 @@ def ship_model(model) -> ShippedModel:
 def load_shipped_model(model: ShippedModel, input_shapes: Optional[dict]):
     """In a worker: the `ptq.core.graph.Graph` of a shipped model (onnx is loaded here, not at import, which
     the command line pays for)."""
-    import onnx
+    import onnx  # the command line's parser imports this module (--workers): onnx is loaded at first use
 
-    from ptq.core.graph import load_model
+    from ptq.core.graph import load_model  # it imports numpy and onnx: as above
 
     return load_model(model if isinstance(model, str) else onnx.load_from_string(model), input_shapes)
 
@@ -267,8 +273,6 @@ def _init_worker(job: Union[bytes, "ShardJob"]) -> None:
     if isinstance(job, bytes):
         job = pickle.loads(job)
     else:  # forked: numpy was loaded in the driver, before the environment asked for one BLAS thread
-        from threadpoolctl import threadpool_limits
-
         threadpool_limits(int(os.environ["OPENBLAS_NUM_THREADS"]), user_api="blas")
     _WORKER["job"] = job
     _WORKER["context"] = job.setup()
@@ -286,8 +290,6 @@ def fork_is_safe() -> bool:
         return False
     if "numpy" not in sys.modules:
         return True
-    from threadpoolctl import threadpool_info
-
     return all(lib["num_threads"] == 1 or (lib["internal_api"] == "openblas" and lib["threading_layer"] == "pthreads")
                for lib in threadpool_info())
 
@@ -318,7 +320,11 @@ class LocalPool:
         self.methods: list[str] = []  # how each pool of this run started its workers ('fork' or 'spawn')
 
     def __enter__(self) -> "LocalPool":
-        self._executor()
+        try:
+            self._executor()
+        except BaseException:  # Ctrl-C comes when the start unblocks it: `__exit__` will not run, stop them here
+            self._close(abort=True)
+            raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -335,9 +341,14 @@ class LocalPool:
                 self.pool.submit(os.getpid)
         return self.pool
 
-    def _close(self, abort: bool, join: bool = False) -> None:
-        """`abort`: do not wait for the running shards; `join`: wait for the pool's own thread to end (a broken
-        pool's ends at once), so that this driver may fork the next pool."""
+    def _close(self, abort: bool) -> None:
+        """`abort`: do not wait for the running shards (terminate the workers), but wait for the pool's own
+        thread to end, which it does at once once the workers are gone. That thread closes the pool's wake-up
+        pipe as it ends: left running, it races the interpreter's exit, whose hook writes to that pipe
+        (`concurrent.futures.process._python_exit` checks that the pipe is open, then writes without the
+        pool's lock), and a Ctrl-C ended with a traceback after `interrupted` ("Bad file descriptor", or
+        "'NoneType' object cannot be interpreted as an integer" once the connection dropped its handle).
+        Joined, it also lets this driver fork the next pool after a crash."""
         if self.pool is None:
             return
         if abort:  # interrupted or failed: do not wait for the running shards
@@ -346,7 +357,7 @@ class LocalPool:
             self.pool.shutdown(wait=False, cancel_futures=True)
             for process in processes:
                 process.terminate()
-            if join and manager is not None:
+            if manager is not None:
                 manager.join()
         else:
             self.pool.shutdown(wait=True)  # quick: a worker skips its interpreter's teardown (`_leave_now`)
@@ -373,26 +384,22 @@ class LocalPool:
                     pending.discard(futures[future])
                     yield items[futures[future]], result
             if broken:
-                self._close(abort=True, join=True)
+                self._close(abort=True)
                 self.crashes += 1
                 if self.crashes > self.restarts:
                     raise RuntimeError(f"worker processes died {self.crashes} times; giving up")
 
 
-def make_runner(job: ShardJob, workers: int, ray: Optional[str] = None):
-    """A `LocalPool`, or with `ray` ('auto', an address, or 'local' for a cluster in this process) a
-    `RayPool`; both are context managers."""
-    if ray is not None:
-        from ptq.parallel.ray_backend import RayPool
-
-        return RayPool(job, ray)
-    return LocalPool(job, workers)
 
 
 def choose_workers(requested: Optional[int], images: int) -> int:
     """`requested` when given (--workers N); else the usable cores, but no more than one worker per
     MIN_IMAGES_PER_WORKER images (at least 1): below that a worker's start-up costs more than it saves."""
     if requested is not None:
+        if requested > 1 and images < requested * MIN_IMAGES_PER_WORKER:
+            warnings.warn(f"--workers {requested} on {images} samples: a worker's start-up is the work of 20-60 "
+                          f"samples, so one process is likely faster below {requested * MIN_IMAGES_PER_WORKER} "
+                          f"(without --workers ptq starts one per {MIN_IMAGES_PER_WORKER} samples)", Note)
         return requested
     return max(1, min(usable_cores(), images // MIN_IMAGES_PER_WORKER))
 
@@ -409,8 +416,6 @@ def add_parallel_arguments(parser) -> None:
 
 
 def positive_workers(text: str) -> int:
-    import argparse
-
     try:
         value = int(text)
     except ValueError:

@@ -4,6 +4,9 @@ QDQ groups fused into integer kernels, which is what a user deploying the model 
 
     cosine = mean over samples and graph outputs of cos(float output, QDQ output)
 
+(an index or boolean output, ArgMax tags or a mask, counts by the fraction of its values equal to float's: the
+cosine of two index vectors says nothing).
+
 The two figures should agree: a gap above `TOLERANCE` means the fused kernels of this machine do not compute
 what the QDQ graph describes (see docs/qdq_targets.md).
 """
@@ -16,6 +19,9 @@ import numpy as np
 import onnx
 
 from ptq.engine.threads import session_options
+
+# imports inside functions: onnxruntime, where a session is made: its import starts a thread, and a process
+# that has loaded it no longer forks workers (`ptq.parallel.workers.fork_is_safe`)
 
 CHECK_SAMPLES = 8  # calibration samples the check runs: enough to see a kernel's saturation, cheap
 TOLERANCE = 0.002
@@ -76,6 +82,8 @@ def _session(model: onnx.ModelProto, optimize: bool):
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    if not np.issubdtype(np.asarray(a).dtype, np.floating):  # indices, booleans: agreement (module docstring)
+        return float(np.mean(np.asarray(a) == np.asarray(b))) if np.size(a) else 1.0
     a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
     norm = np.linalg.norm(a) * np.linalg.norm(b)
     return float(a @ b / norm) if norm > 0 else float(np.array_equal(a, b))

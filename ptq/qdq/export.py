@@ -12,6 +12,11 @@
   constant added after such a layer is folded into its bias first, as the integer executor does
   (`ptq.engine.bias_add_fold`): the exported layer has the int32 bias and writes the Add's tensor, the Add is gone.
 
+Fused patterns: the internal tensors of a transformer pattern the integer graph runs as one op (a written-out
+GELU's Tanh input, a LayerNorm's variance, the masked scores of an AddSoftmax: `ptq.engine.executor.
+pattern_internal_tensors`) get no Q/DQ pair: onnxruntime computes the pattern in float between the Q/DQ of its
+input and of its output, as the integer op does in integers (a mask added to the scores keeps its meaning).
+
 Float layers: a tensor the table marks float (`"float": true`) has the layer computing it run in float by the
 integer executor: the nodes `ptq.engine.executor.table_float_nodes` names (its producer plus the BatchNormalization
 and Relu/Clip the rewrites would fuse into it), each dequantizing its inputs, computing in float with the
@@ -55,9 +60,10 @@ import onnx
 from onnx import helper, numpy_helper, version_converter
 
 from ptq.engine.bias_add_fold import fold_bias_adds
+from ptq.core.bodies import body_activations, body_weights
 from ptq.core.graph import Graph, ModelError
 from ptq.engine.rewrites import copy_graph
-from ptq.engine.executor import table_float_nodes
+from ptq.engine.executor import pattern_internal_tensors, table_float_nodes
 from ptq.core.qparams import QParams
 from ptq.table.quant_table import QuantTable
 from ops.registry import bias_role, bias_slot, weight_role
@@ -103,6 +109,7 @@ class _Builder:
         self.uses_ms_domain = False
         self.chains: dict[str, tuple[str, QParams]] = {}  # output of a Q/DQ chain -> (its codes, their storage)
         self.reread: set[str] = set()  # chain outputs float layers read through their own DQ instead
+        self.chain_dequantize: dict[str, onnx.NodeProto] = {}  # output of a Q/DQ chain -> the chain's DQ node
 
     def name(self, base: str) -> str:
         candidate, k = base, 1
@@ -150,7 +157,8 @@ class _Builder:
         axis = {} if stored.axis is None else {"axis": int(stored.axis)}
         nodes.append(helper.make_node("QuantizeLinear", [x, scale, zp], [quantized],
                                       name=self.name(f"{out}_QuantizeLinear"), domain=self.domain(stored.dtype), **axis))
-        nodes.append(self.dequantize(quantized, scale, zp, out, stored.dtype, stored.axis))
+        self.chain_dequantize[out] = self.dequantize(quantized, scale, zp, out, stored.dtype, stored.axis)
+        nodes.append(self.chain_dequantize[out])
         self.chains[out] = (quantized, stored)
         return nodes
 
@@ -248,8 +256,10 @@ def _named(names: list[str], limit: int = 3) -> str:
 def check_table_matches(graph: Graph, table: QuantTable) -> None:
     """A one-line ModelError unless `table` describes `graph`: every tensor it names is one of the model's,
     of the same kind (activation or weight), and every activation of the model has an entry."""
-    activations = set(graph.activations)
-    unknown = [n for n in table.tensors if n not in graph.tensors]
+    inner = set(body_activations(graph))  # the float tensors of If / Loop bodies
+    activations = set(graph.activations) | inner
+    unknown = [n for n in table.tensors if n not in graph.tensors and n not in inner
+               and not (table.tensors[n].kind == "weight" and n in body_weights(graph))]
     wrong = [n for n, e in table.tensors.items() if n in graph.tensors
              and (n not in activations if e.kind == "activation" else n not in graph.constants)]
     missing = [n for n in graph.activations if n not in table.tensors]
@@ -265,11 +275,12 @@ def check_table_matches(graph: Graph, table: QuantTable) -> None:
                          f"no entry ({_named(missing)}); {hint}")
 
 
-def _without_unread_dequantize(nodes: list[onnx.NodeProto], reread: set[str], outputs: set[str]) -> list:
-    """The nodes but the DequantizeLinear of a tensor in `reread` that nothing reads any more (only float
-    layers read it, through their own DQ)."""
+def _without_unread_dequantize(nodes: list[onnx.NodeProto], b: _Builder, outputs: set[str]) -> list:
+    """The nodes but the chain DequantizeLinear of a tensor in `b.reread` that nothing reads any more (only
+    float layers read it, through their own DQ)."""
     read = {name for node in nodes for name in node.input} | outputs
-    return [n for n in nodes if not (n.op_type == "DequantizeLinear" and n.output[0] in reread - read)]
+    unread = {id(b.chain_dequantize[tensor]) for tensor in b.reread - read}
+    return [n for n in nodes if id(n) not in unread]
 
 
 def _with_bias_adds_folded(graph: Graph, protected: Container[str]) -> Graph:
@@ -328,10 +339,11 @@ def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = 
     weight_nodes, replaced = _quantize_weights(graph, table, b, initializers, target, float_nodes)
     float_copies: dict[str, str] = {}
 
+    fused = pattern_internal_tensors(graph, table)
     activations = {
         name: table.tensors[name].qparams
         for name in graph.activations
-        if name in table.tensors and table.tensors[name].kind == "activation"
+        if name in table.tensors and table.tensors[name].kind == "activation" and name not in fused
     }
     for name, qp in activations.items():
         if graph.tensors[name].dtype != np.float32:
@@ -377,7 +389,7 @@ def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = 
     del model.graph.input[:]
     model.graph.input.extend(graph_inputs)
     del model.graph.node[:]
-    model.graph.node.extend(_without_unread_dequantize(head + body, b.reread, {o.name for o in model.graph.output}))
+    model.graph.node.extend(_without_unread_dequantize(head + body, b, {o.name for o in model.graph.output}))
     if b.uses_ms_domain and not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     try:

@@ -8,11 +8,11 @@ both give the same table.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Optional
 
 import numpy as np
 
+from ptq.core.names import did_you_mean
 from ptq.table.quant_table import QuantTable, TensorEntry, entry_from_dict
 
 
@@ -20,9 +20,7 @@ def table_entry(table: QuantTable, name: str) -> TensorEntry:
     """The entry of `name`; a ValueError naming the closest tensor names when there is none."""
     entry = table.tensors.get(name)
     if entry is None:
-        close = difflib.get_close_matches(name, list(table.tensors), n=3)
-        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        raise ValueError(f"tensor {name!r} is not in the quant table{hint}")
+        raise ValueError(f"tensor {name!r} is not in the quant table{did_you_mean(name, table.tensors)}")
     return entry
 
 

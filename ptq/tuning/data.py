@@ -40,13 +40,16 @@ the same float; without one they are computed here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Protocol, Sequence, Union
+from typing import Iterator, Optional, Protocol, Sequence, Union
 
 import numpy as np
+from tqdm import tqdm
 
+from calibrators import required_stats
+from ptq.core.bodies import calibrated_tensors
 from ptq.core.graph import Graph
 from ptq.engine.executor import IntegerGraph, prepare
-from ptq.engine.float_run import FloatRunner
+from ptq.engine.float_run import FloatRunner, collect_statistics
 from ptq.table.quant_table import QuantTable
 from ptq.data.images import decode_image, preprocess_array
 from ptq.data.samples import ImageFormat
@@ -54,6 +57,23 @@ from ptq.data.views import views as photo_views
 from ptq.data.image_source import ArraySamples, ImageSet
 
 Samples = Union[ImageSet, ArraySamples]
+
+
+@dataclass(frozen=True)
+class FitSamples:
+    """The fit samples as calibration steps read them (`ptq.calibration.steps.SampleSupply`), one at a time."""
+
+    samples: Samples
+
+    def batches(self, graph: Graph, batch_size: int) -> Iterator[dict]:
+        return (x for _, x, _ in self.samples.samples(graph))
+
+
+def fit_statistics(graph: Graph, samples: Samples, calibrators: Sequence[str]) -> dict:
+    """Activation statistics of `graph` over the fit samples, for every calibrator listed (what the range
+    statistics step of calibration collects, over the fit samples one at a time)."""
+    return collect_statistics(graph, FitSamples(samples).batches(graph, 1), calibrated_tensors(graph),
+                              required_stats(calibrators))
 
 
 def split_samples(samples: Samples, fraction: float) -> tuple[Samples, Samples]:
@@ -143,8 +163,6 @@ class Validation:
 
     def run(self, prepared: IntegerGraph, output: str, samples: Sequence[int]) -> list[float]:
         """The cosines of the listed samples (by index) through `prepared`, whose `output` is compared."""
-        from tqdm import tqdm
-
         values = []
         for k in tqdm(samples, unit="img", desc="tune", disable=None if self.progress else True, leave=False):
             y = prepared.run(self.inputs[k], keep_all=False).outputs[output].astype(np.float64).ravel()

@@ -3,7 +3,7 @@ one-process result bit for bit (`ptq.parallel.workers`).
 
 What goes out (the rest of the tuner runs in the driver):
 
-- the statistics of the range candidates over the fit images (`ptq.tuning.tuner.fit_statistics`): shards of
+- the statistics of the range candidates over the fit images (`ptq.tuning.data.fit_statistics`): shards of
   batches of one sample, collected as `ptq calibrate --workers` collects them
   (`ptq.calibration.shards.CalibrationJob`) and merged in shard order;
 - the bottleneck ranking's `evaluate` over the fit images (`reports.evaluate_shards.evaluate_on`);
@@ -27,19 +27,23 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
+from calibrators import required_stats
+from ptq.calibration.adjustments import with_initializers
 from ptq.calibration.shards import CalibrationJob, WorkerContext, merge_statistics
 from ptq.core.graph import Graph, load_model
 from ptq.engine.executor import IntegerGraph, prepare
 from ptq.engine.float_run import FloatRunner
 from ptq.data.images import ImageLog
+from ptq.parallel.runners import make_runner
 from ptq.parallel.workers import (
-    CallRunner, ShardResult, ShippedModel, load_shipped_model, make_runner, run_sharded, shard_batches_for,
+    CallRunner, ShardResult, ShippedModel, load_shipped_model, run_sharded, shard_batches_for,
     ship_model,
 )
 from ptq.table.quant_table import QuantTable
 from ptq.data.samples import SampleFormat
-from ptq.tuning.data import Samples, Validation
+from ptq.tuning.data import Samples, Validation, fit_statistics
 from reports.evaluate import evaluate
 from reports.evaluate_shards import EvaluateCall, ReportContext, ReportJob, evaluate_on
 from reports.evaluation import Evaluation
@@ -127,8 +131,6 @@ class TuneContext:
         if version.digest in self.graphs:  # the most recently used last
             self.graphs[version.digest] = self.graphs.pop(version.digest)
         else:
-            from ptq.calibration.adjustments import with_initializers
-
             base = self.graphs[""]
             self.graphs[version.digest] = load_model(with_initializers(base.model, dict(version.initializers)),
                                                      input_shapes)
@@ -211,8 +213,6 @@ class TunePool:
 
     def cosines(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str] = ()) -> list[float]:
         """`Validation.cosines`, one item per sample, in sample order."""
-        from tqdm import tqdm
-
         call = ScoreCall(self.version(graph), uuid.uuid4().hex, table, tuple(float_nodes))
         values: dict[int, float] = {}
         with tqdm(total=self.samples, unit="img", desc="tune", disable=None if self.progress else True,
@@ -223,10 +223,7 @@ class TunePool:
         return [values[k] for k in range(self.samples)]
 
     def statistics(self, graph: Graph, fit: Samples, calibrators: Sequence[str]) -> dict:
-        """`ptq.tuning.tuner.fit_statistics`."""
-        from calibrators import required_stats
-        from ptq.tuning.tuner import fit_statistics
-
+        """`ptq.tuning.data.fit_statistics`."""
         if not self._on_files(fit):
             return fit_statistics(graph, fit, calibrators)
         call = StatisticsCall(self.version(graph), frozenset(required_stats(calibrators)))

@@ -53,17 +53,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ops.registry import channel_groups, layer_kind
+from ptq.adjust.bias_correction import CORRECTED_LAYERS, mean_patches, recorrected_biases
 from ptq.calibration.adjustments import with_initializers
 from ptq.core.graph import Graph, load_model
+from ptq.core.roles import LayerKind
+from ptq.engine.fused_layers import fused_output
 from ptq.engine.executor import prepare
 from ptq.qdq.check import QDQCheck
 from ptq.qdq.output import summary_lines
 from ptq.table.quant_table import QuantTable
+from ptq.calibration.entries import activation_entries, weight_entries
 from ptq.calibration.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
-from ptq.calibration.range_search import candidate_entries, search_ranges
+from ptq.calibration.steps import CalibrationState, RangeSearch
 from ptq.table.edit import with_float
 from ptq.tuning.defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
-from ptq.tuning.data import Samples, Score, Validation, split_samples
+from ptq.tuning.data import FitSamples, Samples, Score, Validation, fit_statistics, split_samples
+from ptq.tuning.shards import TunePool
 from ptq.engine.weight_scale_floor import floor_weight_scales
 from reports.build import build_report
 from reports.evaluate import evaluate
@@ -92,6 +98,25 @@ class TuneStep:
 
 @dataclass
 class TuneResult:
+    """`ptq.tune`: the tuned table, the validation score before and after, and every step tried.
+
+    Attributes:
+        table: the tuned quantization table.
+        baseline: the starting table's validation score (mean cosine and its standard error).
+        score: the tuned table's validation score.
+        target: the target cosine (`target_cosine`), reached when `score`'s mean minus `z` standard errors is at
+            least target + margin.
+        steps: every step tried, kept or dropped, with its validation cosine and gain.
+        int16_tensors: the tensors the tuned table holds in 16 bits.
+        float_nodes: the nodes it runs in float.
+        table_path: where the tuned table was written.
+        record_path: where `<stem>.tune.json` (the steps) was written.
+        qdq_path: where the tuned table's QDQ model was written.
+        qdq_check: its onnxruntime check (None: not run).
+        cosine: the tuned validation cosine (`score`'s mean).
+        reached: whether the target was reached.
+    """
+
     table: QuantTable
     graph: Graph  # the graph the table runs with (biases re-corrected when weight grids changed)
     baseline: Score
@@ -148,8 +173,6 @@ class TuneResult:
 
 def per_channel_weights(graph: Graph, table: QuantTable) -> QuantTable:
     """The table with every weight recalibrated per output channel (activations untouched)."""
-    from ptq.calibration.pipeline import weight_entries
-
     options = dataclasses.replace(table.options, per_channel=True)
     tensors = dict(table.tensors)
     tensors.update(weight_entries(graph, options))
@@ -159,8 +182,6 @@ def per_channel_weights(graph: Graph, table: QuantTable) -> QuantTable:
 
 def recalibrated(graph: Graph, table: QuantTable, stats, calibrator: str) -> QuantTable:
     """The table with every activation's range from `calibrator` on `stats` (16-bit tensors stay 16-bit)."""
-    from ptq.calibration.pipeline import activation_entries
-
     options = dataclasses.replace(table.options, calibrator=calibrator)
     entries = activation_entries(graph, stats, options)
     tensors = dict(table.tensors)
@@ -169,15 +190,6 @@ def recalibrated(graph: Graph, table: QuantTable, stats, calibrator: str) -> Qua
     result = with_bits(dataclasses.replace(table, tensors=tensors), wide, 16) if wide else \
         dataclasses.replace(table, tensors=tensors)
     return with_float(result, table.float_tensors())
-
-
-def fit_statistics(graph: Graph, samples: Samples, calibrators: Sequence[str]) -> dict:
-    """Activation statistics of `graph` over the fit samples, for every calibrator listed."""
-    from calibrators import required_stats
-    from ptq.engine.float_run import collect_statistics
-
-    batches = (x for _, x, _ in samples.samples(graph))
-    return collect_statistics(graph, batches, graph.activations, required_stats(calibrators))
 
 
 class InProcess:
@@ -200,36 +212,26 @@ def sample_passes(graph: Graph, table: QuantTable, fit: Samples, validation: Val
     whose workers serve every pass (`ptq.tuning.shards.TunePool`)."""
     if workers == 1 and ray is None:
         return contextlib.nullcontext(InProcess())
-    from ptq.tuning.shards import TunePool
-
     return TunePool(graph, fit, validation, table.options.input_shapes, workers=workers, ray=ray)
 
 
 def searched_table(state: _State, stats: dict, fit: Samples) -> QuantTable:
-    """The table with each 8-bit activation's range from the per-tensor search (`ptq.calibration.range_search`) on the fit
-    samples."""
-    candidates = candidate_entries(state.graph, stats, state.table.options)
-    chosen, _ = search_ranges(state.graph, candidates, (x for _, x, _ in fit.samples(state.graph)))
-    tensors = dict(state.table.tensors)
-    tensors.update({n: e for n, e in chosen.items() if tensors[n].qparams.bits == state.table.options.bits})
-    return dataclasses.replace(state.table, tensors=tensors)
+    """The table with each 8-bit activation's range from calibration's range search step
+    (`ptq.calibration.steps.RangeSearch`) on the fit samples."""
+    searched = RangeSearch().apply(CalibrationState(state.graph, state.table.options, FitSamples(fit),
+                                                    table=state.table, statistics=stats))
+    return searched.table
 
 
 def _depthwise(graph: Graph) -> list:
-    return [n for n in graph.nodes if n.op_type == "Conv" and int(n.attr("group", 1)) > 1]
+    """The grouped convolutions (group > 1: depthwise on the models ptq meets)."""
+    return [n for n in graph.nodes if layer_kind(n) is LayerKind.CONVOLUTION and channel_groups(n) > 1]
 
 
 def depthwise_outputs(graph: Graph) -> list[str]:
-    """The tensors the depthwise Convs write once fused: through a single-consumer Relu/Clip to its output."""
+    """The tensors the depthwise Convs write once fused (`ptq.engine.fused_layers.fused_output`)."""
     consumers = graph.consumers()
-    out = []
-    for node in _depthwise(graph):
-        name = node.outputs[0]
-        users = consumers.get(name, [])
-        if len(users) == 1 and users[0].op_type in ("Relu", "Clip") and name not in graph.outputs:
-            name = users[0].outputs[0]
-        out.append(name)
-    return out
+    return [fused_output(graph, node, consumers) for node in _depthwise(graph)]
 
 
 def depthwise_weights(graph: Graph) -> list[str]:
@@ -238,8 +240,6 @@ def depthwise_weights(graph: Graph) -> list[str]:
 
 def with_weight_bits(graph: Graph, table: QuantTable, weights: Sequence[str], bits: int) -> QuantTable:
     """The table with the listed weights recalibrated at `bits` (same calibrator, granularity, symmetry)."""
-    from ptq.calibration.pipeline import weight_entries
-
     options = dataclasses.replace(table.options, weight_bits=bits)
     entries = weight_entries(graph, options)
     tensors = dict(table.tensors)
@@ -252,8 +252,6 @@ def wide_activations(graph: Graph, table: QuantTable, stats: dict, names: Sequen
     """The table with the listed activations at `bits` on their extrema range over `stats`: a range fitted to
     clip for 8 bits (mse, kld, the search) would keep its clipping error at 16 bits, where rounding costs
     256 times less and clipping values no fit image reached is the only error left."""
-    from ptq.calibration.pipeline import activation_entries
-
     options = dataclasses.replace(table.options, calibrator="extrema")
     entries = activation_entries(graph, stats, options)
     tensors = dict(table.tensors)
@@ -262,19 +260,14 @@ def wide_activations(graph: Graph, table: QuantTable, stats: dict, names: Sequen
 
 
 def layer_outputs(graph: Graph) -> dict[str, str]:
-    """Weight -> the tensor its layer writes once fused (through a single-consumer Relu/Clip), the name the
+    """Weight -> the tensor its layer writes once fused (`ptq.engine.fused_layers.fused_output`), the name the
     bottleneck ranking gives the layer."""
     consumers = graph.consumers()
     out = {}
     for node in graph.nodes:
         for w in node.inputs[1:2]:
-            if w not in graph.initializers:
-                continue
-            name = node.outputs[0]
-            users = consumers.get(name, [])
-            if len(users) == 1 and users[0].op_type in ("Relu", "Clip") and name not in graph.outputs:
-                name = users[0].outputs[0]
-            out[w] = name
+            if w in graph.initializers:
+                out[w] = fused_output(graph, node, consumers)
     return out
 
 
@@ -342,11 +335,9 @@ class _Tuner:
         """The current graph, its biases re-corrected for `weights` moving to `table`'s grids."""
         if not weights or not self.original.options.bias_correction:
             return self.state.graph
-        from ptq.adjust.bias_correction import mean_patches, recorrected_biases
-
         graph = self.state.graph
         if self._patches is None:  # the layers' mean input patches on the fit samples, once
-            layers = [n for n in graph.nodes if n.op_type in ("Conv", "Gemm") and len(n.inputs) > 1
+            layers = [n for n in graph.nodes if layer_kind(n) in CORRECTED_LAYERS and len(n.inputs) > 1
                       and n.inputs[1] in self.original.tensors]
             self._patches = mean_patches(graph, layers, (x for _, x, _ in self.fit.samples(graph)))
         biases = recorrected_biases(graph, self.state.table, table, weights, self._patches)

@@ -150,3 +150,26 @@ FLOAT_CASES = [
 @pytest.mark.parametrize("op_type, attrs, input_shapes, const_shapes", FLOAT_CASES)
 def test_forward_float_matches_onnxruntime(op_type, attrs, input_shapes, const_shapes):
     assert_forward_float_matches_onnxruntime(op_type, attrs, input_shapes, const_shapes)
+
+
+@covers("Mul", check=Check.INT_REFERENCE)
+@pytest.mark.parametrize("factor", [-3.4028234663852886e+38, -1e9, 3e6])
+def test_mul_by_a_factor_beyond_the_multiplier_saturates(factor):
+    """(1 - mask) * finfo.min onto a [-1e4, 0] grid: s_a s_b / s_y ~ 1e34, no 15-bit multiplier (before: a
+    QuantizationError, the node in float). Every nonzero product saturates to the end of the grid it points
+    to, zero stays zero: the docstring's clip-and-shift formula, and the float product clamped to the grid."""
+    a_qp = compute_qparams(0.0, 1.0, 8, symmetric=False, signed=False)
+    lo, hi = (-1e4, 0.0) if factor < 0 else (0.0, 1e4)
+    y_qp = compute_qparams(lo, hi, 8, symmetric=False)
+    node = Node("m", "Mul", ["a", "c"], ["y"])
+    op = get_op("Mul")
+    q = op.quantize(context(node, [a_qp, None], [y_qp], {1: np.float32(factor)}))
+    a_q = np.arange(256, dtype=np.uint8)
+    y = op.forward_int(q, [a_q, None], runtime())[0]
+    c_codes = q.constant_codes[1].astype(np.int64) - int(q.in_qparams[1].zero_point[0])
+    product = [int(v) * int(c_codes.ravel()[0]) * int(q.m[0]) for v in a_q.astype(np.int64)]
+    reference = [min(max((max(-(1 << 17), min(1 << 17, p)) << q.left_shift) + int(y_qp.zero_point[0]), y_qp.qmin),
+                     y_qp.qmax) for p in product]
+    np.testing.assert_array_equal(y, reference)
+    want = y_qp.quantize(np.clip(a_qp.dequantize(a_q).astype(np.float64) * factor, *y_qp.real_range()))
+    np.testing.assert_array_equal(y, want)

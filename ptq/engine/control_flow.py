@@ -1,0 +1,131 @@
+"""If in integers: each branch is a graph of its own, quantized and run by the same executor (integer where its
+nodes can be, visible float where not), on the codes of the outer tensors it reads.
+
+Calibration gives every branch tensor a table entry (`ptq.engine.body_float`). At run time the condition (a bool,
+computed exactly: an index output) picks the branch; the branch's outputs leave on the qparams its last ops
+decided and are brought to the If outputs' own qparams (calibrated over both branches) with one integer
+requant each:
+
+    y_q = clamp(((b_q - zp_b) * M + 2^(N-1)) >> N) + zp_y),   M / 2^N ~= s_b / s_y   (identity when equal)
+
+LSB bound of that step vs the branch output: 0.5 + |y_c| 2^-(mbits-1). A branch that no calibration sample
+took has no table entries: the If then runs in float, with that reason.
+
+Loop in integers: the body is one integer graph run once per iteration. Its carried float inputs have table
+entries calibrated over every iteration, so each carried value lives on that grid between iterations: the
+initial value is requantized onto it, each iteration's carried output too (the same requant as above), the
+last one onto the Loop output's grid; scan outputs are requantized to theirs and stacked. The trip count and
+the condition are integers computed exactly. Scan nodes run in float (visible).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import numpy as np
+
+from ops.base import multiplier
+from ops.registry import IntRuntime, QuantizationError
+from ptq.core.qparams import QParams
+from ptq.core.requant import requantize
+
+if TYPE_CHECKING:
+    from ptq.engine.executor import FloatNode, IntegerGraph
+
+
+@dataclass
+class BranchOutput:
+    """How one branch output reaches the If output: its qparams there, and the requant (None: same grid)."""
+
+    source: Optional[QParams]  # None: a non-float output, passed on as it is
+    target: Optional[QParams]
+    ratio: Optional[tuple[int, int]]
+
+
+@dataclass
+class IfStep:
+    """An If node run in integers: the two branches prepared as integer graphs."""
+
+    then_branch: "IntegerGraph"
+    else_branch: "IntegerGraph"
+    then_outputs: list[BranchOutput]
+    else_outputs: list[BranchOutput]
+
+    def run(self, inputs: list[str], args: list, runtime: IntRuntime) -> list[np.ndarray]:
+        """`args` align with the If node's `all_inputs` (`inputs`): the condition, then the outer tensors."""
+        cond = bool(np.asarray(args[0]).reshape(-1)[0])
+        branch, outputs = (self.then_branch, self.then_outputs) if cond else (self.else_branch, self.else_outputs)
+        values = branch.run_values(dict(zip(inputs, args)), runtime)
+        return [_to_target(values[name], out) for name, out in zip(branch.graph.outputs, outputs)]
+
+    def float_nodes(self) -> list["FloatNode"]:
+        return self.then_branch.float_nodes + self.else_branch.float_nodes
+
+
+def _to_target(codes: np.ndarray, out: BranchOutput) -> np.ndarray:
+    if out.ratio is None:
+        return codes
+    src, dst = out.source, out.target
+    m, n = out.ratio
+    centered = np.asarray(codes).astype(np.int64) - int(src.zero_point[0])
+    return requantize(centered, m, n, dst.zero_point[0], dst.qmin, dst.qmax, dtype=dst.dtype)
+
+
+def branch_output(source: Optional[QParams], target: Optional[QParams], mbits: int, name: str) -> BranchOutput:
+    """The requant of a branch output `name` from its qparams to the If output's."""
+    if source is None or target is None:
+        if source is not target:
+            raise QuantizationError(f"branch output {name!r} is quantized on one side only")
+        return BranchOutput(None, None, None)
+    if source.per_channel or target.per_channel:
+        raise QuantizationError(f"branch output {name!r} must be quantized per tensor")
+    if source == target:
+        return BranchOutput(source, target, None)
+    m, n = multiplier(float(source.scale[0]) / float(target.scale[0]), mbits, "s_branch / s_if")
+    return BranchOutput(source, target, (int(m[0]), int(n[0])))
+
+
+@dataclass
+class LoopStep:
+    """A Loop node run in integers: its body prepared as an integer graph, the requants between grids."""
+
+    body: "IntegerGraph"
+    explicit: int  # the Loop node's own inputs (trip count, condition, initial values); outer tensors follow
+    initial_codes: list[Optional[np.ndarray]]  # a constant initial value's codes on its carried grid
+    into_body: list[BranchOutput]  # initial value -> carried input grid
+    around: list[BranchOutput]  # carried output -> carried input grid (the next iteration)
+    final_from_body: list[BranchOutput]  # last carried output -> Loop output grid
+    final_from_initial: list[BranchOutput]  # initial value -> Loop output grid (no iteration ran)
+    scans: list[BranchOutput]  # scan output of an iteration -> the Loop's scan output grid
+
+    def run(self, inputs: list[str], args: list, runtime: IntRuntime) -> list[np.ndarray]:
+        """`args` align with the Loop node's `all_inputs` (`inputs`)."""
+        outer = dict(zip(inputs[self.explicit:], args[self.explicit:]))
+        limit = None if args[0] is None else int(np.asarray(args[0]).reshape(-1)[0])
+        cond = True if len(args) < 2 or args[1] is None else bool(np.asarray(args[1]).reshape(-1)[0])
+        initial = [codes if codes is not None else arg
+                   for codes, arg in zip(self.initial_codes, args[2:self.explicit])]
+        carried = [_to_target(v, route) for v, route in zip(initial, self.into_body)]
+        names_in, names_out = self.body.graph.inputs, self.body.graph.outputs
+        count = len(carried)
+        last: Optional[list[np.ndarray]] = None
+        scanned: list[list[np.ndarray]] = [[] for _ in self.scans]
+        step = 0
+        while cond and (limit is None or step < limit):
+            feeds = dict(outer)
+            feeds.update(zip(names_in, [np.array(step, np.int64), np.array(cond)] + carried))
+            values = self.body.run_values(feeds, runtime)
+            cond = bool(np.asarray(values[names_out[0]]).reshape(-1)[0])
+            last = [values[n] for n in names_out[1:1 + count]]
+            carried = [_to_target(v, route) for v, route in zip(last, self.around)]
+            for parts, name, route in zip(scanned, names_out[1 + count:], self.scans):
+                parts.append(_to_target(values[name], route))
+            step += 1
+        finals = [_to_target(v, r) for v, r in zip(last, self.final_from_body)] if last is not None else \
+            [_to_target(v, r) for v, r in zip(initial, self.final_from_initial)]
+        stacked = [np.stack(parts) if parts else np.zeros((0,), dtype=r.target.dtype if r.target else np.float32)
+                   for parts, r in zip(scanned, self.scans)]
+        return finals + stacked
+
+    def float_nodes(self) -> list["FloatNode"]:
+        return self.body.float_nodes
