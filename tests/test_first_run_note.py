@@ -6,8 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tiny_models import write_tiny_case
 
 REPO = Path(__file__).resolve().parents[1]
