@@ -9,6 +9,9 @@
 - Conv/ConvTranspose/Gemm biases are stored as int32 with `scale = s_in * s_w[c]` (float32 product, as
   onnxruntime computes it), zero point 0: `b_q = clamp(round_half_even(b / scale), int32)`.
 
+BatchNormalization: the ones the integer run folds into their Convs are folded in the exported model too,
+each folded weight quantized on the qparams the integer run gives it (`ptq.qdq_batchnorm`).
+
 Float layers: a tensor the table marks float (`"float": true`) has the layer computing it run in float by the
 integer executor: the nodes `ptq.executor.table_float_nodes` names (its producer plus the BatchNormalization
 and Relu/Clip the rewrites would fuse into it), each dequantizing its inputs, computing in float with the
@@ -53,6 +56,7 @@ from onnx import helper, numpy_helper, version_converter
 
 from ptq.core.graph import Graph, ModelError
 from ptq.executor import table_float_nodes
+from ptq.qdq_batchnorm import folded_for_export
 from ptq.core.qparams import QParams
 from ptq.quant_table import QuantTable
 from ops.registry import bias_role, weight_role
@@ -269,6 +273,7 @@ def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = 
     """The QDQ model of `graph` with the QParams of `table`, its codes stored for `target` (a name of
     `QDQ_TARGETS`; see the module docstring)."""
     target = get_target(target)
+    graph, table = folded_for_export(graph, table)
     float_nodes = table_float_nodes(graph, table)
     nodes_by_name = {node.name: node for node in graph.nodes}
     float_weighted = {name for name in float_nodes  # (a node a rewrite created has no weights of the model)
