@@ -1,0 +1,47 @@
+"""KLD on a sparse histogram (issue #26, scope 5): a small output seen over a few images must not collapse."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from calibrators import TensorStatistics, get_calibrator
+from calibrators.methods.kld import kld_threshold_bins
+
+
+def logits(n: int, seed: int = 0) -> np.ndarray:
+    """Two logits per image, both positive (class 1 wins): (2 + noise, 5 + noise)."""
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.normal(2.0, 0.5, n), rng.normal(5.0, 0.8, n)], axis=1)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("n", [10, 23, 46])
+def test_the_logits_of_a_few_images_keep_their_order(n, symmetric):
+    """Before the guard the symmetric search chose a threshold at the smallest |x| (P = Q = one spike,
+    KL = 0): both logits clipped to one level, every argmax a tie. Now at most 1% of values are clipped."""
+    x = logits(n)
+    stats = TensorStatistics(get_calibrator("kld").needs)
+    stats.update(x)
+    rmin, rmax = get_calibrator("kld").for_grid(symmetric).compute(stats, 8)
+    assert np.mean(x > rmax[0]) <= 0.01 and np.mean(x < rmin[0]) <= 0.01
+    assert rmax[0] > x[:, 0].max()  # the losing logit is never clipped to the winner's level
+
+
+def test_the_degenerate_candidate_is_what_the_guard_removes():
+    """The |x| histogram of 20 values far from 0: without the guard the best candidate clips nearly all of
+    them; with it none is clipped beyond 1%."""
+    counts = np.zeros((1, 4096), np.int64)
+    counts[0, [2100, 2500, 2900, 3300, 4000]] = 4
+    assert kld_threshold_bins(counts, 128, zero_spike_fix=False, max_clipped=1.0)[0] <= 2101
+    assert kld_threshold_bins(counts, 128, zero_spike_fix=False)[0] == 4001
+
+
+def test_dense_activations_are_searched_as_before():
+    """On 10^6 ReLU(N(0, 1)) values KLD clips well under 1%: the guard does not bind."""
+    rng = np.random.default_rng(0)
+    x = np.maximum(rng.normal(0, 1, 1_000_000), 0)
+    stats = TensorStatistics(get_calibrator("kld").needs)
+    stats.update(x)
+    guarded = get_calibrator("kld").compute(stats, 8)[1][0]
+    free = get_calibrator("kld", max_clipped=1.0).compute(stats, 8)[1][0]
+    assert guarded == free and guarded < x.max()
