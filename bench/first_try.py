@@ -140,9 +140,11 @@ def bench(name: str, calibrators: list[str], peers: bool) -> list[str]:
             rows.append(f"| {name} | ptq default (QDQ, ort opt {'on' if optimized else 'off'}) | "
                         f"{score(ort_outputs(qdq, held_out, optimized), ref)} | |")
         for calibrator in calibrators:
-            result = calibrate(str(path), calib, calibrator=calibrator, write_qdq=False)
+            start = time.perf_counter()
+            result = calibrate(str(path), calib, tmp / calibrator, calibrator=calibrator)
+            seconds = time.perf_counter() - start
             rows.append(f"| {name} | ptq {calibrator} (int) | "
-                        f"{score(integer_outputs(result.graph, result.table, held_out), ref)} | |")
+                        f"{score(integer_outputs(result.graph, result.table, held_out), ref)} | {seconds:.1f} s |")
         if peers:
             for method in ("MinMax", "Percentile", "Entropy"):
                 start = time.perf_counter()
