@@ -44,18 +44,19 @@ DEFAULT_CLIP_WEIGHT = 2.0
 
 
 def grid_error(hist, lo: np.ndarray, hi: np.ndarray, scale: np.ndarray, clip_weight: float = 1.0) -> np.ndarray:
-    """(C,) expected squared error per value of quantizing the histogram's values on a grid with step `scale`
-    covering [lo, hi] (lo <= 0 <= hi, per channel): see the module docstring's E (divided by the count)."""
+    """(C, K) expected squared error per value of quantizing the histogram's values on K grids per channel, each
+    with step `scale` covering [lo, hi] (lo <= 0 <= hi; arrays (C, K)): the module docstring's E divided by the
+    count. All K grids share one pass of suffix sums over the bins."""
     pos = hist.counts[:, 0].astype(np.float64)
     neg = hist.counts[:, 1].astype(np.float64)
     pos[:, 0] -= hist.zeros
     width = np.where(hist.width > 0, hist.width, 1.0)
-    err_pos, n_pos = clipping_error(pos, width, np.maximum(hi, 0.0)[:, None])
-    err_neg, n_neg = clipping_error(neg, width, np.maximum(-lo, 0.0)[:, None])
-    nonzero = pos.sum(axis=1) + neg.sum(axis=1)
-    inside = np.maximum(nonzero - n_pos[:, 0] - n_neg[:, 0], 0.0)
-    error = clip_weight * (err_pos[:, 0] + err_neg[:, 0]) + scale**2 / 12.0 * inside
-    return error / np.maximum(hist.total, 1)
+    err_pos, n_pos = clipping_error(pos, width, np.maximum(hi, 0.0))
+    err_neg, n_neg = clipping_error(neg, width, np.maximum(-lo, 0.0))
+    nonzero = (pos.sum(axis=1) + neg.sum(axis=1))[:, None]
+    inside = np.maximum(nonzero - n_pos - n_neg, 0.0)
+    error = clip_weight * (err_pos + err_neg) + scale**2 / 12.0 * inside
+    return error / np.maximum(hist.total, 1)[:, None]
 
 
 @register_calibrator("auto")
@@ -81,16 +82,17 @@ class Auto(Calibrator):
         return replace(self, symmetric_grid=bool(symmetric))
 
     def scores(self, stats, bits: int, signed: bool) -> tuple:
-        """(ranges, errors): each candidate's (rmin, rmax) and its (C,) expected error, in candidate order."""
-        ranges, errors = [], []
+        """(ranges, errors): each candidate's (rmin, rmax) and its (C,) expected error, as (K, C), in candidate
+        order."""
+        ranges, grids = [], []
         for name in self.candidates:
             rmin, rmax = get_calibrator(name).for_grid(self.symmetric_grid).compute(stats, bits, signed)
             qp = compute_qparams(rmin, rmax, bits, symmetric=self.symmetric_grid, axis=None if rmin.size == 1 else 0)
             qmin, qmax = integer_range(bits, qp.signed, qp.narrow)
-            lo, hi = (qmin - qp.zero_point) * qp.scale, (qmax - qp.zero_point) * qp.scale
             ranges.append((rmin, rmax))
-            errors.append(grid_error(stats.histogram, lo, hi, qp.scale, self.clip_weight))
-        return ranges, np.stack(errors)
+            grids.append(((qmin - qp.zero_point) * qp.scale, (qmax - qp.zero_point) * qp.scale, qp.scale))
+        lo, hi, scale = (np.stack([np.broadcast_to(g[k], stats.channels) for g in grids], axis=1) for k in range(3))
+        return ranges, grid_error(stats.histogram, lo, hi, scale, self.clip_weight).T
 
     def _explained(self, stats, bits, signed):
         ranges, errors = self.scores(stats, bits, signed)
