@@ -2,6 +2,8 @@
 smallest value makes P = Q = one spike (KL = 0); the guard keeps KLD from clipping more than 1% of values."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -60,3 +62,33 @@ def test_dense_activations_are_searched_as_before():
     guarded = get_calibrator("kld").compute(stats, 8)[1][0]
     free = get_calibrator("kld", max_clipped=1.0).compute(stats, 8)[1][0]
     assert guarded == free and guarded < x.max()
+
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def relu6_output() -> np.ndarray:
+    """The bundled EfficientNet-Lite0's `hardtanh_31` (a ReLU6 output) over the 23 calibration photos, rebuilt
+    from its histogram (bin width 2^-9, each value at its bin's lower edge): half zeros, a body that thins out
+    below 5, and 0.1% of the values at exactly 6."""
+    saved = np.load(DATA / "efficientnet_lite0_relu6_histogram.npz")
+    return np.repeat(saved["bins"] * 2.0**-9, saved["counts"])
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_a_relu6_saturation_spike_is_kept(symmetric):
+    """KLD without the rule puts the threshold at 4.02 and moves every 6.0 there; with it the range is [0, 6]."""
+    x = relu6_output()
+    stats = TensorStatistics(get_calibrator("kld").needs)
+    stats.update(x)
+    assert get_calibrator("kld").for_grid(symmetric).compute(stats, 8)[1][0] == 6.0
+    assert get_calibrator("kld", keep_saturation=False).for_grid(symmetric).compute(stats, 8)[1][0] < 4.1
+
+
+def test_a_saturation_spike_at_the_bottom_of_a_signed_tensor_is_kept_by_the_asymmetric_search():
+    x = relu6_output()
+    stats = TensorStatistics(get_calibrator("kld").needs)
+    stats.update(-x)
+    rmin, rmax = get_calibrator("kld").for_grid(False).compute(stats, 8)
+    assert rmin[0] == -6.0 and rmax[0] == 0.0
+    assert get_calibrator("kld", keep_saturation=False).for_grid(False).compute(stats, 8)[0][0] > -5.5
