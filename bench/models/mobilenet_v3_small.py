@@ -1,6 +1,6 @@
 """Build a MobileNetV3-small classifier with trained-like weights, exported with its BatchNormalizations kept.
 
-    /work/torchenv/bin/python bench/models/mobilenet_v3_small.py [--steps 20]
+    /work/torchenv/bin/python bench/models/mobilenet_v3_small.py [--steps 200]
 
 The architecture is torchvision's `mobilenet_v3_small` (hard-swish, squeeze-excitation blocks with
 hard-sigmoid gates), written out here because torchvision is not installed and its weights cannot be
@@ -120,7 +120,7 @@ def main() -> int:
     import torch
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=32)
     args = parser.parse_args()
     torch.manual_seed(0)
