@@ -89,8 +89,9 @@ class OpDef:
     - `absorbable`: the op can be absorbed that way, with `activation_params(node, constant)` giving the
       FusedConv parameters ([min, max] for Clip, [alpha] for LeakyRelu);
     - `absorbs_batchnorm`: a following BatchNormalization folds into the op's weight and bias (Conv);
-    - `clip_range(node, constant)`: the interval the op clamps its input to, when its output is its input
-      clamped (Relu, Clip); calibration folds its input's range to it;
+    - `clip_range(node, constant)`: an interval [lo, hi] with op(x) == op(clamp(x, lo, hi)) for every x: the
+      interval the op clamps its input to (Relu, Clip), or outside which its output is flat (HardSwish below
+      -3, HardSigmoid outside its linear part); calibration folds its input's range to it;
     - `keeps_input_qparams`: the output takes input 0's qparams by rule (data movement, max pooling);
     - `sums_inputs`: the output is an elementwise sum of the inputs (Add, Sub), so inputs and output on one
       scale make the op a plain integer add (the int4-dsp scheme's ShareQuantize, `ptq.int4_dsp`);
