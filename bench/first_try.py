@@ -82,7 +82,7 @@ def ort_outputs(model: onnx.ModelProto, x: np.ndarray, optimized: bool = False) 
 def score(got: np.ndarray, ref: np.ndarray) -> str:
     a, b = got.reshape(len(got), -1).astype(np.float64), ref.reshape(len(ref), -1).astype(np.float64)
     cosine = np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-    return f"{cosine.mean():.4f} | {np.mean(a.argmax(1) == b.argmax(1)):.2f}"
+    return f"{cosine.mean():.5f} | {np.mean(a.argmax(1) == b.argmax(1)):.2f}"
 
 
 def integer_outputs(graph, table, x: np.ndarray) -> np.ndarray:
