@@ -39,7 +39,8 @@ from ptq.pipeline import calibrate  # noqa: E402
 MODELS = REPO / "bench" / "models"
 DATA = MODELS / "data"
 NNCF_PYTHON = "/work/nncfenv/bin/python"
-PHOTOS = REPO.parent.parent / "shared" / "assets" / "images"
+PHOTOS = next((p / "shared" / "assets" / "images" for p in REPO.parents if (p / "shared" / "assets").is_dir()),
+              Path("/work/shared/assets/images"))  # the main checkout's or a worktree's shared folder
 
 NNCF_SCRIPT = """
 import sys, numpy as np, onnx, nncf
