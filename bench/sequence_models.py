@@ -127,7 +127,7 @@ def bench_model(name: str, eval_limit: int, use_nncf: bool) -> dict:
             result = calibrate(model, data=str(data / "calib"), out=tmp, quiet=True)
             graph = load_model(model, result.table.options.input_shapes)
             prepared = prepare(graph, result.table)
-            row["ptq_float_nodes"] = [s.node.name for s in prepared.steps if s.kind.name == "FLOAT"]
+            row["ptq_float_nodes"] = [f.name for f in prepared.float_nodes]
 
             def run_ptq(feeds, path_of={id(f): p for p, f in evals}):
                 got = prepared.run(feeds, keep_all=False).outputs[output]
