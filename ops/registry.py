@@ -126,6 +126,10 @@ class OpDef:
     - `joins_along(node)`: the axis along which the op joins its inputs into its output (Concat), None for
       other ops; calibration gives a join of widely different ranges one grid per part (`ptq.calibration.joined_ranges`),
       reports judge each input's part of a graph output on its own (`reports.output_breakdown`);
+    - `summed_input_axis(node)`: the axis of input 0 (an activation) that the op sums over against its constant
+      weight (MatMul: the last; Gemm: by transA), None for other ops: calibration gives such an input whose
+      channels along it have widely different ranges (outlier features) 16 bits
+      (`ptq.calibration.outlier_channels`);
     - `moved_axis(node, axis, in_shape, out_shape)`: for an op that only moves codes (`keeps_input_qparams`),
       the output axis that holds input 0's `axis` whole, so a per-channel grid follows it (Transpose, Reshape);
       None when the channels do not stay whole along one axis;
@@ -174,6 +178,9 @@ class OpDef:
         return None
 
     def moved_axis(self, node: Node, axis: int, in_shape: Optional[tuple], out_shape: Optional[tuple]) -> Optional[int]:
+        return None
+
+    def summed_input_axis(self, node: Node) -> Optional[int]:
         return None
 
     def index_outputs(self, node: Node) -> frozenset[int]:
@@ -284,6 +291,12 @@ def bias_role(node: Node) -> Optional[BiasRole]:
     """The int32 bias input of a node, as its op declares it."""
     op = op_of(node)
     return op.bias_role(node) if op is not None else None
+
+
+def summed_input_axis(node: Node) -> Optional[int]:
+    """The axis of input 0 the node sums over against its constant weight (`OpDef.summed_input_axis`)."""
+    op = op_of(node)
+    return op.summed_input_axis(node) if op is not None else None
 
 
 def bias_slot(node: Node) -> Optional[BiasSlot]:

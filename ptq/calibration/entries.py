@@ -13,6 +13,7 @@ import numpy as np
 
 from calibrators import TensorStatistics, calibrate_array, get_calibrator
 from ptq.calibration.joined_ranges import separate_joined_parts
+from ptq.calibration.outlier_channels import widen_outlier_channels
 from ptq.core.bodies import body_activations, calibrated_tensors
 from ptq.core.graph import Graph
 from ptq.core.qparams import compute_qparams
@@ -26,7 +27,8 @@ def activation_entries(
     graph: Graph, stats: dict[str, TensorStatistics], options: CalibrationOptions
 ) -> dict[str, TensorEntry]:
     """Table entries of the activations from their statistics; a join of widely different ranges that ends in
-    a graph output keeps one grid per part (`ptq.calibration.joined_ranges`)."""
+    a graph output keeps one grid per part (`ptq.calibration.joined_ranges`); a layer input with outlier
+    channels gets 16 bits (`ptq.calibration.outlier_channels`)."""
     calibrator = get_calibrator(options.calibrator).for_grid(options.symmetric)
     bounds = folded_ranges(graph) if options.fold_clip else {}
     entries = {}
@@ -44,8 +46,11 @@ def activation_entries(
         qp = compute_qparams(rmin, rmax, options.bits, symmetric=options.symmetric, narrow=options.narrow,
                              pow2=options.pow2)
         entries[name] = TensorEntry("activation", calibrator.spelling, rmin, rmax, qp)
+    log = logging.getLogger("ptq.calibration.pipeline")
     for join in separate_joined_parts(graph, entries, options):
-        logging.getLogger("ptq.calibration.pipeline").info("%s", join.why)
+        log.info("%s", join.why)
+    for wide in widen_outlier_channels(stats, entries, options):
+        log.info("%s: %s", wide.tensor, wide.why)
     return entries
 
 
