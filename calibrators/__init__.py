@@ -1,8 +1,8 @@
 """calibrators: streaming, mergeable statistic collectors and the calibration algorithms built on them.
 
     from calibrators import TensorStatistics, get_calibrator
-    calibrator = get_calibrator("kld")                      # or "extrema", "mean", "0.9mean", "3std",
-                                                            # "99.99percentile", "mse"
+    calibrator = get_calibrator("kld")                      # or "auto" (the default), "extrema", "mean", "3std",
+                                                            # "0.9mean", "99.99percentile", "mse"
     stats = TensorStatistics(calibrator.needs, axis=None)   # or required_stats([...]) for several
     for batch in batches:
         stats.update(batch)                                 # folded and dropped; NaN/Inf raise ValueError

@@ -51,15 +51,21 @@ class Calibrator(ABC):
         `bits` is the target width; `signed=None` takes the observed sign (any value < 0 in any channel),
         which decides e.g. KLD's number of levels (2^(bits-1) signed, 2^bits unsigned).
         """
+        rmin, rmax, _ = self.compute_explained(stats, bits, signed)
+        return rmin, rmax
+
+    def compute_explained(self, stats: TensorStatistics, bits: int = 8, signed: Optional[bool] = None) -> tuple:
+        """(rmin, rmax, label): `compute`'s range and what a table records as the tensor's calibrator: the
+        spelling, or for a calibrator that chooses among others per tensor (`auto`), its choice and why."""
         if not MIN_BITS <= int(bits) <= MAX_BITS:
             raise ValueError(f"{self.spelling}: bits must be in [{MIN_BITS}, {MAX_BITS}], got {bits}")
         for need in self.needs | {Stat.MINMAX}:
             stats.require(need)
         signed = stats.signed if signed is None else bool(signed)
-        rmin, rmax = self._compute(stats, int(bits), signed)
+        rmin, rmax, label = self._explained(stats, int(bits), signed)
         rmin = np.asarray(rmin, dtype=np.float64).reshape(-1)
         rmax = np.asarray(rmax, dtype=np.float64).reshape(-1)
-        return np.minimum(rmin, rmax), rmax
+        return np.minimum(rmin, rmax), rmax, label
 
     def for_grid(self, symmetric: bool) -> "Calibrator":
         """This calibrator for a symmetric or an asymmetric quantization grid (only KLD scores the grid)."""
@@ -68,6 +74,11 @@ class Calibrator(ABC):
     @abstractmethod
     def _compute(self, stats: TensorStatistics, bits: int, signed: bool) -> tuple:
         """(rmin, rmax) per channel from collectors that `compute` has checked are present."""
+
+    def _explained(self, stats: TensorStatistics, bits: int, signed: bool) -> tuple:
+        """(rmin, rmax, label); a calibrator that chooses per tensor overrides it to say what it chose."""
+        rmin, rmax = self._compute(stats, bits, signed)
+        return rmin, rmax, self.spelling
 
 
 def register_calibrator(name: str, param: Optional[str] = None, param_required: bool = False, usage: str = "",

@@ -111,6 +111,9 @@ class HardSwish(_LutOp):
     def function(self, node) -> LutFunction:
         return FUNCTIONS["hardswish"]
 
+    def clip_range(self, node, constant):
+        return -3.0, np.inf  # HardSwish(x) = 0 = HardSwish(-3) for every x <= -3
+
 
 @register
 class HardSigmoid(_LutOp):
@@ -124,3 +127,11 @@ class HardSigmoid(_LutOp):
         alpha = float(node.attr("alpha", 0.2))
         beta = float(node.attr("beta", 0.5))
         return LutFunction(f"hardsigmoid_{alpha:g}_{beta:g}", lambda x: np.clip(alpha * x + beta, 0.0, 1.0))
+
+    def clip_range(self, node, constant):
+        """The input interval where the output is not saturated: alpha * x + beta in [0, 1]."""
+        alpha = float(node.attr("alpha", 0.2))
+        beta = float(node.attr("beta", 0.5))
+        if alpha <= 0:
+            return None
+        return -beta / alpha, (1.0 - beta) / alpha

@@ -101,8 +101,9 @@ class OpDef:
     - `absorbable`: the op can be absorbed that way, with `activation_params(node, constant)` giving the
       FusedConv parameters ([min, max] for Clip, [alpha] for LeakyRelu);
     - `absorbs_batchnorm`: a following BatchNormalization folds into the op's weight and bias (Conv);
-    - `clip_range(node, constant)`: the interval the op clamps its input to, when its output is its input
-      clamped (Relu, Clip); calibration folds its input's range to it;
+    - `clip_range(node, constant)`: an interval [lo, hi] with op(x) == op(clamp(x, lo, hi)) for every x: the
+      interval the op clamps its input to (Relu, Clip), or outside which its output is flat (HardSwish below
+      -3, HardSigmoid outside its linear part); calibration folds its input's range to it;
     - `clamp_bounds(node, constant)`: the same clamp of input 0 with bounds that may be per channel (arrays in
       the shape of the constant giving them): `clip_range`, and a Min with a constant (the per-channel bound of
       an equalized Clip); analytic bias correction carries a channel's mean through it;

@@ -42,7 +42,7 @@ def tiny(tmp_path):
 
 def test_extrema_ranges_match_the_reference_evaluator(tiny, tmp_path):
     model_path, images, paths = tiny
-    result = calibrate(model_path, images, tmp_path / "out", preprocess=RAW, batch_size=3)
+    result = calibrate(model_path, images, tmp_path / "out", preprocess=RAW, batch_size=3, calibrator="extrema")
     assert result.images_used == 7 and result.images_skipped == 0 and result.tensors_calibrated == 6
 
     x = np.stack([np.asarray(Image.open(p)).transpose(2, 0, 1) / 255.0 for p in paths]).astype(np.float32)

@@ -68,7 +68,8 @@ def test_steps_return_a_new_state_and_adaround_hands_its_weights_to_bias_correct
     assert not np.array_equal(corrected.graph.initializers["B1"], ranged.graph.initializers["B1"])
     # the list calibrate runs is these steps: the same table and graph
     final = AlignWithIntegerGraph().apply(corrected)
-    result = calibrate(model, samples, write_qdq=False, adaround=True, bias_correction=True, batch_size=2)
+    result = calibrate(model, samples, write_qdq=False, calibrator=options.calibrator, adaround=True,
+                       bias_correction=True, batch_size=2)
     assert final.table.tensors.keys() == result.table.tensors.keys()
     for name, entry in result.table.tensors.items():
         assert entry.qparams == final.table.tensors[name].qparams, name

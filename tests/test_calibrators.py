@@ -71,12 +71,12 @@ def test_parse_names():
     assert get_calibrator("mean").momentum is None
     assert get_calibrator(" KLD ").name == "kld"
     for spelling in [
-        "extrema", "mean", "0.9mean", "3std", "2.5std", "99.99percentile", "99.99999percentile", "kld", "mse"
+        "extrema", "mean", "0.9mean", "3std", "2.5std", "99.99percentile", "99.99999percentile", "kld", "mse", "auto"
     ]:
         assert get_calibrator(spelling).spelling == spelling
         assert get_calibrator(get_calibrator(spelling).spelling) == get_calibrator(spelling)
-    assert [available_calibrators()[k].split()[0] for k in range(6)] == [
-        "extrema", "kld", "mean", "mse", "percentile", "nstd"]
+    assert [available_calibrators()[k].split()[0] for k in range(7)] == [
+        "auto", "extrema", "kld", "mean", "mse", "percentile", "nstd"]
 
 
 def test_names_a_person_types():
@@ -93,7 +93,7 @@ def test_names_a_person_types():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("median", "unknown calibrator 'median'; available: extrema, kld"),
+        ("median", "unknown calibrator 'median'; available: auto, extrema, kld"),
         ("3kld", "takes no number"),
         ("-3std", "unknown calibrator"),
         ("0std", "positive"),
@@ -272,7 +272,7 @@ def test_kld_sweep_equals_the_slides_loops():
     h[1, 290] = 3  # an isolated outlier: candidates in the gap have Q = 0 where P > 0
     h[2, 40:] = 0
     for levels in (16, 7):
-        chan, cand, kl = kld_sweep(h, levels)
+        chan, cand, kl = kld_sweep(h, levels, max_clipped=1.0)  # the slides, no clipping guard
         fixed = h.copy()
         fixed[:, 0] = fixed[:, 1]
         expected = np.array([loop_kl(fixed[c], i, levels) for c, i in zip(chan, cand)])

@@ -29,6 +29,7 @@ MODULE_COMMANDS = {
     "ptq/parallel/ray_backend.py": POOLED,
     "reports/auto_debug.py": ("debug",),
     "reports/dump.py": ("debug",),
+    "reports/detections.py": ("report",),
 }
 # the check of a flag's own value, raised only when the flag is given: `ptq table export` has no --workers, and
 # its data options (`ptq.data_options.DataOptions`) keep the default

@@ -215,11 +215,19 @@ def test_shared_weight_gets_one_dequantize():
     assert got.shape == (1, 3, 2, 2)
 
 
-def test_per_channel_activation_qparams_are_rejected():
+def test_per_channel_activation_qparams_are_exported_per_axis():
+    """A per-channel activation grid (a join of widely different ranges, ptq.calibration.joined_ranges) becomes a
+    per-axis QuantizeLinear -> DequantizeLinear pair whose codes onnxruntime computes channel by channel."""
     g = load_model(identity_model())
-    qp = QParams([0.1] * 64, [0] * 64, 8, True, axis=1)
-    with pytest.raises(ValueError, match="per tensor"):
-        export_qdq(g, table(y=entry("activation", qp)))
+    scales = np.linspace(0.01, 0.64, 64)
+    qp = QParams(scales, [0] * 64, 8, True, axis=1)
+    qdq = export_qdq(g, table(y=entry("activation", qp)), target="none")
+    (quantize,) = [n for n in qdq.graph.node if n.op_type == "QuantizeLinear" and n.output[0] == "y_quantized"]
+    assert helper.get_attribute_value(next(a for a in quantize.attribute if a.name == "axis")) == 1
+    x = np.linspace(-40, 40, 64, dtype=np.float32)[None]
+    (y,) = ort.InferenceSession(qdq.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    expected = np.clip(np.round(-x / scales), -128, 127) * scales
+    np.testing.assert_allclose(y, expected.astype(np.float32), rtol=1e-6)
 
 
 def test_a_table_from_another_model_is_rejected():

@@ -21,10 +21,19 @@ RAW = Preprocess(mean=0, std=255, crop_ratio=1.0)
 
 @pytest.fixture()
 def tiny(tmp_path):
-    """The tiny Conv/Clip/Gemm model, 5 images, and its calibrated table."""
+    """The tiny Conv/Clip/Gemm model, 5 images, and its table calibrated with extrema."""
     model, images, _ = write_tiny_case(tmp_path, 5)
-    result = calibrate(model, images, tmp_path / "out", preprocess=RAW, write_qdq=False)
+    result = calibrate(model, images, tmp_path / "out", preprocess=RAW, write_qdq=False, calibrator="extrema")
     return model, images, result.table_path
+
+
+def test_show_prints_the_choice_the_default_calibrator_made(tmp_path, capsys):
+    model, images, _ = write_tiny_case(tmp_path, 5)
+    table_path = calibrate(model, images, tmp_path / "out", preprocess=RAW, write_qdq=False).table_path
+    status, out, _ = cli(capsys, "table", "show", table_path, "logits")
+    label = load_quant_table(table_path).tensors["logits"].calibrator
+    assert status == 0 and label.startswith("auto:") and "of extrema's" in label
+    assert out.splitlines()[0] == f"tensor 'logits': activation, calibrator {label}, per-tensor"
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:

@@ -35,9 +35,9 @@ def activation_entries(
     inner = set(body_activations(graph))
     for name in calibrated_tensors(graph):
         if name in inner and (name not in stats or stats[name].empty):
-            continue  # a branch no sample took: no entry, and the executor runs its If in float
+            continue  # a branch no sample took: no entry, and the executor runs that branch in float
         try:
-            rmin, rmax = calibrator.compute(stats[name], bits=options.bits)
+            rmin, rmax, label = calibrator.compute_explained(stats[name], bits=options.bits)
         except ValueError as exc:
             raise ValueError(f"calibrating tensor {name!r}: {exc}") from exc
         if name in bounds:
@@ -45,7 +45,7 @@ def activation_entries(
             rmin, rmax = np.clip(rmin, lo, hi), np.clip(rmax, lo, hi)
         qp = compute_qparams(rmin, rmax, options.bits, symmetric=options.symmetric, narrow=options.narrow,
                              pow2=options.pow2)
-        entries[name] = TensorEntry("activation", calibrator.spelling, rmin, rmax, qp)
+        entries[name] = TensorEntry("activation", label, rmin, rmax, qp)
     log = logging.getLogger("ptq.calibration.pipeline")
     for join in separate_joined_parts(graph, entries, options):
         log.info("%s", join.why)

@@ -101,13 +101,26 @@ class CalibrationResult:
                   for b in widths}
         return ", ".join(f"{counts[b]} at {b} bits" for b in widths)
 
+    def _activation_calibrators(self) -> str:
+        """The calibrator, or for one that chooses per tensor how many tensors took each choice
+        ('auto: mse 40, kld 12, extrema 3')."""
+        chosen: dict[str, int] = {}
+        for e in self.table.tensors.values():
+            if e.kind == "activation" and e.calibrator.startswith(f"{self.table.options.calibrator}:"):
+                choice = e.calibrator.split(":", 1)[1].split(" ", 1)[0]
+                chosen[choice] = chosen.get(choice, 0) + 1
+        if not chosen:
+            return self.table.options.calibrator
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(chosen.items(), key=lambda kv: (-kv[1], kv[0])))
+        return f"{self.table.options.calibrator}: {counts}"
+
     def summary(self) -> str:
         scheme = self.table.options.scheme
         lines = [
             f"images used: {self.images_used}, skipped: {self.images_skipped}",
             *([f"scheme: {scheme}"] if scheme != DEFAULT_SCHEME else []),
             f"tensors calibrated: {self.tensors_calibrated} activations "
-            f"({self.table.options.calibrator}, {self._activation_bits()}), "
+            f"({self._activation_calibrators()}, {self._activation_bits()}), "
             f"{self.weights_quantized} weights ({self.table.options.weight_calibrator}, "
             f"{self.table.options.weight_bits}-bit, {'per-channel' if self.table.options.per_channel else 'per-tensor'})",
             *(f"own grid for {name!r}: {entry.why}" for name, entry in self.table.tensors.items() if entry.why),

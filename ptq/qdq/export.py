@@ -17,6 +17,9 @@ GELU's Tanh input, a LayerNorm's variance, the masked scores of an AddSoftmax: `
 pattern_internal_tensors`) get no Q/DQ pair: onnxruntime computes the pattern in float between the Q/DQ of its
 input and of its output, as the integer op does in integers (a mask added to the scores keeps its meaning).
 
+BatchNormalization: the ones the integer run folds into their Convs are folded in the exported model too,
+each folded weight quantized on the qparams the integer run gives it (`ptq.qdq.batchnorm`).
+
 Float layers: a tensor the table marks float (`"float": true`) has the layer computing it run in float by the
 integer executor: the nodes `ptq.engine.executor.table_float_nodes` names (its producer plus the BatchNormalization
 and Relu/Clip the rewrites would fuse into it), each dequantizing its inputs, computing in float with the
@@ -64,6 +67,7 @@ from ptq.core.bodies import body_activations, body_weights
 from ptq.core.graph import Graph, ModelError
 from ptq.engine.rewrites import copy_graph
 from ptq.engine.executor import pattern_internal_tensors, table_float_nodes
+from ptq.qdq.batchnorm import folded_for_export
 from ptq.core.qparams import QParams
 from ptq.table.quant_table import QuantTable
 from ops.registry import bias_role, bias_slot, weight_role
@@ -328,6 +332,7 @@ def export_qdq(graph: Graph, table: QuantTable, target: Union[str, QDQTarget] = 
     """The QDQ model of `graph` with the QParams of `table`, its codes stored for `target` (a name of
     `QDQ_TARGETS`; see the module docstring)."""
     target = get_target(target)
+    graph, table = folded_for_export(graph, table)
     float_nodes = table_float_nodes(graph, table)
     graph = _with_bias_adds_folded(graph, float_nodes)
     nodes_by_name = {node.name: node for node in graph.nodes}
