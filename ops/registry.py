@@ -127,6 +127,8 @@ class OpDef:
     - `joins_along(node)`: the axis along which the op joins its inputs into its output (Concat), None for
       other ops; calibration gives a join of widely different ranges one grid per part (`ptq.calibration.joined_ranges`),
       reports judge each input's part of a graph output on its own (`reports.output_breakdown`);
+    - `wide_input`: the op carries its input 0's error through a recurrence (LSTM, GRU): calibration gives
+      that input 16 bits (`ptq.calibration.recurrent_inputs`);
     - `summed_input_axis(node)`: the axis of input 0 (an activation) that the op sums over against its constant
       weight (MatMul: the last; Gemm: by transA), None for other ops: calibration gives such an input whose
       channels along it have widely different ranges (outlier features) 16 bits
@@ -157,6 +159,7 @@ class OpDef:
     absorbable: ClassVar[bool] = False
     absorbs_batchnorm: ClassVar[bool] = False
     keeps_input_qparams: ClassVar[bool] = False
+    wide_input: ClassVar[bool] = False
     rearranges: ClassVar[bool] = False
     selects_boxes: ClassVar[bool] = False
     sums_inputs: ClassVar[bool] = False

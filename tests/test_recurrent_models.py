@@ -67,3 +67,18 @@ def test_a_zero_state_computed_from_a_dynamic_batch_leaves_the_gru_in_integers(t
         got = prepared.run({"frames": x}).outputs["logits"].argmax(-1)
         agree.append(np.mean(got == session.run(None, {"frames": x})[0].argmax(-1)))
     assert np.mean(agree) >= 0.99
+
+
+def test_the_input_sequence_of_a_recurrent_cell_is_calibrated_at_16_bits():
+    """The GRU computes with 16-bit gates and state; its input frames were its one 8-bit grid, and the
+    recurrence carried their error on: 12 of 20,000 frames disagreed with float at 8 bits, 6 at 16 bits
+    (400 sequences; `ptq.calibration.recurrent_inputs`). The Transpose before the GRU passes codes on, so the
+    model input gets 16 bits too; the Shape beside it reads no value."""
+    model = MODELS / "gru_tagger.onnx"
+    result = calibrate(model, data=MODELS / "gru_tagger_data" / "calib", write_qdq=False)
+    for name in ("frames", "/gru/Transpose_output_0"):
+        entry = result.table.tensors[name]
+        assert entry.qparams.bits == 16 and "input sequence of GRU '/gru/GRU'" in entry.why
+    assert result.table.tensors["/gru/GRU_output_0"].qparams.bits == 8
+    prepared = prepare(result.graph, result.table)
+    assert prepared.qparams["/gru/Transpose_output_0"].bits == 16 and not prepared.float_nodes

@@ -14,6 +14,7 @@ import numpy as np
 from calibrators import TensorStatistics, calibrate_array, get_calibrator
 from ptq.calibration.joined_ranges import separate_joined_parts
 from ptq.calibration.outlier_channels import widen_outlier_channels
+from ptq.calibration.recurrent_inputs import widen_recurrent_inputs
 from ptq.core.bodies import body_activations, calibrated_tensors
 from ptq.core.graph import Graph
 from ptq.core.qparams import compute_qparams
@@ -28,7 +29,8 @@ def activation_entries(
 ) -> dict[str, TensorEntry]:
     """Table entries of the activations from their statistics; a join of widely different ranges that ends in
     a graph output keeps one grid per part (`ptq.calibration.joined_ranges`); a layer input with outlier
-    channels gets 16 bits (`ptq.calibration.outlier_channels`)."""
+    channels gets 16 bits (`ptq.calibration.outlier_channels`), so does a recurrent cell's input sequence
+    (`ptq.calibration.recurrent_inputs`)."""
     calibrator = get_calibrator(options.calibrator).for_grid(options.symmetric)
     bounds = folded_ranges(graph) if options.fold_clip else {}
     entries = {}
@@ -51,6 +53,8 @@ def activation_entries(
         log.info("%s", join.why)
     for wide in widen_outlier_channels(stats, entries, options):
         log.info("%s: %s", wide.tensor, wide.why)
+    for recurrent in widen_recurrent_inputs(graph, entries, options):
+        log.info("%s", recurrent.why)
     return entries
 
 
