@@ -3,7 +3,7 @@ parser (`ptq --help`, `ptq CMD --help`, and every command before it runs) must n
 uses them. The modules that own these values import them from here (`ptq.calibration.pipeline`, `ptq.calibration.int4_dsp`,
 `ptq.api`, `ptq.data.images`, `reports.dsp_resources`)."""
 
-DEFAULT_CALIBRATOR = "auto"  # each activation's range chosen per tensor (calibrators/methods/auto.py)
+DEFAULT_CALIBRATOR = "extrema"  # `auto` (calibrators/methods/auto.py) chooses per tensor; it lost on the bundled model
 DEFAULT_WEIGHT_CALIBRATOR = "extrema"
 DEFAULT_SCHEME = "default"
 INT4_DSP_SCHEME = "int4-dsp"  # Xilinx WP521's 4-bit scheme (`ptq.calibration.int4_dsp`)
