@@ -1,6 +1,6 @@
 """Write the calibration and eval inputs of the detector and OCR test models (numpy only, deterministic):
 
-    python bench/models/make_samples.py [--out bench/models/data] [--calib 32] [--eval 16]
+    python bench/models/make_samples.py [--out bench/models/data] [--calib 32] [--eval 64]
 
 One `.npy` per sample (`ptq --data DIR`), [1, 3, H, W] float32 in [0, 1]:
     DIR/yolo/{calib,eval}/NNN.npy    160x160 rectangles (`synthetic.rectangles`)
@@ -35,7 +35,7 @@ def _generators():
     }
 
 
-def write_samples(out: Path = DEFAULT_OUT, calib: int = 32, evaluate: int = 16) -> dict[str, dict[str, Path]]:
+def write_samples(out: Path = DEFAULT_OUT, calib: int = 32, evaluate: int = 64) -> dict[str, dict[str, Path]]:
     """{model: {"calib": folder, "eval": folder}}, written unless a folder already holds its count of files."""
     folders: dict[str, dict[str, Path]] = {}
     for k, (model, make) in enumerate(_generators().items()):
@@ -56,7 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--calib", type=int, default=32)
-    parser.add_argument("--eval", type=int, default=16)
+    parser.add_argument("--eval", type=int, default=64)
     args = parser.parse_args()
     for model, splits in write_samples(Path(args.out), args.calib, args.eval).items():
         print(model, ", ".join(f"{split}: {folder}" for split, folder in splits.items()))
