@@ -185,3 +185,9 @@ def test_own_bias_reads_the_bias_role():
     assert own_bias(graph, conv2, set()) == ""  # no bias input
     relu = graph.nodes[1]
     assert own_bias(graph, Node(relu.name, relu.op_type, ["c1", "W1", "B1"], relu.outputs), set()) == ""
+
+
+def test_row_normalizers():
+    # calibration keeps an output Softmax / LogSoftmax at 16 bits with its logits (ptq.calibration.output_scores)
+    assert {t for t in ("Softmax", "LogSoftmax", "Hardmax", "Sigmoid", "ReduceMax")
+            if get_op(t).normalizes_rows} == {"Softmax", "LogSoftmax"}

@@ -13,6 +13,7 @@ import numpy as np
 
 from calibrators import TensorStatistics, calibrate_array, get_calibrator
 from ptq.calibration.joined_ranges import separate_joined_parts
+from ptq.calibration.output_scores import widen_output_scores
 from ptq.core.bodies import body_activations, calibrated_tensors
 from ptq.core.graph import Graph
 from ptq.core.qparams import compute_qparams
@@ -26,7 +27,8 @@ def activation_entries(
     graph: Graph, stats: dict[str, TensorStatistics], options: CalibrationOptions
 ) -> dict[str, TensorEntry]:
     """Table entries of the activations from their statistics; a join of widely different ranges that ends in
-    a graph output keeps one grid per part (`ptq.calibration.joined_ranges`)."""
+    a graph output keeps one grid per part (`ptq.calibration.joined_ranges`), class scores at a graph output
+    keep 16 bits with their logits (`ptq.calibration.output_scores`)."""
     calibrator = get_calibrator(options.calibrator).for_grid(options.symmetric)
     bounds = folded_ranges(graph) if options.fold_clip else {}
     entries = {}
@@ -46,6 +48,7 @@ def activation_entries(
         entries[name] = TensorEntry("activation", calibrator.spelling, rmin, rmax, qp)
     for join in separate_joined_parts(graph, entries, options):
         logging.getLogger("ptq.calibration.pipeline").info("%s", join.why)
+    widen_output_scores(graph, entries, options)
     return entries
 
 

@@ -62,7 +62,7 @@ def _width(entry: TensorEntry) -> float:
     return float(np.max(entry.max) - np.min(entry.min))
 
 
-def _chain_to_output(graph: Graph, consumers: dict[str, list[Node]], tensor: str) -> Optional[list[Node]]:
+def chain_to_output(graph: Graph, consumers: dict[str, list[Node]], tensor: str) -> Optional[list[Node]]:
     """The single-consumer code-moving nodes after `tensor` up to a graph output ([] when `tensor` is itself a
     graph output with no consumer), or None when it does not end there."""
     chain = []
@@ -118,7 +118,7 @@ def _part_ranges(graph: Graph, entries: dict[str, TensorEntry], node: Node, axis
     return np.concatenate(lo), np.concatenate(hi)
 
 
-def _part_tail(graph: Graph, consumers: dict[str, list[Node]], entries: dict[str, TensorEntry],
+def feeding_only(graph: Graph, consumers: dict[str, list[Node]], entries: dict[str, TensorEntry],
                joined: list[Node]) -> list[str]:
     """The activations that feed only the `joined` nodes (the join and its chain): walking the graph backwards
     from them, a node joins the tail when each of its outputs is an activation read only by the tail (or by
@@ -140,7 +140,9 @@ def _part_tail(graph: Graph, consumers: dict[str, list[Node]], entries: dict[str
     return tail[::-1]
 
 
-def _widen(entries: dict[str, TensorEntry], options: CalibrationOptions, names: list[str], why: str) -> None:
+def widen(entries: dict[str, TensorEntry], options: CalibrationOptions, names: list[str], why: str) -> None:
+    """The entries of `names` at WIDE_BITS over their calibrated ranges (per tensor or per channel as they
+    are), each saying `why`."""
     for name in names:
         entry = entries[name]
         qp = options.derive_qparams("activation", entry.min, entry.max, WIDE_BITS, entry.qparams.axis)
@@ -165,7 +167,7 @@ def separate_joined_parts(graph: Graph, entries: dict[str, TensorEntry],
         if len(widths) < 2 or max(widths) <= RANGE_RATIO * min(widths):
             continue
         out = node.outputs[0]
-        chain = _chain_to_output(graph, consumers, out)
+        chain = chain_to_output(graph, consumers, out)
         if chain is None:
             continue
         ratio = max(widths) / min(widths)
@@ -174,9 +176,9 @@ def separate_joined_parts(graph: Graph, entries: dict[str, TensorEntry],
         sizes = _static_sizes(graph, node, axis) if rank else None
         axes = _moved_axes(graph, chain, axis % rank) if sizes is not None else None
         tensors = [out] + [n.outputs[0] for n in chain]
-        tail = _part_tail(graph, consumers, entries, [node, *chain])
+        tail = feeding_only(graph, consumers, entries, [node, *chain])
         label = f"{node.op_type} {node.name!r} joins parts whose ranges differ {ratio:.0f}x (> {RANGE_RATIO:g}x)"
-        _widen(entries, options, tail, f"feeds only the parts of {label} into output {tensors[-1]!r}: "
+        widen(entries, options, tail, f"feeds only the parts of {label} into output {tensors[-1]!r}: "
                                        f"{WIDE_BITS} bits, as the joined output (whitepaper 5.1.3)")
         if axes is not None:
             axis %= rank
