@@ -187,7 +187,8 @@ def test_own_bias_reads_the_bias_role():
     assert own_bias(graph, Node(relu.name, relu.op_type, ["c1", "W1", "B1"], relu.outputs), set()) == ""
 
 
-def test_row_normalizers():
-    # calibration keeps an output Softmax / LogSoftmax at 16 bits with its logits (ptq.calibration.output_scores)
-    assert {t for t in ("Softmax", "LogSoftmax", "Hardmax", "Sigmoid", "ReduceMax")
-            if get_op(t).normalizes_rows} == {"Softmax", "LogSoftmax"}
+def test_score_ops():
+    # calibration keeps an output Softmax / LogSoftmax / Sigmoid at 16 bits with its logits
+    # (ptq.calibration.output_scores)
+    assert {t for t in ("Softmax", "LogSoftmax", "Hardmax", "Sigmoid", "Tanh", "ReduceMax")
+            if get_op(t).gives_scores} == {"Softmax", "LogSoftmax", "Sigmoid"}

@@ -78,3 +78,18 @@ def test_a_softmax_inside_the_network_keeps_its_grid():
     table = calibrate(_head(softmax_inside=True), _feat(8, 1), write_qdq=False).table
     assert all(table.tensors[name].qparams.bits == 8 and table.tensors[name].why == ""
                for name in ("logits", "probs"))
+
+
+def test_a_sigmoid_map_at_the_output_and_its_conv_output_take_16_bits():
+    # a text detector's probability map: Conv -> Sigmoid -> output, thresholded downstream
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.normal(0, 1, (1, 4, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["feat", "w"], ["logit"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["logit"], ["map"], name="sigmoid")]
+    graph = helper.make_graph(nodes, "text_map", [helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("map", TensorProto.FLOAT, [1, 1, 8, 8])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    table = calibrate(model, rng.normal(0, 1, (8, 4, 8, 8)).astype(np.float32), write_qdq=False).table
+    assert table.tensors["logit"].qparams.bits == table.tensors["map"].qparams.bits == 16
+    assert "Sigmoid 'sigmoid' gives the scores of output 'map'" in table.tensors["map"].why
+    assert table.tensors["feat"].qparams.bits == 8

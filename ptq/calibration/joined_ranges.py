@@ -39,6 +39,7 @@ from typing import Optional
 import numpy as np
 
 from ops.registry import op_of, reads_values
+from ptq.core.bodies import has_bodies
 from ptq.core.graph import Graph, Node
 from ptq.table.quant_table import CalibrationOptions, TensorEntry
 
@@ -122,8 +123,8 @@ def feeding_only(graph: Graph, consumers: dict[str, list[Node]], entries: dict[s
                joined: list[Node]) -> list[str]:
     """The activations that feed only the `joined` nodes (the join and its chain): walking the graph backwards
     from them, a node joins the tail when each of its outputs is an activation read only by the tail (or by
-    nodes that read its shape alone: Shape, Size); a layer with a weight joins it (its output) but does not pull
-    its own inputs in."""
+    nodes that read its shape alone: Shape, Size); a layer with a weight, a node with bodies (If, Loop: their
+    layers are inside) and an unregistered op join it (their outputs) but do not pull their own inputs in."""
     pulling = {id(node) for node in joined}
     tail = []
     for node in reversed(graph.nodes):
@@ -135,7 +136,7 @@ def feeding_only(graph: Graph, consumers: dict[str, list[Node]], entries: dict[s
             continue
         tail += outputs
         op = op_of(node)
-        if op is not None and op.weight_role(node) is None:
+        if op is not None and op.weight_role(node) is None and not has_bodies(node):
             pulling.add(id(node))
     return tail[::-1]
 

@@ -7,8 +7,11 @@ below the peak), so an 8-bit grid steps 0.54: two classes whose logits differ by
 the integer argmax takes the first of them, whichever float preferred. On that model's 256 eval lines the
 greedy CTC decode then equals float's on 82% of them, while the output's cosine reads 0.9995.
 
-So, by default, an op whose output is a distribution over its rows (`OpDef.normalizes_rows`: Softmax,
-LogSoftmax) and reaches a graph output directly or through ops that only move codes
+A text detector's probability map (a Sigmoid at the output, thresholded at 0.3) is read the same way: its
+8-bit grid steps 0.004.
+
+So, by default, an op whose output is a probability from logits (`OpDef.gives_scores`: Softmax, LogSoftmax,
+Sigmoid) and reaches a graph output directly or through ops that only move codes
 (`ptq.calibration.joined_ranges.chain_to_output`) takes 16 bits for its output and that chain, and for its
 input and every activation that feeds only it, up to and including the output of the nearest layer with a
 weight (`ptq.calibration.joined_ranges.feeding_only`: the logits' MatMul/Gemm and the bias Add after it),
@@ -26,13 +29,13 @@ from ptq.table.quant_table import CalibrationOptions, TensorEntry
 
 
 def widen_output_scores(graph: Graph, entries: dict[str, TensorEntry], options: CalibrationOptions) -> list[str]:
-    """Give each row normalizer that ends in a graph output, its chain to the output and the tail feeding it 16
+    """Give each score op that ends in a graph output, its chain to the output and the tail feeding it 16
     bits (module docstring), in place on `entries` (the activation entries); returns the tensors changed."""
     consumers = graph.consumers()
     changed: list[str] = []
     for node in graph.nodes:
         op = op_of(node)
-        if op is None or not op.normalizes_rows or not node.outputs or node.outputs[0] not in entries:
+        if op is None or not op.gives_scores or not node.outputs or node.outputs[0] not in entries:
             continue
         chain = chain_to_output(graph, consumers, node.outputs[0])
         if chain is None or any(n.outputs[0] not in entries for n in chain):
