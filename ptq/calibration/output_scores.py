@@ -1,9 +1,9 @@
-"""Class scores at a graph output keep 16 bits, with their logits and the tail that feeds only them (issue 24;
+"""Scores at a graph output keep 16 bits, with their logits and the tail that feeds only them (issue 24;
 whitepaper 5.1.3 keeps detection scores in int16).
 
 A recognizer's CTC head ends in a Softmax over thousands of classes, read by an argmax per time step. Its
-logits span a wide range (about -110..27 on the CRNN test model: the thousands of unlikely classes sit far
-below the peak), so an 8-bit grid steps 0.54: two classes whose logits differ by less land on one code, and
+logits span a wide range (-70..67 on the CRNN test model: the thousands of unlikely classes sit far below
+the peak), so an 8-bit grid steps 0.54: two classes whose logits differ by less land on one code, and
 the integer argmax takes the first of them, whichever float preferred. On that model's 256 eval lines the
 greedy CTC decode then equals float's on 82% of them, while the output's cosine reads 0.9995.
 
