@@ -121,6 +121,9 @@ class OpDef:
       Flatten, Squeeze, Unsqueeze, Transpose): reports follow an output's parts back through it;
     - `selects_boxes`: the op is a non-max suppression over boxes [B, A, 4] (input 0) and scores [B, C, A]
       (input 1), ONNX's form: `ptq report --task detect` compares the detections it selects;
+    - `gives_scores`: the output is a probability, or its log, from logits (Softmax and LogSoftmax over a row,
+      Sigmoid per element): at a graph output an argmax or a threshold reads it, so calibration keeps it, its
+      logits and the tail feeding only them at 16 bits (`ptq.calibration.output_scores`);
     - `sums_inputs`: the output is an elementwise sum of the inputs (Add, Sub), so inputs and output on one
       scale make the op a plain integer add (the int4-dsp scheme's ShareQuantize, `ptq.calibration.int4_dsp`);
       `sum_signs` the sign each input takes in it ((1, 1) for Add, (1, -1) for Sub);
@@ -162,6 +165,7 @@ class OpDef:
     wide_input: ClassVar[bool] = False
     rearranges: ClassVar[bool] = False
     selects_boxes: ClassVar[bool] = False
+    gives_scores: ClassVar[bool] = False
     sums_inputs: ClassVar[bool] = False
     sum_signs: ClassVar[Optional[tuple[int, ...]]] = None
     positively_homogeneous: ClassVar[bool] = False

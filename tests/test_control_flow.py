@@ -232,7 +232,10 @@ def test_an_lstm_inside_a_branch_runs_in_integers(tmp_path):
     assert pick.kind is NodeKind.CONTROL
     for branch_graph in (pick.control.then_branch, pick.control.else_branch):
         assert [s.kind for s in branch_graph.steps] == [NodeKind.INTEGER]  # the LSTM
-    scale = float(prepared.qparams["y"].scale[0])
+    # y, a Sigmoid at the output, is at 16 bits (ptq.calibration.output_scores): the bound is 3 steps of an
+    # 8-bit grid over its range, the error the 8-bit cell makes
+    y = result.table.tensors["y"]
+    scale = float(y.max.max() - y.min.min()) / 255
     for sample in samples:
         want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, sample)[0]
         assert np.abs(prepared.run(sample).outputs["y"] - want).max() <= 3 * scale

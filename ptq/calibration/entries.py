@@ -15,6 +15,7 @@ from calibrators import TensorStatistics, calibrate_array, get_calibrator
 from ptq.calibration.joined_ranges import separate_joined_parts
 from ptq.calibration.outlier_channels import widen_outlier_channels
 from ptq.calibration.recurrent_inputs import widen_recurrent_inputs
+from ptq.calibration.output_scores import widen_output_scores
 from ptq.core.bodies import body_activations, calibrated_tensors
 from ptq.core.graph import Graph
 from ptq.core.qparams import compute_qparams
@@ -28,8 +29,9 @@ def activation_entries(
     graph: Graph, stats: dict[str, TensorStatistics], options: CalibrationOptions
 ) -> dict[str, TensorEntry]:
     """Table entries of the activations from their statistics; a join of widely different ranges that ends in
-    a graph output keeps one grid per part (`ptq.calibration.joined_ranges`); a layer input with outlier
-    channels gets 16 bits (`ptq.calibration.outlier_channels`), so does a recurrent cell's input sequence
+    a graph output keeps one grid per part (`ptq.calibration.joined_ranges`), class scores at a graph output
+    keep 16 bits with their logits (`ptq.calibration.output_scores`); a layer input with outlier channels gets 16
+    bits (`ptq.calibration.outlier_channels`), so does a recurrent cell's input sequence
     (`ptq.calibration.recurrent_inputs`)."""
     calibrator = get_calibrator(options.calibrator).for_grid(options.symmetric)
     bounds = folded_ranges(graph) if options.fold_clip else {}
@@ -51,10 +53,11 @@ def activation_entries(
     log = logging.getLogger("ptq.calibration.pipeline")
     for join in separate_joined_parts(graph, entries, options):
         log.info("%s", join.why)
-    for wide in widen_outlier_channels(stats, entries, options):
+    for wide in widen_outlier_channels(graph, stats, entries, options):
         log.info("%s: %s", wide.tensor, wide.why)
     for recurrent in widen_recurrent_inputs(graph, entries, options):
         log.info("%s", recurrent.why)
+    widen_output_scores(graph, entries, options)
     return entries
 
 

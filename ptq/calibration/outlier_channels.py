@@ -10,7 +10,9 @@ LayerNorm output's own cosine reads 0.9995, dominated by the outliers). At 16 bi
 ordinary channel keeps the resolution an 8-bit grid of its own would give it: 200/200.
 
 The test, from the per-channel min/max calibration collects for these tensors: the widest channel's range is
-more than RANGE_RATIO times the median channel's. Measured ratios: 51 on the gelu classifier's outlier
+more than RANGE_RATIO times the median channel's. Scores (the output of an op that `gives_scores`: a Softmax's
+probabilities) are left alone: their channels are classes of one distribution, most of them near 0 on every
+sample, not features an 8-bit grid crushes. Measured ratios: 51 on the gelu classifier's outlier
 LayerNorm; 1.5-3.2 on every other MatMul input of the bench's transformer, sequence models. The entry keeps
 its calibrated range; its `why` says so.
 """
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from calibrators import TensorStatistics
+from ops.registry import op_of
+from ptq.core.graph import Graph
 from ptq.table.quant_table import CalibrationOptions, TensorEntry
 
 RANGE_RATIO = 16.0  # widest channel range / median channel range above this: outlier channels
@@ -50,13 +54,17 @@ def channel_ratio(stats: TensorStatistics) -> tuple[float, int]:
     return float(widths.max()) / median, int(np.count_nonzero(widths > RANGE_RATIO * median))
 
 
-def widen_outlier_channels(stats: dict[str, TensorStatistics], entries: dict[str, TensorEntry],
+def widen_outlier_channels(graph: Graph, stats: dict[str, TensorStatistics], entries: dict[str, TensorEntry],
                            options: CalibrationOptions) -> list[OutlierChannels]:
     """Give the activations with outlier channels 16 bits, in place on `entries`; returns what changed."""
+    producers = graph.producer()
     changed = []
     for name, tensor_stats in stats.items():
         entry = entries.get(name)
         if entry is None or entry.qparams.bits >= WIDE_BITS or entry.qparams.per_channel:
+            continue
+        op = op_of(producers[name]) if name in producers else None
+        if op is not None and op.gives_scores:
             continue
         ratio, outliers = channel_ratio(tensor_stats)
         if ratio <= RANGE_RATIO:
