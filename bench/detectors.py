@@ -6,7 +6,7 @@ Models (`bench/models/`, built by the scripts there; the sample arrays are writt
 `bench/models/make_samples.py` when missing): a YOLOv8-style detector (DFL Softmax, pixel boxes and sigmoid
 scores joined in one output [1, 22, 525]), a DBNet-style text detector (Paddle style, opset 11, Conv biases in
 Adds) and a CRNN-style recognizer (opset 11, Softmax over 6,625 classes). Calibration on the 32 calib arrays,
-every figure on the 16 eval arrays, each against the float model in onnxruntime:
+every figure on the 256 eval arrays, each against the float model in onnxruntime:
 
 - ptq: `ptq.calibrate(model, data=calib)` with every default (no flag), then the integer graph;
 - ort: `onnxruntime.quantization.quantize_static`, QDQ, per-channel int8 weights, uint8 activations, MinMax,
@@ -14,7 +14,7 @@ every figure on the 16 eval arrays, each against the float model in onnxruntime:
 - nncf: `nncf.quantize` with its defaults (`bench/nncf_quantize.py`, in NNCF's own venv), run likewise.
 The peers get opset-11 models converted to opset 13 (`onnx.version_converter`), where per-channel weights exist.
 
-When ptq's integer run stops on a node (today: a Softmax row longer than 4096 terms), the row `ptq*` is the run
+When ptq's integer run stops on a node (none of these models does today), the row `ptq*` is the run
 with that node in float (`--float-nodes`), as a user would run it, and the error is printed.
 
 Figures: `cosine`, the mean over samples of the output's cosine with float; for the detector the score rows'

@@ -2,6 +2,7 @@
 the same calibration and evaluation samples, in one run.
 
     python bench/sequence_models.py [--models char_tagger,gelu_classifier,gru_tagger] [--eval N] [--no-nncf]
+                                    [--more-gru N]
 
 Models and samples come from `bench/models/` (their build scripts; the .onnx and the sample folders are
 committed): per model `<name>.onnx` and `<name>_data/{calib,eval}/*.npz`. Each quantizer calibrates on
@@ -15,6 +16,8 @@ committed): per model `<name>.onnx` and `<name>_data/{calib,eval}/*.npz`. Each q
 Figures on `eval`, against the float model (onnxruntime): the tagger's ArgMax agreement on real (unpadded)
 positions, the classifier's top-1 agreement, the per-frame argmax agreement of the GRU tagger, the VAD's speech
 decisions (p > 0.5; its samples are streaming steps, each with the state the float model returned before).
+`--more-gru N` adds N sequences drawn from the GRU tagger's task (`bench/models/gru_task.py`, seed 5) to its
+evaluation samples: its few disagreements need more frames than the committed 200 sequences to tell apart.
 """
 from __future__ import annotations
 
@@ -29,11 +32,12 @@ import numpy as np
 import onnxruntime as ort
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench" / "models")]
 
 from ptq.api import calibrate  # noqa: E402
 from ptq.core.graph import load_model  # noqa: E402
 from ptq.engine.executor import prepare  # noqa: E402
+from gru_task import make_batch  # noqa: E402
 
 MODELS = ROOT / "bench" / "models"
 NNCF_PYTHON = Path("/work/nncfenv/bin/python")
@@ -112,12 +116,15 @@ def evaluate(name: str, eval_items, run) -> float:
     return agree / max(counted, 1)
 
 
-def bench_model(name: str, eval_limit: int, use_nncf: bool) -> dict:
+def bench_model(name: str, eval_limit: int, use_nncf: bool, more: int = 0) -> dict:
     model = MODELS / f"{name}.onnx"
     data = MODELS / f"{name}_data"
     float_session = session(model)
     input_name = float_session.get_inputs()[0].name
     calib, evals = samples(data / "calib", input_name), samples(data / "eval", input_name, eval_limit)
+    if more:
+        drawn, _ = make_batch(np.random.default_rng(5), more)
+        evals += [(Path(f"drawn/{k:04d}"), {input_name: drawn[k:k + 1]}) for k in range(more)]
     output = float_session.get_outputs()[0].name
     want = {path: float_session.run([output], feeds)[0] for path, feeds in evals}
     row = {}
@@ -127,7 +134,7 @@ def bench_model(name: str, eval_limit: int, use_nncf: bool) -> dict:
             result = calibrate(model, data=str(data / "calib"), out=tmp, quiet=True)
             graph = load_model(model, result.table.options.input_shapes)
             prepared = prepare(graph, result.table)
-            row["ptq_float_nodes"] = [s.node.name for s in prepared.steps if s.kind.name == "FLOAT"]
+            row["ptq_float_nodes"] = [f.name for f in prepared.float_nodes]
 
             def run_ptq(feeds, path_of={id(f): p for p, f in evals}):
                 got = prepared.run(feeds, keep_all=False).outputs[output]
@@ -163,13 +170,15 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(METRICS))
     parser.add_argument("--eval", type=int, default=0, help="evaluation samples per model (default: all)")
     parser.add_argument("--no-nncf", action="store_true")
+    parser.add_argument("--more-gru", type=int, default=0, help="gru_tagger: N more drawn evaluation sequences")
     args = parser.parse_args()
     print(f"{'model':<18} {'metric':<38} {'ptq':>8} {'onnxruntime':>12} {'nncf':>8}")
     for name in args.models.split(","):
-        row = bench_model(name, args.eval, not args.no_nncf)
+        row = bench_model(name, args.eval, not args.no_nncf, args.more_gru if name == "gru_tagger" else 0)
         cells = [f"{row[k]:.4f}" if isinstance(row.get(k), float) else "failed" if k in row else "-"
                  for k in ("ptq", "onnxruntime", "nncf")]
-        print(f"{name:<18} {METRICS[name]:<38} {cells[0]:>8} {cells[1]:>12} {cells[2]:>8}"
+        label = f"{name} +{args.more_gru}" if name == "gru_tagger" and args.more_gru else name
+        print(f"{label:<18} {METRICS[name]:<38} {cells[0]:>8} {cells[1]:>12} {cells[2]:>8}"
               f"   (ptq calibrate+run {row['ptq_seconds']:.1f} s; float nodes: {row['ptq_float_nodes'] or 'none'})")
         for k in ("ptq", "onnxruntime", "nncf"):
             if isinstance(row.get(k), str):

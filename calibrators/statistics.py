@@ -34,15 +34,19 @@ class TensorStatistics:
     """Streaming statistics of one tensor, per-tensor (`axis=None`) or per channel along `axis`.
 
     Collectors that were not asked for stay None; asking a calibrator to use one raises ValueError.
+    `channel_axis`: also the min/max of every channel along that axis (`channel_minmax`), beside the
+    statistics above (calibration looks for outlier channels with it).
     """
 
     needs: frozenset = frozenset()
     axis: Optional[int] = None
     num_bins: int = DEFAULT_BINS
+    channel_axis: Optional[int] = None
     minmax: MinMaxCollector = field(init=False)
     moments: Optional[MomentsCollector] = field(init=False, default=None)
     batch_extrema: Optional[BatchExtremaCollector] = field(init=False, default=None)
     histogram: Optional[HistogramCollector] = field(init=False, default=None)
+    channel_minmax: Optional[MinMaxCollector] = field(init=False, default=None)
 
     def __post_init__(self):
         needs = frozenset(self.needs) | {Stat.MINMAX}
@@ -57,6 +61,8 @@ class TensorStatistics:
             self.batch_extrema = BatchExtremaCollector()
         if Stat.HISTOGRAM in needs:
             self.histogram = HistogramCollector(self.num_bins)
+        if self.channel_axis is not None:
+            self.channel_minmax = MinMaxCollector()
 
     def _collectors(self) -> list:
         return [c for c in (self.minmax, self.moments, self.batch_extrema, self.histogram) if c is not None]
@@ -80,20 +86,26 @@ class TensorStatistics:
         rows = as_channels(batch, self.axis)
         for collector in self._collectors():
             collector.update(rows)
+        if self.channel_minmax is not None:
+            self.channel_minmax.update(as_channels(batch, self.channel_axis))
         return self
 
     def merge(self, other: "TensorStatistics") -> "TensorStatistics":
         """Fold in statistics of another shard (same needs, axis and bin count); returns self."""
         if not isinstance(other, TensorStatistics):
             raise TypeError(f"can only merge TensorStatistics, got {type(other).__name__}")
-        if (other.needs, other.axis, other.num_bins) != (self.needs, self.axis, self.num_bins):
+        if (other.needs, other.axis, other.num_bins, other.channel_axis) != (
+                self.needs, self.axis, self.num_bins, self.channel_axis):
             raise ValueError(
                 "TensorStatistics.merge: incompatible statistics "
                 f"(needs {sorted(n.value for n in self.needs)} vs {sorted(n.value for n in other.needs)}, "
-                f"axis {self.axis} vs {other.axis}, bins {self.num_bins} vs {other.num_bins})"
+                f"axis {self.axis} vs {other.axis}, bins {self.num_bins} vs {other.num_bins}, "
+                f"channel axis {self.channel_axis} vs {other.channel_axis})"
             )
         for mine, theirs in zip(self._collectors(), other._collectors()):
             mine.merge(theirs)
+        if self.channel_minmax is not None:
+            self.channel_minmax.merge(other.channel_minmax)
         return self
 
     def require(self, stat: Stat):

@@ -119,6 +119,10 @@ class Gemm(OpDef):
         """C along the output's columns, when beta = 1 (a constant added after the Gemm is then C's share)."""
         return BiasSlot(2, 1) if float(node.attr("beta", 1.0)) == 1.0 else None
 
+    def summed_input_axis(self, node):
+        """A's columns (its rows when transposed, transA=1): the axis summed against B."""
+        return 0 if node.attr("transA", 0) else 1
+
     def forward_float(self, node, inputs):
         a, b = (np.asarray(v, dtype=np.float32) for v in inputs[:2])
         a = a.T if node.attr("transA", 0) else a
@@ -219,6 +223,10 @@ class MatMul(OpDef):
     def bias_slot(self, node):
         """A bias along the output's last axis, in ptq's integer graph only (ONNX MatMul has no such input)."""
         return BiasSlot(2, -1, in_onnx=False)
+
+    def summed_input_axis(self, node):
+        """A's last axis: the one summed against B."""
+        return -1
 
     def forward_float(self, node, inputs):
         a, b = (np.asarray(v, dtype=np.float32) for v in inputs[:2])

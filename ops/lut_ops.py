@@ -82,6 +82,7 @@ class Sigmoid(_LutOp):
     """ONNX Sigmoid as a lookup table (module docstring)."""
 
     op_type = "Sigmoid"
+    gives_scores = True
     lsb_bound = 0.5
     section = "4.62"
     conformance = Case()

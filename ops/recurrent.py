@@ -474,6 +474,7 @@ class _Recurrent(OpDef):
     section = "no chapter 4 entry (dot products as 4.22, tables as 3.3.2.2, products as 4.49)"
     int_types = "int8/uint8/int16 x int16 weights -> int48 acc -> int16 gates and state -> int8/uint8/int16"
     granularity = "per-row 16-bit weights; fixed 16-bit internal grids"
+    wide_input = True  # X at 16 bits: the recurrence carries its error into every later state
 
     def forward_float(self, node, inputs):
         return _float_recurrent(node, inputs)

@@ -122,12 +122,21 @@ class OpDef:
       Flatten, Squeeze, Unsqueeze, Transpose): reports follow an output's parts back through it;
     - `selects_boxes`: the op is a non-max suppression over boxes [B, A, 4] (input 0) and scores [B, C, A]
       (input 1), ONNX's form: `ptq report --task detect` compares the detections it selects;
+    - `gives_scores`: the output is a probability, or its log, from logits (Softmax and LogSoftmax over a row,
+      Sigmoid per element): at a graph output an argmax or a threshold reads it, so calibration keeps it, its
+      logits and the tail feeding only them at 16 bits (`ptq.calibration.output_scores`);
     - `sums_inputs`: the output is an elementwise sum of the inputs (Add, Sub), so inputs and output on one
       scale make the op a plain integer add (the int4-dsp scheme's ShareQuantize, `ptq.calibration.int4_dsp`);
       `sum_signs` the sign each input takes in it ((1, 1) for Add, (1, -1) for Sub);
     - `joins_along(node)`: the axis along which the op joins its inputs into its output (Concat), None for
       other ops; calibration gives a join of widely different ranges one grid per part (`ptq.calibration.joined_ranges`),
       reports judge each input's part of a graph output on its own (`reports.output_breakdown`);
+    - `wide_input`: the op carries its input 0's error through a recurrence (LSTM, GRU): calibration gives
+      that input 16 bits (`ptq.calibration.recurrent_inputs`);
+    - `summed_input_axis(node)`: the axis of input 0 (an activation) that the op sums over against its constant
+      weight (MatMul: the last; Gemm: by transA), None for other ops: calibration gives such an input whose
+      channels along it have widely different ranges (outlier features) 16 bits
+      (`ptq.calibration.outlier_channels`);
     - `moved_axis(node, axis, in_shape, out_shape)`: for an op that only moves codes (`keeps_input_qparams`),
       the output axis that holds input 0's `axis` whole, so a per-channel grid follows it (Transpose, Reshape);
       None when the channels do not stay whole along one axis;
@@ -157,8 +166,10 @@ class OpDef:
     absorbable: ClassVar[bool] = False
     absorbs_batchnorm: ClassVar[bool] = False
     keeps_input_qparams: ClassVar[bool] = False
+    wide_input: ClassVar[bool] = False
     rearranges: ClassVar[bool] = False
     selects_boxes: ClassVar[bool] = False
+    gives_scores: ClassVar[bool] = False
     sums_inputs: ClassVar[bool] = False
     sum_signs: ClassVar[Optional[tuple[int, ...]]] = None
     positively_homogeneous: ClassVar[bool] = False
@@ -180,6 +191,9 @@ class OpDef:
         return None
 
     def moved_axis(self, node: Node, axis: int, in_shape: Optional[tuple], out_shape: Optional[tuple]) -> Optional[int]:
+        return None
+
+    def summed_input_axis(self, node: Node) -> Optional[int]:
         return None
 
     def index_outputs(self, node: Node) -> frozenset[int]:
@@ -297,6 +311,12 @@ def bias_role(node: Node) -> Optional[BiasRole]:
     """The int32 bias input of a node, as its op declares it."""
     op = op_of(node)
     return op.bias_role(node) if op is not None else None
+
+
+def summed_input_axis(node: Node) -> Optional[int]:
+    """The axis of input 0 the node sums over against its constant weight (`OpDef.summed_input_axis`)."""
+    op = op_of(node)
+    return op.summed_input_axis(node) if op is not None else None
 
 
 def bias_slot(node: Node) -> Optional[BiasSlot]:

@@ -109,6 +109,7 @@ class Softmax(OpDef):
     """ONNX Softmax (both opset semantics) in integers. Formula and LSB bound: module docstring."""
 
     op_type = "Softmax"
+    gives_scores = True
     lsb_bound = 1.0
     section = "4.66"
     int_types = "int8/uint8/int16 -> uint8/uint16"
@@ -135,6 +136,7 @@ class LogSoftmax(OpDef):
     """ONNX LogSoftmax (both opset semantics) in integers. Formula and LSB bound: module docstring."""
 
     op_type = "LogSoftmax"
+    gives_scores = True
     lsb_bound = 1.0
     section = "4.66"
     int_types = "int8/uint8/int16 -> int8/uint8/int16"

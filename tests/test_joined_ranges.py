@@ -113,7 +113,7 @@ def test_behind_a_transpose_the_grids_follow_the_channels():
     model = _yolo_head(transpose=True)
     table = calibrate(model, _images(8, 1), write_qdq=False).table
     joined, output = table.tensors["joined"], table.tensors["output"]
-    assert (joined.qparams.axis, output.qparams.axis) == (1, 2) and output.qparams.bits == 8
+    assert (joined.qparams.axis, output.qparams.axis) == (1, 2) and output.qparams.bits == 16
     np.testing.assert_array_equal(output.qparams.scale, joined.qparams.scale)
     assert "moved to axis 2 of 'output'" in output.why
     transpose = next(s for s in prepare(load_model(model), table).steps if s.node.name == "head_transpose")
@@ -159,3 +159,82 @@ def test_similar_ranges_and_inner_joins_keep_one_grid():
     inner.graph.output.append(helper.make_tensor_value_info("relu_out", TensorProto.FLOAT, [1, 22, 2100]))
     table = calibrate(inner, _images(4, 1), write_qdq=False).table
     assert table.tensors["joined"].qparams.axis is None and table.tensors["joined"].qparams.bits == 8
+
+
+ANCHORS = 64
+
+
+def _exact_head(box_conv_is_output: bool = False) -> onnx.ModelProto:
+    """feat [1, 8, 1, 64] -> cls Conv 1x1 (logits -23..5) -> Sigmoid -> Reshape [1, 3, 64]; box Conv 1x1 -> Relu
+    -> Mul 8 (pixels 0..~460) -> Reshape [1, 4, 64]; Concat axis 1 -> out [1, 7, 64]. The weights lie on their
+    own 8-bit per-channel grids and `_feat` on the input's 8-bit grid, so the integer accumulators are exact:
+    what remains is the grids after the Convs (`box_conv_is_output`: the box Conv output is also an output)."""
+    rng = np.random.default_rng(5)
+    codes_c, codes_b = rng.integers(-127, 128, (3, 8)), rng.integers(-20, 128, (4, 8))
+    codes_c[:, :2] = codes_b[:, :2] = (127, -127)  # each channel's grid: step exactly 0.05 / 0.12
+    init = {"w_cls": (codes_c * 0.05).reshape(3, 8, 1, 1), "b_cls": np.array([-8.0, -6.0, -7.0]),
+            "w_box": (codes_b * 0.12).reshape(4, 8, 1, 1), "b_box": np.zeros(4), "stride": np.array(8.0)}
+    tensors = [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in init.items()]
+    tensors += [numpy_helper.from_array(np.array([1, rows, ANCHORS], np.int64), f"shape{rows}") for rows in (3, 4)]
+    nodes = [
+        helper.make_node("Conv", ["feat", "w_cls", "b_cls"], ["logit"], name="cls_conv"),
+        helper.make_node("Sigmoid", ["logit"], ["score"], name="cls_sigmoid"),
+        helper.make_node("Reshape", ["score", "shape3"], ["scores"], name="cls_flat"),
+        helper.make_node("Conv", ["feat", "w_box", "b_box"], ["box_raw"], name="box_conv"),
+        helper.make_node("Relu", ["box_raw"], ["box_pos"], name="box_relu"),
+        helper.make_node("Mul", ["box_pos", "stride"], ["box_px"], name="box_scale"),
+        helper.make_node("Reshape", ["box_px", "shape4"], ["boxes"], name="box_flat"),
+        helper.make_node("Concat", ["boxes", "scores"], ["out"], name="join", axis=1),
+    ]
+    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 7, ANCHORS])]
+    if box_conv_is_output:
+        outputs.append(helper.make_tensor_value_info("box_raw", TensorProto.FLOAT, [1, 4, 1, ANCHORS]))
+    graph = helper.make_graph(nodes, "exact_head", [helper.make_tensor_value_info("feat", TensorProto.FLOAT,
+                                                                                  [1, 8, 1, ANCHORS])],
+                              outputs, tensors)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _feat(n: int, seed: int) -> np.ndarray:
+    """Codes of the 8-bit grid of [0, 1] (step 1/255), each sample reaching both ends."""
+    x = np.random.default_rng(seed).integers(0, 256, (n, 8, 1, ANCHORS)).astype(np.float64)
+    x[:, :, :, 0], x[:, :, :, 1] = 0, 255
+    return (x / 255).astype(np.float32)
+
+
+def test_the_tail_feeding_only_the_parts_takes_16_bits_and_the_scores_follow_float():
+    """Before: the logits' 8-bit grid over -23..5 steps 0.11 (a score of 0.25 moves by up to 0.01, enough to
+    cross the detection threshold) and the pixels' grid over 0..460 steps 1.8; now every tensor after the Convs
+    is at 16 bits, and with exact accumulators the integer scores are within 2e-4 of float, the boxes within
+    0.02 pixels, in the integer run and in the QDQ model."""
+    model = _exact_head()
+    table = calibrate(model, _feat(8, 1), write_qdq=False).table
+    tail = ("logit", "score", "scores", "box_raw", "box_pos", "box_px", "boxes")
+    for name in tail:
+        entry = table.tensors[name]
+        assert entry.qparams.bits == 16 and "feeds only the parts of Concat 'join'" in entry.why, name
+    assert table.tensors["out"].qparams.bits == 16 and table.tensors["feat"].qparams.bits == 8
+    integer = prepare(load_model(model), table)
+    qdq = export_qdq(load_model(model), table)
+    dequantized = {n.output[0]: n for n in qdq.graph.node if n.op_type == "DequantizeLinear"}
+    zero_points = {i.name: numpy_helper.to_array(i) for i in qdq.graph.initializer}
+    assert all(zero_points[dequantized[name].input[2]].dtype.itemsize == 2 for name in (*tail, "out"))
+    for seed in (2, 3):
+        x = _feat(1, seed)
+        ref = _ort_feat(model, x)
+        assert 0 < np.mean(ref[:, BOXES:] > 0.25) < 0.5 and ref[:, :BOXES].max() > 300
+        for y in (integer.run({"feat": x}).outputs["out"], _ort_feat(qdq, x)):
+            assert np.abs(y[:, BOXES:] - ref[:, BOXES:]).max() < 2e-4
+            assert np.abs(y[:, :BOXES] - ref[:, :BOXES]).max() < 0.02
+
+
+def _ort_feat(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(["out"], {"feat": x})[0]
+
+
+def test_the_tail_stops_at_a_tensor_read_elsewhere():
+    # the box Conv's output is also a graph output: it keeps the calibrator's grid, the Relu after it widens
+    table = calibrate(_exact_head(box_conv_is_output=True), _feat(8, 1), write_qdq=False).table
+    assert table.tensors["box_raw"].qparams.bits == 8 and table.tensors["box_raw"].why == ""
+    assert table.tensors["box_pos"].qparams.bits == 16 and table.tensors["logit"].qparams.bits == 16

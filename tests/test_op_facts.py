@@ -185,3 +185,10 @@ def test_own_bias_reads_the_bias_role():
     assert own_bias(graph, conv2, set()) == ""  # no bias input
     relu = graph.nodes[1]
     assert own_bias(graph, Node(relu.name, relu.op_type, ["c1", "W1", "B1"], relu.outputs), set()) == ""
+
+
+def test_score_ops():
+    # calibration keeps an output Softmax / LogSoftmax / Sigmoid at 16 bits with its logits
+    # (ptq.calibration.output_scores)
+    assert {t for t in ("Softmax", "LogSoftmax", "Hardmax", "Sigmoid", "Tanh", "ReduceMax")
+            if get_op(t).gives_scores} == {"Softmax", "LogSoftmax", "Sigmoid"}

@@ -47,3 +47,38 @@ def test_a_trained_tagger_runs_its_cell_in_integers(cell, op_type, tmp_path):
         cell_error = max(cell_error, float(err))
     assert np.mean(agree) >= 0.99
     assert cell_error <= get_op(op_type).lsb_bound
+
+
+def test_a_zero_state_computed_from_a_dynamic_batch_leaves_the_gru_in_integers(tmp_path):
+    """torch's export of nn.GRU without h0 sizes its zero state with Shape -> Gather -> Concat ->
+    ConstantOfShape from the input; with the batch dimension left dynamic (the table keeps [None, 50, 16])
+    that state was a float node and its range [0, 0] made the GRU fall back to float too."""
+    model = MODELS / "gru_tagger.onnx"
+    data = MODELS / "gru_tagger_data"
+    result = calibrate(model, data=data / "calib", write_qdq=False)
+    prepared = prepare(result.graph, result.table)
+    step = next(s for s in prepared.steps if s.node.op_type == "GRU")
+    assert step.kind is NodeKind.INTEGER and not prepared.float_nodes
+    assert not any(s.node.op_type == "ConstantOfShape" for s in prepared.steps)
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    agree = []
+    for path in sorted((data / "eval").glob("*.npy"))[:40]:
+        x = np.load(path)
+        got = prepared.run({"frames": x}).outputs["logits"].argmax(-1)
+        agree.append(np.mean(got == session.run(None, {"frames": x})[0].argmax(-1)))
+    assert np.mean(agree) >= 0.99
+
+
+def test_the_input_sequence_of_a_recurrent_cell_is_calibrated_at_16_bits():
+    """The GRU computes with 16-bit gates and state; its input frames were its one 8-bit grid, and the
+    recurrence carried their error on: 44 of 50,000 drawn frames disagreed with float at 8 bits, 14 at 16 bits
+    (`ptq.calibration.recurrent_inputs`). The Transpose before the GRU passes codes on, so the model input
+    gets 16 bits too."""
+    model = MODELS / "gru_tagger.onnx"
+    result = calibrate(model, data=MODELS / "gru_tagger_data" / "calib", write_qdq=False)
+    for name in ("frames", "/gru/Transpose_output_0"):
+        entry = result.table.tensors[name]
+        assert entry.qparams.bits == 16 and "input sequence of GRU '/gru/GRU'" in entry.why
+    assert result.table.tensors["/gru/GRU_output_0"].qparams.bits == 8
+    prepared = prepare(result.graph, result.table)
+    assert prepared.qparams["/gru/Transpose_output_0"].bits == 16 and not prepared.float_nodes

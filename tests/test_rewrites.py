@@ -9,7 +9,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ptq.engine.float_fallback import NodeFloatEvaluator, node_proto
 from ptq.core.graph import Graph, load_model
-from ptq.engine.rewrites import apply_rewrites, copy_graph, fold_batchnorm, fold_static, fuse_activations
+from ptq.engine.rewrites import (apply_rewrites, copy_graph, drop_zero_states, fold_batchnorm, fold_static,
+                                 fuse_activations)
 
 OPSET = 18
 IR_VERSION = 9  # onnxruntime 1.x reads IR <= 13; onnx 1.23 would write 14
@@ -256,3 +257,36 @@ def test_dequantize_linear_on_a_weight_is_folded():
     graph = copy_graph(load_model(helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", OPSET)])))
     fold_static(graph, NodeFloatEvaluator(OPSET))
     np.testing.assert_array_equal(graph.initializers["w"], wq.astype(np.float32) * 0.5)
+
+
+def _gru_with_filled_state(fill: float) -> onnx.ModelProto:
+    """A GRU whose initial_h is ConstantOfShape(fill) sized [1, batch, 4] from the dynamic batch of x [n, 3, 2]."""
+    rng = np.random.default_rng(5)
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+        helper.make_node("Gather", ["shape", "zero"], ["batch"], name="gather", axis=0),
+        helper.make_node("Unsqueeze", ["batch", "zero_axis"], ["batch_1d"], name="unsqueeze"),
+        helper.make_node("Concat", ["one", "batch_1d", "hidden"], ["state_shape"], name="concat", axis=0),
+        helper.make_node("ConstantOfShape", ["state_shape"], ["h0"], name="fill",
+                         value=numpy_helper.from_array(np.array([fill], np.float32))),
+        helper.make_node("Transpose", ["x"], ["xt"], name="to_time", perm=[1, 0, 2]),
+        helper.make_node("GRU", ["xt", "w", "r", "", "", "h0"], ["y"], name="gru", hidden_size=4),
+    ]
+    inits = {"zero": np.array(0, np.int64), "zero_axis": np.array([0], np.int64), "one": np.array([1], np.int64),
+             "hidden": np.array([4], np.int64), "w": rng.normal(0, 0.5, (1, 12, 2)).astype(np.float32),
+             "r": rng.normal(0, 0.5, (1, 12, 4)).astype(np.float32)}
+    return _model(nodes, [("x", ["n", 3, 2])], [("y", [3, 1, "n", 4])], inits)
+
+
+@pytest.mark.parametrize("fill, dropped", [(0.0, True), (0.5, False)])
+def test_a_zero_initial_state_of_a_recurrent_cell_is_omitted_with_its_shape_subgraph(fill, dropped):
+    model = _gru_with_filled_state(fill)
+    graph = copy_graph(load_model(model))
+    removed = drop_zero_states(graph)
+    gru = next(n for n in graph.nodes if n.op_type == "GRU")
+    if not dropped:
+        assert removed == [] and gru.inputs[5] == "h0"
+        return
+    assert gru.inputs[5] == "" and sorted(removed) == ["concat", "fill", "gather", "shape", "unsqueeze"]
+    x = np.random.default_rng(6).normal(size=(2, 3, 2)).astype(np.float32)
+    np.testing.assert_allclose(_ort(_to_model(graph), {"x": x})[0], _ort(model, {"x": x})[0], atol=1e-6)

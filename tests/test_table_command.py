@@ -27,9 +27,10 @@ def tiny(tmp_path):
     return model, images, result.table_path
 
 
-def test_show_prints_the_choice_the_default_calibrator_made(tmp_path, capsys):
+def test_show_prints_the_choice_the_auto_calibrator_made(tmp_path, capsys):
     model, images, _ = write_tiny_case(tmp_path, 5)
-    table_path = calibrate(model, images, tmp_path / "out", preprocess=RAW, write_qdq=False).table_path
+    table_path = calibrate(model, images, tmp_path / "out", preprocess=RAW, calibrator="auto",
+                           write_qdq=False).table_path
     status, out, _ = cli(capsys, "table", "show", table_path, "logits")
     label = load_quant_table(table_path).tensors["logits"].calibrator
     assert status == 0 and label.startswith("auto:") and "of extrema's" in label

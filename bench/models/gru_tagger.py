@@ -18,20 +18,9 @@ import numpy as np
 import torch
 from torch import nn
 
-FRAMES, FEATURES, HIDDEN, TAGS = 50, 16, 48, 4
+from gru_task import FEATURES, FRAMES, TAGS, make_batch  # numpy only: the bench draws more samples from it
 
-
-def make_batch(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-    x = rng.normal(0, 0.5, (n, FRAMES, FEATURES)).astype(np.float32)
-    tags = np.zeros((n, FRAMES), np.int64)
-    for row in range(n):
-        current = 0
-        for t in range(FRAMES):
-            if rng.random() < 0.12:
-                current = int(rng.integers(0, TAGS))
-                x[row, t, current] += 3.0
-            tags[row, t] = current
-    return x, tags
+HIDDEN = 48
 
 
 class Tagger(nn.Module):

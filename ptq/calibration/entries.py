@@ -13,6 +13,9 @@ import numpy as np
 
 from calibrators import TensorStatistics, calibrate_array, get_calibrator
 from ptq.calibration.joined_ranges import separate_joined_parts
+from ptq.calibration.outlier_channels import widen_outlier_channels
+from ptq.calibration.recurrent_inputs import widen_recurrent_inputs
+from ptq.calibration.output_scores import widen_output_scores
 from ptq.core.bodies import body_activations, calibrated_tensors
 from ptq.core.graph import Graph
 from ptq.core.qparams import compute_qparams
@@ -26,14 +29,17 @@ def activation_entries(
     graph: Graph, stats: dict[str, TensorStatistics], options: CalibrationOptions
 ) -> dict[str, TensorEntry]:
     """Table entries of the activations from their statistics; a join of widely different ranges that ends in
-    a graph output keeps one grid per part (`ptq.calibration.joined_ranges`)."""
+    a graph output keeps one grid per part (`ptq.calibration.joined_ranges`), class scores at a graph output
+    keep 16 bits with their logits (`ptq.calibration.output_scores`); a layer input with outlier channels gets 16
+    bits (`ptq.calibration.outlier_channels`), so does a recurrent cell's input sequence
+    (`ptq.calibration.recurrent_inputs`)."""
     calibrator = get_calibrator(options.calibrator).for_grid(options.symmetric)
     bounds = folded_ranges(graph) if options.fold_clip else {}
     entries = {}
     inner = set(body_activations(graph))
     for name in calibrated_tensors(graph):
         if name in inner and (name not in stats or stats[name].empty):
-            continue  # a branch no sample took: no entry, and the executor runs its If in float
+            continue  # a branch no sample took: no entry, and the executor runs that branch in float
         try:
             rmin, rmax, label = calibrator.compute_explained(stats[name], bits=options.bits)
         except ValueError as exc:
@@ -44,8 +50,14 @@ def activation_entries(
         qp = compute_qparams(rmin, rmax, options.bits, symmetric=options.symmetric, narrow=options.narrow,
                              pow2=options.pow2)
         entries[name] = TensorEntry("activation", label, rmin, rmax, qp)
+    log = logging.getLogger("ptq.calibration.pipeline")
     for join in separate_joined_parts(graph, entries, options):
-        logging.getLogger("ptq.calibration.pipeline").info("%s", join.why)
+        log.info("%s", join.why)
+    for wide in widen_outlier_channels(graph, stats, entries, options):
+        log.info("%s: %s", wide.tensor, wide.why)
+    for recurrent in widen_recurrent_inputs(graph, entries, options):
+        log.info("%s", recurrent.why)
+    widen_output_scores(graph, entries, options)
     return entries
 
 

@@ -18,6 +18,16 @@ RANGE_RATIO, and its output reaches a graph output either directly or through op
   after it, over the join's calibrated range (2^16 steps: a part 1/256 of the range keeps the resolution an
   8-bit grid of its own would give it).
 
+Either way the joined tensor, the chain after it and **the tail that feeds only its parts** take 16 bits
+(whitepaper 5.1.3 keeps detection outputs in int16): walking back from the join, every activation whose
+consumers all lie in that tail, up to and including the output of the nearest layer with a weight
+(`OpDef.weight_role`: Conv, Gemm, MatMul), whose inputs keep the calibrator's grid. In a YOLO head that is
+the class logits' Conv outputs, their Reshapes and Concat and the Sigmoid (a score of 0.25 sits where an
+8-bit logit grid over -45..5 steps 0.2, i.e. 0.04 in score), and the box decode after the DFL Conv (the
+anchors' Sub/Add, Concat and the stride Mul, which an 8-bit grid over 0..580 pixels steps 2.3 pixels): with
+8 bits these flip detections near the score threshold and the NMS IoU, at 16 bits they leave the error of
+the 8-bit network before them.
+
 Each changed entry says why in its `why` field. Joins inside the network (FPN concats feeding a Conv) keep
 the calibrator's grid: their consumers need one per-tensor grid.
 """
@@ -28,7 +38,8 @@ from typing import Optional
 
 import numpy as np
 
-from ops.registry import op_of
+from ops.registry import op_of, reads_values
+from ptq.core.bodies import has_bodies
 from ptq.core.graph import Graph, Node
 from ptq.table.quant_table import CalibrationOptions, TensorEntry
 
@@ -41,17 +52,18 @@ class JoinedRanges:
     """One join whose parts got their own grids: the tensors whose entries changed and why."""
 
     node: str
-    tensors: tuple[str, ...]
+    tensors: tuple[str, ...]  # the joined tensor and the chain after it
     ratio: float
     per_channel: bool
     why: str
+    tail: tuple[str, ...] = ()  # the activations feeding only the parts, at 16 bits
 
 
 def _width(entry: TensorEntry) -> float:
     return float(np.max(entry.max) - np.min(entry.min))
 
 
-def _chain_to_output(graph: Graph, consumers: dict[str, list[Node]], tensor: str) -> Optional[list[Node]]:
+def chain_to_output(graph: Graph, consumers: dict[str, list[Node]], tensor: str) -> Optional[list[Node]]:
     """The single-consumer code-moving nodes after `tensor` up to a graph output ([] when `tensor` is itself a
     graph output with no consumer), or None when it does not end there."""
     chain = []
@@ -107,6 +119,37 @@ def _part_ranges(graph: Graph, entries: dict[str, TensorEntry], node: Node, axis
     return np.concatenate(lo), np.concatenate(hi)
 
 
+def feeding_only(graph: Graph, consumers: dict[str, list[Node]], entries: dict[str, TensorEntry],
+               joined: list[Node]) -> list[str]:
+    """The activations that feed only the `joined` nodes (the join and its chain): walking the graph backwards
+    from them, a node joins the tail when each of its outputs is an activation read only by the tail (or by
+    nodes that read its shape alone: Shape, Size); a layer with a weight, a node with bodies (If, Loop: their
+    layers are inside) and an unregistered op join it (their outputs) but do not pull their own inputs in."""
+    pulling = {id(node) for node in joined}
+    tail = []
+    for node in reversed(graph.nodes):
+        outputs = [o for o in node.outputs if o]
+        if not outputs or id(node) in pulling or any(o not in entries or o in graph.outputs for o in outputs):
+            continue
+        readers = [[user for user in consumers.get(o, []) if reads_values(user)] for o in outputs]
+        if not all(users and all(id(user) in pulling for user in users) for users in readers):
+            continue
+        tail += outputs
+        op = op_of(node)
+        if op is not None and op.weight_role(node) is None and not has_bodies(node):
+            pulling.add(id(node))
+    return tail[::-1]
+
+
+def widen(entries: dict[str, TensorEntry], options: CalibrationOptions, names: list[str], why: str) -> None:
+    """The entries of `names` at WIDE_BITS over their calibrated ranges (per tensor or per channel as they
+    are), each saying `why`."""
+    for name in names:
+        entry = entries[name]
+        qp = options.derive_qparams("activation", entry.min, entry.max, WIDE_BITS, entry.qparams.axis)
+        entries[name] = TensorEntry("activation", entry.calibrator, entry.min, entry.max, qp, entry.run_in_float, why)
+
+
 def separate_joined_parts(graph: Graph, entries: dict[str, TensorEntry],
                           options: CalibrationOptions) -> list[JoinedRanges]:
     """Give the joins of widely different ranges that end in a graph output one grid per part, or 16 bits
@@ -125,7 +168,7 @@ def separate_joined_parts(graph: Graph, entries: dict[str, TensorEntry],
         if len(widths) < 2 or max(widths) <= RANGE_RATIO * min(widths):
             continue
         out = node.outputs[0]
-        chain = _chain_to_output(graph, consumers, out)
+        chain = chain_to_output(graph, consumers, out)
         if chain is None:
             continue
         ratio = max(widths) / min(widths)
@@ -134,21 +177,24 @@ def separate_joined_parts(graph: Graph, entries: dict[str, TensorEntry],
         sizes = _static_sizes(graph, node, axis) if rank else None
         axes = _moved_axes(graph, chain, axis % rank) if sizes is not None else None
         tensors = [out] + [n.outputs[0] for n in chain]
+        tail = feeding_only(graph, consumers, entries, [node, *chain])
         label = f"{node.op_type} {node.name!r} joins parts whose ranges differ {ratio:.0f}x (> {RANGE_RATIO:g}x)"
+        widen(entries, options, tail, f"feeds only the parts of {label} into output {tensors[-1]!r}: "
+                                       f"{WIDE_BITS} bits, as the joined output (whitepaper 5.1.3)")
         if axes is not None:
             axis %= rank
             lo, hi = _part_ranges(graph, entries, node, axis, sizes)
-            why = f"{label}: one grid per part, per channel along axis {axis}"
+            why = f"{label}: one grid per part, per channel along axis {axis}, at {WIDE_BITS} bits (whitepaper 5.1.3)"
             for name, along in zip(tensors, [axis] + axes):
-                qp = options.derive_qparams("activation", lo, hi, joined.qparams.bits, along)
+                qp = options.derive_qparams("activation", lo, hi, WIDE_BITS, along)
                 entries[name] = TensorEntry("activation", joined.calibrator, lo, hi, qp, entries[name].run_in_float,
                                             why if name == out else f"{why} (moved to axis {along} of {name!r})")
-            changed.append(JoinedRanges(node.name, tuple(tensors), ratio, True, why))
+            changed.append(JoinedRanges(node.name, tuple(tensors), ratio, True, why, tuple(tail)))
             continue
         why = f"{label}: the joined tensor at {WIDE_BITS} bits (whitepaper 5.1.3)"
         qp = options.derive_qparams("activation", joined.min, joined.max, WIDE_BITS)
         for name in tensors:
             entries[name] = TensorEntry("activation", joined.calibrator, joined.min, joined.max, qp,
                                         entries[name].run_in_float, why)
-        changed.append(JoinedRanges(node.name, tuple(tensors), ratio, False, why))
+        changed.append(JoinedRanges(node.name, tuple(tensors), ratio, False, why, tuple(tail)))
     return changed

@@ -114,6 +114,18 @@ class CalibrationResult:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(chosen.items(), key=lambda kv: (-kv[1], kv[0])))
         return f"{self.table.options.calibrator}: {counts}"
 
+    def _grid_lines(self) -> list[str]:
+        """One line per reason ptq gave a grid of its own (`TensorEntry.why`), naming the tensors (up to 3)."""
+        by_why: dict[str, list[str]] = {}
+        for name, entry in self.table.tensors.items():
+            if entry.why:
+                by_why.setdefault(entry.why, []).append(name)
+        lines = []
+        for why, names in by_why.items():
+            shown = ", ".join(repr(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            lines.append(f"own grid for {shown}: {why}")
+        return lines
+
     def summary(self) -> str:
         scheme = self.table.options.scheme
         lines = [
@@ -123,7 +135,7 @@ class CalibrationResult:
             f"({self._activation_calibrators()}, {self._activation_bits()}), "
             f"{self.weights_quantized} weights ({self.table.options.weight_calibrator}, "
             f"{self.table.options.weight_bits}-bit, {'per-channel' if self.table.options.per_channel else 'per-tensor'})",
-            *(f"own grid for {name!r}: {entry.why}" for name, entry in self.table.tensors.items() if entry.why),
+            *self._grid_lines(),
             f"time: {self.seconds:.1f} s{self.first_run}",
         ]
         if self.table_path is not None:

@@ -9,7 +9,10 @@ requant each:
     y_q = clamp(((b_q - zp_b) * M + 2^(N-1)) >> N) + zp_y),   M / 2^N ~= s_b / s_y   (identity when equal)
 
 LSB bound of that step vs the branch output: 0.5 + |y_c| 2^-(mbits-1). A branch that no calibration sample
-took has no table entries: the If then runs in float, with that reason.
+took has no table entries: it runs in float when taken (`FloatBranch`: the If evaluated by onnx.reference on
+the dequantized outer tensors, its outputs quantized to the If outputs' qparams) and is listed as a float node
+`owner/else_branch` with that reason; the branch the samples took still runs in integers. An If neither of
+whose branches any sample took runs in float whole.
 
 Loop in integers: the body is one integer graph run once per iteration. Its carried float inputs have table
 entries calibrated over every iteration, so each carried value lives on that grid between iterations: the
@@ -20,14 +23,16 @@ the condition are integers computed exactly. Scan nodes run in float (visible).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
 
 from ops.base import multiplier
 from ops.registry import IntRuntime, QuantizationError
 from ptq.core.qparams import QParams
+from ptq.core.graph import Node
 from ptq.core.requant import requantize
+from ptq.engine.float_fallback import NodeFloatEvaluator
 
 if TYPE_CHECKING:
     from ptq.engine.executor import FloatNode, IntegerGraph
@@ -43,11 +48,30 @@ class BranchOutput:
 
 
 @dataclass
-class IfStep:
-    """An If node run in integers: the two branches prepared as integer graphs."""
+class FloatBranch:
+    """A branch no calibration sample took, run in float when taken: the If node evaluated by onnx.reference on
+    the dequantized outer tensors (it takes this same branch), each float output quantized to the If output's
+    qparams."""
 
-    then_branch: "IntegerGraph"
-    else_branch: "IntegerGraph"
+    node: Node
+    in_qparams: list[Optional[QParams]]  # aligned with the If node's all_inputs (None: passed as it is)
+    out_qparams: list[Optional[QParams]]
+    node_float: NodeFloatEvaluator
+    float_node: "FloatNode"  # how it is listed: `owner/else_branch`, with the reason
+
+    def run(self, args: list) -> list[np.ndarray]:
+        floats = [qp.dequantize(a) if qp is not None and a is not None else a for a, qp in zip(args, self.in_qparams)]
+        results = self.node_float.run(self.node, floats)
+        return [value if qp is None else qp.quantize(value) for value, qp in zip(results, self.out_qparams)]
+
+
+@dataclass
+class IfStep:
+    """An If node run in integers: the two branches prepared as integer graphs (or a branch no sample took, in
+    float when taken)."""
+
+    then_branch: Union["IntegerGraph", FloatBranch]
+    else_branch: Union["IntegerGraph", FloatBranch]
     then_outputs: list[BranchOutput]
     else_outputs: list[BranchOutput]
 
@@ -55,11 +79,14 @@ class IfStep:
         """`args` align with the If node's `all_inputs` (`inputs`): the condition, then the outer tensors."""
         cond = bool(np.asarray(args[0]).reshape(-1)[0])
         branch, outputs = (self.then_branch, self.then_outputs) if cond else (self.else_branch, self.else_outputs)
+        if isinstance(branch, FloatBranch):
+            return branch.run(args)
         values = branch.run_values(dict(zip(inputs, args)), runtime)
         return [_to_target(values[name], out) for name, out in zip(branch.graph.outputs, outputs)]
 
     def float_nodes(self) -> list["FloatNode"]:
-        return self.then_branch.float_nodes + self.else_branch.float_nodes
+        return [found for branch in (self.then_branch, self.else_branch)
+                for found in ([branch.float_node] if isinstance(branch, FloatBranch) else branch.float_nodes)]
 
 
 def _to_target(codes: np.ndarray, out: BranchOutput) -> np.ndarray:

@@ -67,7 +67,7 @@ from ops.registry import bias_role, weight_role
 from ptq.engine.compile_notice import first_run_notice
 from ptq.engine.float_fallback import NodeFloatEvaluator
 from ptq.engine.fused_layers import layer_nodes
-from ptq.engine.control_flow import IfStep, LoopStep, branch_output
+from ptq.engine.control_flow import FloatBranch, IfStep, LoopStep, branch_output
 from ptq.core.bodies import Body, has_bodies, node_bodies
 from ptq.core.graph import Graph, Node, domain_opsets, load_model
 from ptq.table.quant_table import QuantTable, load_quant_table
@@ -455,10 +455,24 @@ class _Quantizer:
             return self._loop_step(node, bodies["body"], in_qp, out_qp)
         if set(bodies) != {"then_branch", "else_branch"}:
             raise QuantizationError("only If branches and Loop bodies run in integers")
+        untaken = "no calibration sample took that branch"
+        taken = [a for a in ("then_branch", "else_branch") if not self._missing_qparams(bodies[a])]
+        if not taken:
+            missing = self._missing_qparams(bodies["then_branch"])
+            raise QuantizationError(f"then_branch tensor {missing[0]!r} has no qparams in the quant table ({untaken})")
+        if len(taken) == 1 and self.strict:
+            untaken_branch = "else_branch" if taken == ["then_branch"] else "then_branch"
+            raise QuantizationError(f"{untaken_branch} would run in float ({untaken})")
         branches, routes = [], []
         for attribute in ("then_branch", "else_branch"):
             body = bodies[attribute]
-            branch, child = self._body_graph(body, f"{attribute} tensor", "no calibration sample took that branch")
+            if attribute not in taken:
+                reason = f"{untaken}: it runs in float when taken"
+                branches.append(FloatBranch(node, in_qp, out_qp, self.node_float,
+                                            FloatNode(f"{node.name}/{attribute}", node.op_type, reason)))
+                routes.append([])
+                continue
+            branch, child = self._body_graph(body, f"{attribute} tensor", untaken)
             branches.append(branch)
             routes.append([branch_output(self._float_qparams(branch, child, name), target,
                                          self.quantize_options.mbits, name)
@@ -495,9 +509,13 @@ class _Quantizer:
         self._record(node, out_qp)
         return Step(node, NodeKind.CONTROL, in_qp, out_qp, control=control)
 
+    def _missing_qparams(self, body: Body) -> list[str]:
+        """The body's float tensors without qparams in the table (a body no calibration sample ran)."""
+        return [t for t in body.float_tensors if self._table_qparams(t) is None]
+
     def _body_graph(self, body: Body, what: str, why_missing: str) -> tuple[IntegerGraph, "_Quantizer"]:
         """A body quantized by a child quantizer that sees the outer tensors' qparams (its inputs: the table's)."""
-        missing = [t for t in body.float_tensors if self._table_qparams(t) is None]
+        missing = self._missing_qparams(body)
         if missing:
             raise QuantizationError(f"{what} {missing[0]!r} has no qparams in the quant table ({why_missing})")
         sub = self._branch_graph(body)

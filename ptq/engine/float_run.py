@@ -24,6 +24,7 @@ from ptq.core.bodies import has_bodies
 from ptq.core.graph import Graph, ModelError, Node
 from ptq.engine.threads import session_options
 from ptq.engine.transformer_patterns import attention_mask_tensors
+from ptq.engine.summed_axes import summed_input_axes
 
 # imports inside functions: onnxruntime, where a session is made: its import starts a thread, and a process
 # that has loaded it no longer forks workers (`ptq.parallel.workers.fork_is_safe`)
@@ -228,8 +229,10 @@ def collect_statistics(
     once for `tensors` (a worker process computing many shards), instead of a new one.
     """
     runner = runner or FloatRunner.create(graph, tensors, providers)
-    stats = {name: TensorStatistics(needs, axis=None) for name in tensors}
     masked = attention_mask_tensors(graph)  # their masked positions never set a range
+    summed = summed_input_axes(graph)  # per-channel ranges too, where a layer sums over the channels
+    stats = {name: TensorStatistics(needs, axis=None, channel_axis=None if name in masked else summed.get(name))
+             for name in tensors}
     # Only per-batch statistics depend on how samples are grouped (min/max, moments and the fixed-grid
     # histograms do not), so without them a batch-1 model folds sample by sample: one sample's activations
     # in memory instead of a batch's.

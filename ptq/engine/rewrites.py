@@ -3,6 +3,10 @@
 1. `fold_static`: shape subgraphs (Shape of a statically shaped tensor, and everything computed only from
    constants and such shapes: Gather, Concat, Cast, Unsqueeze, Slice, ConstantOfShape, ...) and weight-only
    subgraphs (a Transpose or DequantizeLinear on a weight) are evaluated once; their outputs become constants.
+1a. `drop_zero_states`: a recurrent cell's initial state (LSTM/GRU/RNN inputs 5 and 6) computed by a
+   ConstantOfShape of zeros (torch's export of a state left out, sized from a dynamic batch) is dropped: an
+   omitted initial state is zeros (ONNX), so the cell runs with its integer kernel's zero state instead of
+   a float ConstantOfShape whose degenerate range no grid can hold. The shape subgraph only it used goes too.
 1b. `fuse_transformer` (`ptq.engine.transformer_patterns`): decomposed GELU, LayerNorm and attention-score patterns
    become one integer op each, producing the pattern's output tensor; `RewriteLog.patterns` lists them.
 2. `fold_batchnorm`: a BatchNormalization whose input is the output of an op that absorbs it
@@ -68,6 +72,7 @@ class RewriteLog:
     bias_adds: list[BiasAddFold] = field(default_factory=list)  # constant adds folded into a layer's bias
     fusions: list[ActivationFusion] = field(default_factory=list)
     patterns: list["PatternFusion"] = field(default_factory=list)  # transformer patterns (`fuse_transformer`)
+    zero_states: list[str] = field(default_factory=list)  # nodes removed with a zero initial state (`drop_zero_states`)
 
     @property
     def folded_weights(self) -> dict[str, str]:
@@ -172,6 +177,47 @@ def fold_static(graph: Graph, node_float: NodeFloatEvaluator) -> list[str]:
 
 
 
+RECURRENT_STATES = {"LSTM": (5, 6), "GRU": (5,), "RNN": (5,)}  # input indices of the initial states
+
+
+def _is_zero_fill(node: Optional[Node]) -> bool:
+    """A ConstantOfShape whose value is 0 (its default)."""
+    if node is None or node.op_type != "ConstantOfShape" or node.domain:
+        return False
+    value = node.attr("value")
+    return value is None or not np.any(np.asarray(value))
+
+
+def drop_zero_states(graph: Graph) -> list[str]:
+    """Omit the initial states of recurrent cells that are ConstantOfShape zeros; remove the nodes that then
+    feed nothing (the ConstantOfShape and the shape subgraph it alone used). Returns the removed node names."""
+    producer = graph.producer()
+    dropped = set()
+    for node in graph.nodes:
+        if node.domain:
+            continue
+        for index in RECURRENT_STATES.get(node.op_type, ()):
+            if index < len(node.inputs) and _is_zero_fill(producer.get(node.inputs[index])):
+                dropped.add(producer[node.inputs[index]].name)
+                node.inputs[index] = ""
+    removed: list[str] = []
+    candidates = [n for n in graph.nodes if n.name in dropped]
+    while candidates:
+        used = {name for n in graph.nodes for name in n.all_inputs if name} | set(graph.outputs)
+        dead = [n for n in candidates if not any(o in used for o in n.outputs if o)]
+        if not dead:
+            break
+        gone = {n.name for n in dead}
+        graph.nodes = [n for n in graph.nodes if n.name not in gone]
+        removed += [n.name for n in dead]
+        for n in dead:
+            for o in n.outputs:
+                drop_activation(graph, o)
+        kept = {n.name for n in graph.nodes}
+        candidates = [producer[i] for n in dead for i in n.all_inputs if i in producer and producer[i].name in kept]
+    return removed
+
+
 def fold_batchnorm(graph: Graph, protected: frozenset = frozenset()) -> list[BatchNormFold]:
     """Fold each BatchNormalization into the Conv producing its input (see the module docstring)."""
     folds, removed = [], set()
@@ -261,11 +307,12 @@ def apply_rewrites(
     can_host: Callable[[Node], bool] = lambda node: True,
     protected: frozenset = frozenset(),
 ) -> tuple[Graph, RewriteLog]:
-    """All rewrites, in order, on a copy of `graph`: (static folding, transformer patterns, BN folding,
-    bias-add folding, activation fusion)."""
+    """All rewrites, in order, on a copy of `graph`: (static folding, zero initial states, transformer patterns,
+    BN folding, bias-add folding, activation fusion)."""
     graph = copy_graph(graph)
     log = RewriteLog()
     log.folded_nodes = fold_static(graph, node_float)
+    log.zero_states = drop_zero_states(graph)
     log.patterns = fuse_transformer(graph, protected)
     if fold_bn:
         log.batchnorm_folds = fold_batchnorm(graph, protected)

@@ -44,7 +44,7 @@ class ModelOps:
     ops: list[OpCount]
     float_nodes: list[FloatNode]
     model_nodes: int  # in the model as given
-    folded: int  # constant and shape subgraphs evaluated once
+    folded: int  # constant and shape subgraphs evaluated once, zero initial states left to their cell
     fused: int  # BatchNormalization folds and activation / pattern fusions
 
     @property
@@ -71,9 +71,10 @@ def model_ops(graph: Graph, table: Optional[QuantTable] = None) -> ModelOps:
     prepared = prepare(graph, table if table is not None else provisional_table(graph))
     counts: dict[str, Counter] = {}
     for step in prepared.steps:
-        counts.setdefault(step.node.op_type, Counter())[step.kind] += 1
+        kind = NodeKind.INTEGER if step.kind is NodeKind.CONTROL else step.kind  # its bodies' float nodes are listed
+        counts.setdefault(step.node.op_type, Counter())[kind] += 1
     ops = [OpCount(op, c[NodeKind.INTEGER], c[NodeKind.FLOAT], c[NodeKind.SHAPE]) for op, c in counts.items()]
     ops.sort(key=lambda op: (-op.nodes, op.op_type))
     log = prepared.rewrites
-    return ModelOps(ops, prepared.float_nodes, len(graph.nodes), len(log.folded_nodes),
+    return ModelOps(ops, prepared.float_nodes, len(graph.nodes), len(log.folded_nodes) + len(log.zero_states),
                     len(log.batchnorm_folds) + len(log.fusions) + len(log.patterns))
