@@ -183,20 +183,20 @@ def test_tune_lanes_keeps_the_target_and_records_the_points(arrays):
     graph = load_model(residual_net())
     table = calibrate(residual_net(), arrays[:8], write_qdq=False).table
     samples = ArraySamples(arrays)
-    easy = tune_lanes(graph, table, samples, 0.5, reference=graph, z=0.0)
-    assert easy.reached and sorted(easy.lanes.chosen.four) == sorted(LAYERS)
-    assert easy.lanes.chosen.throughput == pytest.approx(lane_throughput(
-        [l for l in LaneMix(graph, table, fit_statistics(graph, ArraySamples(arrays[:8]), ["mse"]), Int4Grid()).layers],
-        LAYERS))
+    crude = Int4Grid(pow2=True, weight_fit="max", activation_calibrator="extrema", bias_correction=False)
+    easy = tune_lanes(graph, table, samples, 0.5, reference=graph, z=0.0, grid=crude)
+    # every layer on 4-bit lanes but the one-row Gemm, which they would not speed up
+    assert easy.reached and sorted(easy.lanes.chosen.four) == sorted(set(LAYERS) - {"fc"})
+    assert easy.lanes.chosen.throughput == pytest.approx(easy.lanes.points[1].throughput)
     labels = [p.label for p in easy.lanes.points]
     assert labels[:2] == ["all int8", "all int4"]
     all8, all4 = easy.lanes.points[:2]
     assert all8.throughput < all4.throughput and all8.cosine > all4.cosine
-    mid = (all8.cosine + all4.cosine) / 2
-    tuned = tune_lanes(graph, table, samples, mid, reference=graph, z=0.0)
+    mid = (all8.cosine + easy.lanes.chosen.cosine) / 2  # between all-8-bit and every speeding layer at 4 bits
+    tuned = tune_lanes(graph, table, samples, mid, reference=graph, z=0.0, grid=crude)
     chosen = tuned.lanes.chosen
     assert tuned.reached and chosen.cosine >= mid and 0 < len(chosen.four) < len(LAYERS)
-    assert all8.throughput < chosen.throughput < all4.throughput
+    assert all8.throughput < chosen.throughput < easy.lanes.chosen.throughput
     assert all(p.throughput <= chosen.throughput for p in tuned.lanes.points if p.reached)
     record = tuned.lanes.to_dict()
     assert [row["node"] for row in record["layers"]] == LAYERS
@@ -215,5 +215,21 @@ def test_tune_lanes_keeps_the_target_and_records_the_points(arrays):
         r = session.run(None, {"input": x[None]})[0].astype(np.float64).ravel()
         cosines.append(float(y @ r / np.linalg.norm(y) / np.linalg.norm(r)))
     assert np.mean(cosines) == pytest.approx(chosen.cosine, abs=1e-5)
-    impossible = tune_lanes(graph, table, samples, 1.0, reference=graph, z=0.0)
+    impossible = tune_lanes(graph, table, samples, 1.0, reference=graph, z=0.0, grid=crude)
     assert not impossible.reached and impossible.lanes.chosen.four == []
+
+
+def test_adaround_puts_the_4_bit_weights_on_their_grid_rounded_for_the_output(setup, arrays):
+    graph, table, _ = setup
+    fit = ArraySamples(arrays[:8])
+    stats = fit_statistics(graph, fit, ["mse"])
+    learned = LaneMix(graph, table, stats, Int4Grid(adaround=True, bias_correction=False),
+                      (x for _, x, _ in fit.samples(graph)))
+    g, t = learned.build(["conv_e1"])
+    w, w4 = graph.initializers["W1"], g.initializers["W1"]
+    qp = t.tensors["W1"].qparams
+    codes = w4 / qp.scale.reshape(-1, 1, 1, 1)
+    assert np.allclose(codes, np.round(codes), atol=1e-4) and np.round(codes).min() >= -8 and np.round(codes).max() <= 7
+    nearest = np.clip(np.round(w / qp.scale.reshape(-1, 1, 1, 1)), -8, 7)
+    assert np.any(np.round(codes) != nearest)  # some weights rounded the other way
+    assert np.array_equal(g.initializers["W2"], graph.initializers["W2"])  # an 8-bit layer keeps its weight

@@ -19,6 +19,8 @@ The 4-bit grids (`Int4Grid`):
   range to the histogram, `extrema` takes the extrema), within the 8-bit entry's range; `pow2=True`: WP521's
   scale 2^ceil(log2 max(|lo|, |hi|)) / 16 (unsigned) or / 8 with zero point 8 (offset binary, signed);
   `pow2=False`: the asymmetric grid s = (hi - lo) / 15, zp = round(-lo / s);
+- AdaRound (`adaround=True`, `ptq.adjust.adaround` on the fit samples): each 4-bit weight rounded up or down to
+  minimize the layer's output error on the float inputs, instead of to nearest;
 - bias correction (`bias_correction=True`): the float bias of each 4-bit layer is lowered by the mean shift its
   weight rounding causes on the fit samples, b'_c = b_c - sum (W_q - W)[c] P (`ptq.adjust.bias_correction`:
   P the mean input patch), relative to the 8-bit rounding when the starting table was already corrected.
@@ -37,6 +39,7 @@ import numpy as np
 
 from calibrators import TensorStatistics, get_calibrator
 from ops.registry import weight_role
+from ptq.adjust.adaround import adaround
 from ptq.adjust.bias_correction import bias_target, layer_shift, mean_patches, rounding_delta
 from ptq.calibration.adjustments import with_initializers
 from ptq.calibration.int4_dsp import requantize_edges, tqt_qparams, tqt_scale
@@ -62,6 +65,7 @@ class Int4Grid:
     weight_fit: str = "mse"  # "mse" or "max"
     activation_calibrator: str = "mse"
     bias_correction: bool = True
+    adaround: bool = False  # learned rounding of the 4-bit weights (`ptq.adjust.adaround`) instead of nearest
 
     def __post_init__(self):
         if self.weight_fit not in ("mse", "max"):
@@ -200,9 +204,15 @@ class LaneMix:
                          for layer in self.layers}
         self.inputs4 = {layer.node: activation_entry(stats[layer.data], table.tensors[layer.data], grid)
                         for layer in self.layers}
+        batches = list(fit_batches) if fit_batches is not None else []
+        self.rounded4: dict[str, np.ndarray] = {}  # weight -> its AdaRound value (on the 4-bit grid)
+        if grid.adaround and batches:
+            four = dataclasses.replace(table, tensors={**table.tensors, **{
+                layer.weight: self.weights4[layer.node] for layer in self.layers}})
+            self.rounded4, _ = adaround(graph, four, batches)
         self.biases4: dict[str, tuple[str, np.ndarray]] = {}
-        if grid.bias_correction and fit_batches is not None:
-            self.biases4 = self._corrected_biases(fit_batches)
+        if grid.bias_correction and batches:
+            self.biases4 = self._corrected_biases(batches)
         self._full: Optional[Graph] = None
 
     def _corrected_biases(self, batches) -> dict[str, tuple[str, np.ndarray]]:
@@ -219,7 +229,10 @@ class LaneMix:
             if not bias_name or node.name not in patches:
                 continue
             w = self.graph.initializers[layer.weight]
-            delta = rounding_delta(w, self.weights4[layer.node].qparams)
+            if layer.weight in self.rounded4:
+                delta = self.rounded4[layer.weight].astype(np.float64) - w.astype(np.float64)
+            else:
+                delta = rounding_delta(w, self.weights4[layer.node].qparams)
             if self.table.options.bias_correction:  # the graph's bias already corrects the 8-bit rounding
                 delta = delta - rounding_delta(w, self.table.tensors[layer.weight].qparams)
             bias = self.graph.initializers[bias_name]
@@ -250,8 +263,10 @@ class LaneMix:
                 tensors[layer.weight] = self.weights4[layer.node]
             elif copy in graph.tensors:
                 tensors[copy] = self.table.tensors[layer.data]
-        biases = dict(self.biases4[n] for n in four if n in self.biases4)
-        if biases:
-            graph = load_model(with_initializers(graph.model, biases), self.table.options.input_shapes)
+        values = dict(self.biases4[n] for n in four if n in self.biases4)
+        values.update({self.by_node[n].weight: self.rounded4[self.by_node[n].weight] for n in four
+                       if self.by_node[n].weight in self.rounded4})
+        if values:
+            graph = load_model(with_initializers(graph.model, values), self.table.options.input_shapes)
         floor_weight_scales(graph, tensors, self.table.options)
         return graph, dataclasses.replace(self.table, tensors=tensors)

@@ -5,7 +5,8 @@ A greedy on measured sensitivities:
 
 1. every layer alone on 4-bit lanes, the rest 8-bit: its *sensitivity* is the drop of the mean logits cosine
    on the fit samples (no views: one pass per layer) from the all-8-bit one (at least `SENSITIVITY_FLOOR`);
-2. the layers sorted by DSP operations saved per sensitivity, (ops_8 - ops_4) / sensitivity, most first;
+2. the layers that 4-bit lanes speed up sorted by DSP operations saved per sensitivity, (ops_8 - ops_4) /
+   sensitivity, most first (one that saves nothing, e.g. a Gemm of a single row, stays 8-bit);
 3. the longest head of that order that reaches the target on the validation samples (mean - z sem >= target +
    margin, as `ptq tune` asks; `ptq.tuning.data`), by bisection on its length (log2(n) validation passes;
    the longest when reaching is monotone in the length, else one that reaches);
@@ -96,7 +97,7 @@ def tune_lanes(graph: Graph, table: QuantTable, samples: Samples, target: float,
     check = Validation.create(reference, held, progress, views)
     sensing = Validation.create(reference, fit, progress)
     stats = fit_statistics(graph, fit, [grid.activation_calibrator])
-    mix = LaneMix(graph, table, stats, grid, (x for _, x, _ in fit.samples(graph)) if grid.bias_correction else None)
+    mix = LaneMix(graph, table, stats, grid, (x for _, x, _ in fit.samples(graph)))
     layers = mix.layers
     points: list[LanePoint] = []
     steps: list[TuneStep] = []
@@ -123,7 +124,8 @@ def tune_lanes(graph: Graph, table: QuantTable, samples: Samples, target: float,
         drop = base_fit - sensing.cosine(*mix.build([layer.node], every_edge=True)).mean
         sensitivity[layer.node] = drop
         logger.info("sensitivity %s: %.6f", layer.node, drop)
-    order = sorted(layers, key=lambda l: -(l.ops_at(8) - l.ops_at(4)) / max(sensitivity[l.node], SENSITIVITY_FLOOR))
+    saving = [l for l in layers if l.ops_at(4) < l.ops_at(8)]  # a layer 4-bit lanes do not speed up stays 8-bit
+    order = sorted(saving, key=lambda l: -(l.ops_at(8) - l.ops_at(4)) / max(sensitivity[l.node], SENSITIVITY_FLOOR))
     order = [l.node for l in order]
 
     chosen = base
