@@ -10,8 +10,8 @@ A greedy on measured sensitivities:
 3. the longest head of that order that reaches the target on the validation samples (mean - z sem >= target +
    margin, as `ptq tune` asks; `ptq.tuning.data`), by bisection on its length (log2(n) validation passes;
    the longest when reaching is monotone in the length, else one that reaches);
-4. then each of the next `extra` layers of the order tried alone on top of the head, kept if the target still
-   holds (a layer the bisection's cut passed over may fit).
+4. then each of the `extra` layers after the first one the head missed (the bisection measured that one) tried
+   alone on top of the head, kept if the target still holds (a layer the cut passed over may fit).
 
 Every assignment measured is a trade-off point (`LanePoint`: throughput, 4-bit MAC share, validation cosine);
 all-8-bit and all-4-bit are measured as the two ends. The result's graph reads only the 4-bit layers' inputs
@@ -139,8 +139,8 @@ def tune_lanes(graph: Graph, table: QuantTable, samples: Samples, target: float,
             lo, chosen = mid, point
         else:
             hi = mid - 1
-    if base.reached:
-        for node in order[lo:lo + extra]:
+    if base.reached:  # head lo + 1 was measured by the bisection (and missed) unless lo is the whole order
+        for node in order[lo + 1:lo + 1 + extra]:
             point = measure(f"+ {node}", chosen.four + [node])
             steps.append(TuneStep(f"4-bit lanes: + {node}", point.cosine, point.cosine - chosen.cosine, point.reached))
             if point.reached:
