@@ -63,5 +63,17 @@ def test_cli_tune_int4_dsp_then_dsp_report_lists_lanes_and_draws_the_front(tmp_p
     assert svg.count('<circle class="point"') == len(lanes["points"])
     report = json.loads((tmp_path / "rep" / "dsp_report.json").read_text())
     assert {layer["node"] for layer in report["layers"] if layer["lanes"] == "int4"} == four
+    dumps = {}
+    for backend in ("numpy", "dsp:lanes"):  # the check: `ptq debug --dump`, plain against DSP lanes
+        folder = tmp_path / backend.replace(":", "_")
+        assert main(["debug", str(model), "--quant", str(tmp_path / "net.tuned.quant.json"), "--data", str(data),
+                     "--num-images", "2", "--out", str(folder), "--dump", str(folder / "dump"), "--dump-images", "2",
+                     "--backend", backend]) == 0
+        dumps[backend] = folder / "dump"
+    files = sorted(p.name for p in dumps["numpy"].glob("*.int.npy"))
+    assert sum(name.endswith("_lanes4.int.npy") for name in files) == 2 * len(four)  # the 4-bit copies
+    for name in files:
+        assert np.array_equal(np.load(dumps["numpy"] / name), np.load(dumps["dsp:lanes"] / name)), name
+    capsys.readouterr()
     assert main(["dsp-report", str(model), "--quant", str(table), "--tune", str(table)]) == 2
     assert "has no lanes" in capsys.readouterr().err
