@@ -90,6 +90,7 @@ def main() -> int:
     parser.add_argument("--num-eval", type=int, default=20)
     parser.add_argument("--exact-photos", type=int, default=1)
     parser.add_argument("--pow2", action="store_true", help="power-of-two 4-bit scales (WP521)")
+    parser.add_argument("--adaround", action="store_true", help="AdaRound the 4-bit weights")
     parser.add_argument("--grids", action="store_true", help="compare the 4-bit grid variants first")
     parser.add_argument("--data", action="store_true", help="--calib and --eval are .npy sample files")
     parser.add_argument("--out", default="/tmp/int4_mix")
@@ -111,7 +112,7 @@ def main() -> int:
     start = time.time()
     if not record_path.exists():
         ptq.tune(args.model, quant=table_path, target_cosine=args.target, scheme="int4-dsp", views=[], z=args.z,
-                 validation_fraction=args.validation_fraction, int4_grid=Int4Grid(pow2=args.pow2), quiet=True,
+                 validation_fraction=args.validation_fraction, int4_grid=Int4Grid(pow2=args.pow2, adaround=args.adaround), quiet=True,
                  no_check=True, **source)
         print(f"tuned in {time.time() - start:.0f} s")
     record = json.loads(record_path.read_text())

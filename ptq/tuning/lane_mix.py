@@ -21,9 +21,11 @@ The 4-bit grids (`Int4Grid`):
   `pow2=False`: the asymmetric grid s = (hi - lo) / 15, zp = round(-lo / s);
 - AdaRound (`adaround=True`, `ptq.adjust.adaround` on the fit samples): each 4-bit weight rounded up or down to
   minimize the layer's output error on the float inputs, instead of to nearest;
-- bias correction (`bias_correction=True`): the float bias of each 4-bit layer is lowered by the mean shift its
-  weight rounding causes on the fit samples, b'_c = b_c - sum (W_q - W)[c] P (`ptq.adjust.bias_correction`:
-  P the mean input patch), relative to the 8-bit rounding when the starting table was already corrected.
+- bias correction (`bias_correction=True`): the float bias of each 4-bit layer is lowered by the mean shift the
+  4-bit rounding of its weight *and of its input* causes on the fit samples,
+  b'_c = b_c - (sum W4[c] P4 - sum W[c] P) (`ptq.adjust.bias_correction`: P the mean input patch of the float
+  input x, P4 that of its 4-bit rounding Q4(x) on the copy's grid, clipping included), less the 8-bit weight
+  correction the bias already carries when the starting table was corrected.
 
 Throughput (`lane_throughput`): total MACs over total packed DSP operations, each layer counted on its lanes
 (`reports.dsp_resources.dsp_report`: padding of odd channel and pixel counts included), MACs per DSP per cycle.
@@ -40,11 +42,12 @@ import numpy as np
 from calibrators import TensorStatistics, get_calibrator
 from ops.registry import weight_role
 from ptq.adjust.adaround import adaround
-from ptq.adjust.bias_correction import bias_target, layer_shift, mean_patches, rounding_delta
+from ptq.adjust.bias_correction import bias_target, conv_geometry, layer_shift, mean_patch, rounding_delta
 from ptq.calibration.adjustments import with_initializers
 from ptq.calibration.int4_dsp import requantize_edges, tqt_qparams, tqt_scale
 from ptq.core.graph import Graph, Node, load_model
 from ptq.core.qparams import QParams
+from ptq.engine.float_run import layer_inputs
 from ptq.engine.weight_scale_floor import floor_weight_scales
 from ptq.engine.weight_tensors import weight_tensors
 from ptq.table.quant_table import QuantTable, TensorEntry
@@ -221,24 +224,49 @@ class LaneMix:
         consumers = self.graph.consumers()
         shared = {name for name, users in consumers.items() if len(users) > 1}
         patched = [nodes[layer.node] for layer in self.layers if nodes[layer.node].op_type in ("Conv", "Gemm")]
-        patches = mean_patches(self.graph, patched, batches)
+        patches, rounded = self._mean_patches(patched, batches)
         out = {}
         for layer in self.layers:
             node = nodes[layer.node]
             bias_name, sign = bias_target(self.graph, node, shared, consumers)
             if not bias_name or node.name not in patches:
                 continue
-            w = self.graph.initializers[layer.weight]
+            w = self.graph.initializers[layer.weight].astype(np.float64)
             if layer.weight in self.rounded4:
-                delta = self.rounded4[layer.weight].astype(np.float64) - w.astype(np.float64)
+                w4 = self.rounded4[layer.weight].astype(np.float64)
             else:
-                delta = rounding_delta(w, self.weights4[layer.node].qparams)
-            if self.table.options.bias_correction:  # the graph's bias already corrects the 8-bit rounding
-                delta = delta - rounding_delta(w, self.table.tensors[layer.weight].qparams)
+                w4 = w + rounding_delta(w, self.weights4[layer.node].qparams)
+            # E[W4 Q4(x)] - E[W x]: the mean shift of the weight's and the input's 4-bit rounding together
+            shift = layer_shift(node, w4, rounded[node.name]) - layer_shift(node, w, patches[node.name])
+            if self.table.options.bias_correction:  # the graph's bias already corrects the 8-bit weight rounding
+                shift -= layer_shift(node, rounding_delta(w, self.table.tensors[layer.weight].qparams), patches[node.name])
             bias = self.graph.initializers[bias_name]
-            value = bias.astype(np.float64) - sign * layer_shift(node, delta, patches[node.name]).reshape(bias.shape)
+            value = bias.astype(np.float64) - sign * shift.reshape(bias.shape)
             out[layer.node] = (bias_name, value.astype(bias.dtype))
         return out
+
+    def _mean_patches(self, nodes: Sequence[Node], batches) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Node name -> the mean input patch (`ptq.adjust.bias_correction`) of the float input x and of its
+        4-bit rounding Q4(x) on the layer's copy grid, over `batches`."""
+        sums: dict[str, list] = {}
+        counts: dict[str, int] = {}
+        for node, x in layer_inputs(self.graph, nodes, batches):
+            qp = self.inputs4[node.name].qparams
+            both = []
+            for value in (x, qp.dequantize(qp.quantize(x))):
+                if node.op_type == "Conv":
+                    w = self.graph.initializers[node.inputs[1]]
+                    pads, strides, dilations = conv_geometry(node, w)
+                    total, n = mean_patch(value, w.shape[2:], pads, strides, dilations)
+                else:
+                    rows = value.reshape(-1, value.shape[-1]).astype(np.float64)
+                    total, n = rows.sum(axis=0), rows.shape[0]
+                both.append(total)
+            previous = sums.get(node.name, [0, 0])
+            sums[node.name] = [previous[0] + both[0], previous[1] + both[1]]
+            counts[node.name] = counts.get(node.name, 0) + n
+        return ({name: v[0] / counts[name] for name, v in sums.items()},
+                {name: v[1] / counts[name] for name, v in sums.items()})
 
     def _graph(self, nodes: Sequence[str]) -> Graph:
         edges = {(self.by_node[n].output, self.by_node[n].data_index): self.copies[n] for n in nodes}
