@@ -30,7 +30,6 @@ import onnxruntime as ort  # noqa: E402
 import ptq  # noqa: E402
 from dsp.backend import DspLanesBackend  # noqa: E402
 from ptq.adjust.adjusted_model import load_model_for_table  # noqa: E402
-from ptq.core.graph import load_model  # noqa: E402
 from ptq.data.image_source import ImageSet  # noqa: E402
 from ptq.data_options import DataOptions  # noqa: E402
 from ptq.engine.executor import prepare  # noqa: E402
@@ -49,7 +48,7 @@ def compare_grids(graph, table, samples, fraction: float) -> None:
     fit, held = split_samples(samples, fraction)
     stats = fit_statistics(graph, fit, ["mse", "extrema"])
     feeds = [x for _, x, _ in held.samples(graph)]
-    session = ort.InferenceSession(str(graph_path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(graph_path), providers=["CPUExecutionProvider"])  # the user's model
     ref = [session.run(None, x)[0] for x in feeds]
     grids = {"pow2, max|w|, extrema, no bias corr.": Int4Grid(pow2=True, weight_fit="max",
                                                              activation_calibrator="extrema", bias_correction=False),
@@ -58,11 +57,11 @@ def compare_grids(graph, table, samples, fraction: float) -> None:
              "free, mse, mse, no bias corr.": Int4Grid(bias_correction=False),
              "free, mse, mse, bias corr. (default)": Int4Grid(),
              "free, mse, mse, AdaRound, bias corr.": Int4Grid(adaround=True)}
-    print(f"4-bit grids (scales, weight fit, activation calibrator, rounding, bias correction) on {len(feeds)} validation "
-          "photos: mean cosine vs onnxruntime float")
+    print(f"4-bit grids (scales, weight fit, activation calibrator, rounding, bias correction) on {len(feeds)} "
+          "validation photos: mean cosine vs onnxruntime float")
     order = None
     for name, grid in grids.items():
-        mix = LaneMix(graph, table, stats, grid, (x for _, x, _ in fit.samples(graph)) if grid.bias_correction or grid.adaround else None)
+        mix = LaneMix(graph, table, stats, grid, (x for _, x, _ in fit.samples(graph)))
         if order is None:  # the layers saving most DSP operations, up to 40 % of the MACs
             ranked = sorted(mix.layers, key=lambda layer: layer.ops_at(4) - layer.ops_at(8))
             total, order, acc = sum(layer.macs for layer in ranked), [], 0
@@ -91,6 +90,7 @@ def main() -> int:
     parser.add_argument("--exact-photos", type=int, default=1)
     parser.add_argument("--pow2", action="store_true", help="power-of-two 4-bit scales (WP521)")
     parser.add_argument("--adaround", action="store_true", help="AdaRound the 4-bit weights")
+    parser.add_argument("--bias-correction", action="store_true", help="calibrate the 8-bit table with bias correction")
     parser.add_argument("--grids", action="store_true", help="compare the 4-bit grid variants first")
     parser.add_argument("--data", action="store_true", help="--calib and --eval are .npy sample files")
     parser.add_argument("--out", default="/tmp/int4_mix")
@@ -101,9 +101,9 @@ def main() -> int:
     source = {"data": args.calib} if args.data else {"images": args.calib}
     table_path = out / f"{stem}.quant.json"
     if not table_path.exists():
-        ptq.calibrate(args.model, out=out, quiet=True, **source)
+        ptq.calibrate(args.model, out=out, quiet=True, bias_correction=args.bias_correction, **source)
     table = load_quant_table(table_path)
-    graph = load_model(args.model, table.options.input_shapes)
+    graph = load_model_for_table(args.model, table, table_path, note=False)  # bias-corrected weights, if any
     if args.grids:
         opts = DataOptions(**source)
         compare_grids(graph, table, ImageSet.from_source(opts.source(table.options.preprocess), None, None, 0),
@@ -112,8 +112,8 @@ def main() -> int:
     start = time.time()
     if not record_path.exists():
         ptq.tune(args.model, quant=table_path, target_cosine=args.target, scheme="int4-dsp", views=[], z=args.z,
-                 validation_fraction=args.validation_fraction, int4_grid=Int4Grid(pow2=args.pow2, adaround=args.adaround), quiet=True,
-                 no_check=True, **source)
+                 validation_fraction=args.validation_fraction, quiet=True, no_check=True,
+                 int4_grid=Int4Grid(pow2=args.pow2, adaround=args.adaround), **source)
         print(f"tuned in {time.time() - start:.0f} s")
     record = json.loads(record_path.read_text())
     lanes = record["lanes"]
@@ -149,7 +149,7 @@ def main() -> int:
               f"{point['cosine']:>8.5f} {np.mean(cos):>8.5f} {np.min(cos):>8.5f} {agree:>11.0%}")
     same = prepare(tuned_graph, tuned_table).run(feeds[0]).outputs[graph.outputs[0]]
     rebuilt = prepare(*mix.build(chosen["four"])).run(feeds[0]).outputs[graph.outputs[0]]
-    print(f"\nthe written tuned model and table give the same logits as the rebuilt mix: {np.array_equal(same, rebuilt)}")
+    print("\nthe written tuned model and table give the same logits as the rebuilt mix:", np.array_equal(same, rebuilt))
 
     for k, x in enumerate(feeds[:args.exact_photos]):
         start = time.time()

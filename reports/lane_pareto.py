@@ -4,7 +4,8 @@
 A point is (MACs per DSP per cycle, validation cosine); it is on the Pareto front when no other point has at
 least its throughput and at least its cosine with one of them strictly more. The SVG draws every point
 (grey), the front as a line through its points (blue), the target cosine as a dashed line and the chosen
-assignment ringed; axes in data units, the cosine axis from the lowest point shown (or 1 - 2 (1 - target)).
+assignment ringed; axes in data units, the cosine axis from the lowest point, or from 1 - 2 (1 - target) when
+points lie further below (those are drawn hollow on the axis, their values in their tooltips).
 """
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def pareto_svg(points: Sequence[dict], chosen: Optional[dict] = None, target: Op
         parts.append(f'<text x="{LEFT}" y="{TOP - 8}">{escape(title)}</text>')
     for x in _ticks(x_lo, x_hi):
         parts.append(f'<line x1="{sx(x):.1f}" y1="{TOP + plot_h}" x2="{sx(x):.1f}" y2="{TOP + plot_h + 4}" '
-                     f'stroke="#999"/><text x="{sx(x):.1f}" y="{TOP + plot_h + 16}" text-anchor="middle">{x:.2f}</text>')
+                     f'stroke="#999"/><text x="{sx(x):.1f}" y="{TOP + plot_h + 16}" '
+                     f'text-anchor="middle">{x:.2f}</text>')
     for y in _ticks(y_lo, y_hi):
         parts.append(f'<line x1="{LEFT}" y1="{sy(y):.1f}" x2="{LEFT + plot_w}" y2="{sy(y):.1f}" stroke="#e6e6e6"/>'
                      f'<text x="{LEFT - 4}" y="{sy(y) + 4:.1f}" text-anchor="end">{y:.4f}</text>')
@@ -79,8 +81,9 @@ def pareto_svg(points: Sequence[dict], chosen: Optional[dict] = None, target: Op
     on_front = {id(p) for p in front}
     for p in points:
         color = FRONT if id(p) in on_front else OTHER
+        fill = f'fill="{color}"' if p["cosine"] >= y_lo else f'fill="none" stroke="{color}"'  # below: on the axis
         parts.append(f'<circle class="point" cx="{sx(p["throughput"]):.1f}" cy="{sy(p["cosine"]):.1f}" r="3.5" '
-                     f'fill="{color}"><title>{escape(p["label"])}: {p["throughput"]:.3f} MACs/DSP/cycle, '
+                     f'{fill}><title>{escape(p["label"])}: {p["throughput"]:.3f} MACs/DSP/cycle, '
                      f'cosine {p["cosine"]:.5f}</title></circle>')
     if chosen is not None:
         parts.append(f'<circle class="chosen" cx="{sx(chosen["throughput"]):.1f}" cy="{sy(chosen["cosine"]):.1f}" '

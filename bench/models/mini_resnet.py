@@ -5,8 +5,8 @@ Network: Conv 3x3 (16) + BN + ReLU; three stages of two BasicBlocks (16, 32 stri
 projection where the shape changes); global average pool; Linear (10). Trained briefly in torch (CPU) on a
 synthetic 10-class task: each class is an oriented sinusoidal grating of its own frequency and colour,
 randomly shifted in phase, plus a random blob and strong Gaussian noise, so the classes overlap and the
-trained network is right on most samples but not saturated (held-out accuracy printed). Exported in eval mode (BatchNorm folded by the exporter's
-constant folding where it can), opset 17, batch 1.
+trained network is right on most samples but not saturated (held-out accuracy printed: 94 %). Exported in eval
+mode (BatchNorm folded by the exporter's constant folding where it can), opset 17, batch 1.
 
     /work/torchenv/bin/python bench/models/mini_resnet.py [OUT_DIR]
 

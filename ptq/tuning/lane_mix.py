@@ -98,7 +98,9 @@ def mac_nodes(graph: Graph) -> list[Node]:
     out = []
     for node in graph.nodes:
         role = weight_role(node)
-        if role is not None and len(node.inputs) > role.input_index and node.inputs[role.input_index] in graph.initializers:
+        if role is None or len(node.inputs) <= role.input_index:
+            continue
+        if node.inputs[role.input_index] in graph.initializers:
             out.append(node)
     return out
 
@@ -239,7 +241,8 @@ class LaneMix:
             # E[W4 Q4(x)] - E[W x]: the mean shift of the weight's and the input's 4-bit rounding together
             shift = layer_shift(node, w4, rounded[node.name]) - layer_shift(node, w, patches[node.name])
             if self.table.options.bias_correction:  # the graph's bias already corrects the 8-bit weight rounding
-                shift -= layer_shift(node, rounding_delta(w, self.table.tensors[layer.weight].qparams), patches[node.name])
+                delta8 = rounding_delta(w, self.table.tensors[layer.weight].qparams)
+                shift -= layer_shift(node, delta8, patches[node.name])
             bias = self.graph.initializers[bias_name]
             value = bias.astype(np.float64) - sign * shift.reshape(bias.shape)
             out[layer.node] = (bias_name, value.astype(bias.dtype))

@@ -79,7 +79,8 @@ class LaneTuneResult(TuneResult):
         ends = {p.label: p for p in self.lanes.points if p.label in ("all int8", "all int4")}
         lines = [f"lanes: {len(c.four)} of {len(self.lanes.layers)} layers on 4-bit lanes, "
                  f"{c.four_bit_macs:.1%} of the MACs, {c.throughput:.3f} MACs/DSP/cycle; validation cosine "
-                 f"{c.cosine:.5f} +- {c.sem:.5f} (target {self.target}: {'reached' if self.reached else 'NOT reached'})"]
+                 f"{c.cosine:.5f} +- {c.sem:.5f} "
+                 f"(target {self.target}: {'reached' if self.reached else 'NOT reached'})"]
         lines += [f"  {p.label}: {p.throughput:.3f} MACs/DSP/cycle, cosine {p.cosine:.5f}" for p in ends.values()]
         return "\n".join(lines)
 
