@@ -95,17 +95,20 @@ def pareto_svg(points: Sequence[dict], chosen: Optional[dict] = None, target: Op
 
 
 def lanes_text(record: dict) -> str:
-    """The points (front marked) and each layer's lanes, MACs, DSP operations and sensitivity, from the
+    """The points (front marked; `reached`: mean - z sem >= target + margin, as the tuner decided) and each
+    layer's lanes, MACs, DSP operations and sensitivity, from the
     `lanes` part of a tune record (`<stem>.tune.json`)."""
     lanes = record["lanes"]
     front = {id(p) for p in pareto_front(lanes["points"])}
     chosen = lanes["chosen"]
     lines = [f"lane assignments measured ({len(lanes['points'])}; * on the Pareto front), validation cosine "
              f"(target {record['target_cosine']}):",
-             f"  {'':1} {'assignment':<34} {'4-bit layers':>12} {'4-bit MACs':>10} {'MACs/DSP/cyc':>12} {'cosine':>8}"]
+             f"  {'':1} {'assignment':<34} {'4-bit layers':>12} {'4-bit MACs':>10} {'MACs/DSP/cyc':>12} {'cosine':>8} "
+             f"{'+- sem':>7} {'reached':>7}"]
     for p in sorted(lanes["points"], key=lambda p: p["throughput"]):
         lines.append(f"  {'*' if id(p) in front else ' '} {p['label'][:34]:<34} {len(p['four']):>12} "
-                     f"{p['four_bit_macs']:>10.1%} {p['throughput']:>12.3f} {p['cosine']:>8.5f}")
+                     f"{p['four_bit_macs']:>10.1%} {p['throughput']:>12.3f} {p['cosine']:>8.5f} {p['sem']:>7.5f} "
+                     f"{'yes' if p['reached'] else 'no':>7}")
     lines.append(f"  tuned: {chosen['label']} ({len(chosen['four'])} layers on 4-bit lanes)")
     width = max(len(r["node"]) for r in lanes["layers"])
     lines += ["", f"layers ({len(lanes['layers'])}), in graph order:",
