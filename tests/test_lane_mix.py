@@ -233,3 +233,10 @@ def test_adaround_puts_the_4_bit_weights_on_their_grid_rounded_for_the_output(se
     nearest = np.clip(np.round(w / qp.scale.reshape(-1, 1, 1, 1)), -8, 7)
     assert np.any(np.round(codes) != nearest)  # some weights rounded the other way
     assert np.array_equal(g.initializers["W2"], graph.initializers["W2"])  # an 8-bit layer keeps its weight
+
+
+def test_a_table_that_is_not_8_bit_is_a_one_line_error(arrays):
+    graph = load_model(residual_net())
+    table = calibrate(residual_net(), arrays[:8], scheme="int4-dsp", write_qdq=False).table
+    with pytest.raises(ValueError, match=r"tunes from an 8-bit table .*layer conv_c0 reads 'input' at 4 bits"):
+        tune_lanes(graph, table, ArraySamples(arrays), 0.9, reference=graph)

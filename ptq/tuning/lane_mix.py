@@ -194,6 +194,12 @@ class LaneMix:
                  fit_batches: Optional[Iterable] = None):
         self.graph, self.table, self.grid = graph, table, grid
         self.layers = layers_of(graph, table)
+        for layer in self.layers:
+            for name in (layer.data, layer.weight):
+                if table.tensors[name].qparams.bits != 8:
+                    raise ValueError(f"--scheme int4-dsp tunes from an 8-bit table (ptq calibrate without --scheme, "
+                                     f"--bits or --weight-bits): layer {layer.node} reads {name!r} at "
+                                     f"{table.tensors[name].qparams.bits} bits")
         self.by_node = {layer.node: layer for layer in self.layers}
         taken = set(graph.tensors) | {n.name for n in graph.nodes}
         self.copies: dict[str, str] = {}  # layer node -> its 4-bit input copy

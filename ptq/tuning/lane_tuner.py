@@ -91,9 +91,6 @@ def tune_lanes(graph: Graph, table: QuantTable, samples: Samples, target: float,
                progress: bool = False) -> LaneTuneResult:
     """Tune the lanes of `graph`'s layers (module docstring) from the 8-bit `table`; `reference` is the user's
     float model (the goal); the fit samples give the 4-bit grids, bias correction and the sensitivities."""
-    if any(e.qparams.bits != 8 for e in table.tensors.values() if not e.run_in_float):
-        raise ValueError("--scheme int4-dsp tunes from an 8-bit table of the default scheme (ptq calibrate "
-                         "without --scheme, --bits or --weight-bits)")
     fit, held = (samples, validation) if validation is not None else split_samples(samples, validation_fraction)
     check = Validation.create(reference, held, progress, views)
     sensing = Validation.create(reference, fit, progress)
