@@ -575,6 +575,9 @@ def tune(
     opts = _options("tune", options, labels=False)
     if scheme not in (DEFAULT_SCHEME, INT4_DSP_SCHEME):
         raise ValueError(f"unknown tuning scheme {scheme!r}; choose {DEFAULT_SCHEME} or {INT4_DSP_SCHEME}")
+    if scheme == INT4_DSP_SCHEME and (budget_int16 is not None or allow_float):
+        raise ValueError("--budget-int16 and --allow-float do not apply to --scheme int4-dsp (it moves layers "
+                         "between 8-bit and 4-bit DSP lanes only)")
     if not 0 < target_cosine <= 1:
         raise ValueError(f"--target-cosine must be in (0, 1], got {target_cosine}")
     if (budget_int16 is not None and budget_int16 < 0) or allow_float < 0:

@@ -77,3 +77,17 @@ def test_cli_tune_int4_dsp_then_dsp_report_lists_lanes_and_draws_the_front(tmp_p
     capsys.readouterr()
     assert main(["dsp-report", str(model), "--quant", str(table), "--tune", str(table)]) == 2
     assert "has no lanes" in capsys.readouterr().err
+
+
+def test_cli_int4_dsp_refuses_the_16_bit_and_float_options(tmp_path, capsys):
+    model = tmp_path / "net.onnx"
+    onnx.save(residual_net(), model)
+    data = tmp_path / "data"
+    data.mkdir()
+    for k, x in enumerate(np.random.default_rng(1).normal(0, 1, (4, 3, 8, 8)).astype(np.float32)):
+        np.save(data / f"s{k:02d}.npy", x)
+    assert main(["calibrate", str(model), "--data", str(data), "--out", str(tmp_path), "-q"]) == 0
+    rc = main(["tune", str(model), "--quant", str(tmp_path / "net.quant.json"), "--data", str(data),
+               "--target-cosine", "0.9", "--scheme", "int4-dsp", "--allow-float", "1", "-q"])
+    assert rc == 2 and "do not apply to --scheme int4-dsp" in capsys.readouterr().err
+    assert not (tmp_path / "net.tuned.quant.json").exists()
