@@ -42,7 +42,8 @@ import numpy as np
 from calibrators import TensorStatistics, get_calibrator
 from ops.registry import weight_role
 from ptq.adjust.adaround import adaround
-from ptq.adjust.bias_correction import bias_target, conv_geometry, layer_shift, mean_patch, rounding_delta
+from ptq.adjust.bias_correction import (BiasCorrectionLog, bias_target, conv_geometry, layer_shift, mean_patch,
+                                        rounding_delta, weighted_layers)
 from ptq.calibration.adjustments import with_initializers
 from ptq.calibration.int4_dsp import requantize_edges, tqt_qparams, tqt_scale
 from ptq.core.graph import Graph, Node, load_model
@@ -231,7 +232,8 @@ class LaneMix:
         nodes = {n.name: n for n in self.graph.nodes}
         consumers = self.graph.consumers()
         shared = {name for name, users in consumers.items() if len(users) > 1}
-        patched = [nodes[layer.node] for layer in self.layers if nodes[layer.node].op_type in ("Conv", "Gemm")]
+        four = set(self.by_node)
+        patched = [n for n in weighted_layers(self.graph, self.table, BiasCorrectionLog()) if n.name in four]
         patches, rounded = self._mean_patches(patched, batches)
         out = {}
         for layer in self.layers:
@@ -262,9 +264,9 @@ class LaneMix:
         for node, x in layer_inputs(self.graph, nodes, batches):
             qp = self.inputs4[node.name].qparams
             both = []
+            w = self.graph.initializers[node.inputs[1]]
             for value in (x, qp.dequantize(qp.quantize(x))):
-                if node.op_type == "Conv":
-                    w = self.graph.initializers[node.inputs[1]]
+                if w.ndim == 4:  # a Conv (`weighted_layers` keeps 2-D Convs and Gemms)
                     pads, strides, dilations = conv_geometry(node, w)
                     total, n = mean_patch(value, w.shape[2:], pads, strides, dilations)
                 else:
