@@ -173,3 +173,38 @@ class DspBackend:
         width = max(1, BLOCK_ELEMENTS // max(rows, 1))
         return [(start, min(n, start + width)) for start in range(0, n, width)]
 
+
+
+def _fits(x: np.ndarray, bits: int) -> bool:
+    """The codes of `x` are those of a `bits`-bit operand (signed [-2^(b-1), 2^(b-1) - 1] or unsigned [0, 2^b - 1])."""
+    if x.size == 0:
+        return True
+    lo, hi = int(x.min()), int(x.max())
+    return lo >= -(1 << (bits - 1)) and hi <= ((1 << bits) - 1 if lo >= 0 else (1 << (bits - 1)) - 1)
+
+
+class DspLanesBackend:
+    """`dsp:lanes`: each dot product on the narrowest packed lanes its operands' codes fit, as a mixed-precision
+    model (`ptq tune --scheme int4-dsp`) runs: 4-bit lanes (`DspBackend("int4")`) when both operands are 4-bit
+    codes, else 8-bit lanes (`DspBackend("int8")`) when both are 8-bit, else one exact int64 product per DSP
+    (a 16-bit layer). A layer quantized to 8 bits whose codes all happen to fit 4 bits runs on 4-bit lanes,
+    exactly as well. `lanes` counts the dot products each path took."""
+
+    direct_depthwise = False
+
+    def __init__(self, mode: str = "exact"):
+        self.int4, self.int8 = DspBackend("int4", mode), DspBackend("int8", mode)
+        self.name = "dsp:lanes" + (":naive" if self.int4.mode is Extraction.NAIVE else "")
+        self.lanes = {"int4": 0, "int8": 0, "wide": 0}
+        self._lock = threading.Lock()
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        a, b = np.asarray(a), np.asarray(b)
+        for scheme, backend in (("int4", self.int4), ("int8", self.int8)):
+            if _fits(a, backend.bits) and _fits(b, backend.bits):
+                with self._lock:
+                    self.lanes[scheme] += 1
+                return backend.matmul(a, b)
+        with self._lock:
+            self.lanes["wide"] += 1
+        return np.matmul(a.astype(np.int64), b.astype(np.int64))

@@ -29,12 +29,13 @@ from ptq.parallel.workers import choose_workers, ship_model
 from ptq.qdq.targets import DEFAULT_TARGET
 from ptq.core.option_defaults import (
     DEFAULT_CALIBRATOR, DEFAULT_ISOLATED_IMAGES, DEFAULT_MATCH_IOU, DEFAULT_SCHEME, DEFAULT_SCORE_THRESHOLD,
-    DEFAULT_WEIGHT_CALIBRATOR,
+    DEFAULT_WEIGHT_CALIBRATOR, INT4_DSP_SCHEME,
 )
 from ptq.tuning.defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
 
 if TYPE_CHECKING:
     from ptq.core.graph import Graph
+    from ptq.tuning.lane_mix import Int4Grid
     from ptq.qdq.check import QDQCheck
     from ptq.engine.executor import FloatNode
     from ptq.calibration.pipeline import CalibrationResult
@@ -592,6 +593,8 @@ def tune(
     out: Optional[PathLike] = None,
     qdq_target: str = DEFAULT_TARGET,
     no_check: bool = False,
+    scheme: str = DEFAULT_SCHEME,
+    int4_grid: Optional["Int4Grid"] = None,
     **options,
 ) -> TuneResult:
     """`ptq tune`: change the table step by step until the logits cosine on validation samples reaches
@@ -602,7 +605,10 @@ def tune(
     a few of the samples unless `quiet` or `no_check`, as `ptq.calibrate` does) and `<stem>.tune.json` to `out`
     (default: the table's folder). Judge the result on other held-out samples still. `workers`/`ray`: the
     passes over the samples (statistics, ranking, each step's validation cosines) on a pool, with the same
-    result (`ptq.tuning.shards`).
+    result (`ptq.tuning.shards`). `scheme="int4-dsp"`: from an 8-bit table, move layers to 4-bit DSP lanes
+    (4 MACs per DSP48E2) while the target holds, maximizing MACs per DSP per cycle (`ptq.tuning.lane_tuner`;
+    `int4_grid`: how the 4-bit layers are quantized, `ptq.tuning.lane_mix.Int4Grid`); the result's `lanes`
+    records each layer's lanes and sensitivity and every assignment tried.
 
     Examples:
         >>> import tempfile, ptq
@@ -621,10 +627,17 @@ def tune(
     from ptq.qdq.output import export_checked, sample_feeds, write_model
     from ptq.table.quant_table import save_quant_table
     from ptq.tuning.tuner import tune as run_tuning
+    from ptq.tuning.lane_mix import Int4Grid
+    from ptq.tuning.lane_tuner import tune_lanes
     from ptq.data.views import VIEWS
     from ptq.data.image_source import ImageSet
 
     opts = _options("tune", options, labels=False)
+    if scheme not in (DEFAULT_SCHEME, INT4_DSP_SCHEME):
+        raise ValueError(f"unknown tuning scheme {scheme!r}; choose {DEFAULT_SCHEME} or {INT4_DSP_SCHEME}")
+    if scheme == INT4_DSP_SCHEME and (budget_int16 is not None or allow_float):
+        raise ValueError("--budget-int16 and --allow-float do not apply to --scheme int4-dsp (it moves layers "
+                         "between 8-bit and 4-bit DSP lanes only)")
     if not 0 < target_cosine <= 1:
         raise ValueError(f"--target-cosine must be in (0, 1], got {target_cosine}")
     if (budget_int16 is not None and budget_int16 < 0) or allow_float < 0:
@@ -649,17 +662,24 @@ def tune(
         if validation is not None:  # the same format (and preprocessing) as the tuning samples
             held = ImageSet.from_source(dataclasses.replace(loaded.source, location=Path(validation)))
         reference = load_model(model, table.options.input_shapes)  # the user's model: the goal
-        result = run_tuning(
-            graph, table, samples, target_cosine, budget_int16=budget_int16, allow_float=allow_float,
-            validation=held, reference=reference, validation_fraction=validation_fraction, margin=margin, z=z,
-            views=views, progress=opts.progress, workers=choose_workers(opts.workers, samples.expected), ray=opts.ray)
+        if scheme == INT4_DSP_SCHEME:  # layers moved to 4-bit DSP lanes while the target holds
+            result = tune_lanes(graph, table, samples, target_cosine, reference=reference, validation=held,
+                                validation_fraction=validation_fraction, margin=margin, z=z, views=views,
+                                grid=int4_grid or Int4Grid(), progress=opts.progress)
+        else:
+            result = run_tuning(
+                graph, table, samples, target_cosine, budget_int16=budget_int16, allow_float=allow_float,
+                validation=held, reference=reference, validation_fraction=validation_fraction, margin=margin, z=z,
+                views=views, progress=opts.progress, workers=choose_workers(opts.workers, samples.expected),
+                ray=opts.ray)
         # exported (and checked against the user's model) before anything is written: a failure leaves no file
         qdq = export_checked(result.graph, result.table, qdq_target, reference=reference.model,
                              feeds=() if opts.quiet or no_check else sample_feeds(samples, result.graph),
                              source="tuning")
     out_dir.mkdir(parents=True, exist_ok=True)
     tuned = result.table
-    if tuned.options.adjusted_model is not None:  # the weights move with the table (biases re-corrected)
+    if tuned.options.adjusted_model is not None or scheme == INT4_DSP_SCHEME:  # the weights (biases
+        # re-corrected) and the Requantize nodes of the 4-bit lanes move with the table
         _, relative, digest = save_adjusted(result.graph.model, tuned_path)
         tuned.options = dataclasses.replace(tuned.options, adjusted_model=relative, adjusted_sha256=digest)
     result.table_path = save_quant_table(tuned, tuned_path)

@@ -54,6 +54,7 @@ class LayerCost:
     node: str
     op_type: str
     stats: dict[str, DspStats] = field(default_factory=lambda: {s: DspStats() for s in SCHEMES})
+    lanes: str = "int8"  # the lanes the table puts it on: int4 when its weight and data input are 4-bit codes
 
     @property
     def macs(self) -> int:
@@ -79,6 +80,17 @@ class DspReport:
         """Model cycles: each layer on the whole array in turn."""
         return sum(self.array.cycles(layer.stats[scheme]) for layer in self.layers)
 
+    def table_stats(self) -> DspStats:
+        """The model's totals with each layer on the lanes its table gives it (a mixed 4/8-bit model)."""
+        total = DspStats()
+        for layer in self.layers:
+            stats = layer.stats[layer.lanes]
+            total.macs += stats.macs
+            total.ops += stats.ops
+            total.chain_ops += stats.chain_ops
+            total.lane_slots += stats.lane_slots
+        return total
+
     def ranked(self, scheme: str = "int8") -> list[LayerCost]:
         """Layers by cycles, most first (the speed bottlenecks)."""
         return sorted(self.layers, key=lambda layer: -self.array.cycles(layer.stats[scheme]))
@@ -96,8 +108,9 @@ class DspReport:
             cycles = self.cycles(scheme)
             totals[scheme] = {**scheme_dict(self.total(scheme)), "cycles": cycles,
                               "ms": self.array.milliseconds(cycles)}
+        totals["table"] = scheme_dict(self.table_stats())
         return {"dsps": self.array.dsps, "clock_mhz": self.array.clock_mhz, "totals": totals,
-                "layers": [{"name": layer.name, "node": layer.node, "op_type": layer.op_type,
+                "layers": [{"name": layer.name, "node": layer.node, "op_type": layer.op_type, "lanes": layer.lanes,
                             **{s: scheme_dict(layer.stats[s]) for s in SCHEMES}}
                            for layer in self.ranked()]}
 
@@ -122,6 +135,13 @@ class _Recorder(NumpyBackend):
         return super().matmul(a, b)
 
 
+def _lanes(node, table: QuantTable) -> str:
+    """int4 when every quantized input of `node` (its weight and data input) is on a grid of at most 4 bits."""
+    entries = [table.tensors[name] for name in node.inputs if name in table.tensors]
+    narrow = entries and all(e.qparams.bits <= 4 for e in entries if e.kind in ("activation", "weight"))
+    return "int4" if narrow else "int8"
+
+
 def dsp_report(graph: Graph, table: QuantTable, array: DspArray = DspArray()) -> DspReport:
     """Prepare `graph` with `table`, run it once on a zero input with a recording backend and cost every dot
     product."""
@@ -134,7 +154,7 @@ def dsp_report(graph: Graph, table: QuantTable, array: DspArray = DspArray()) ->
         if not recorder.pending or name not in producer:
             return
         node = producer[name]
-        layer = layers.setdefault(node.name, LayerCost(name, node.name, node.op_type))
+        layer = layers.setdefault(node.name, LayerCost(name, node.name, node.op_type, lanes=_lanes(node, table)))
         for a_shape, b_shape, a_signed, b_signed in recorder.pending:
             for scheme, bits in (("int8", 8), ("int4", 4)):
                 plan = plan_dot(scheme, a_shape, b_shape, CodeRange(bits, a_signed), CodeRange(bits, b_signed))
@@ -174,6 +194,12 @@ def report_text(report: DspReport, top: int = 10, accuracy: Optional[Accuracy] =
         t, cycles = report.total(scheme), report.cycles(scheme)
         lines.append(f"{scheme:<6} {t.macs:>13,} {t.ops:>13,} {t.macs / max(t.ops, 1):>12.3f} "
                      f"{t.padding_loss:>12.1%} {t.chain_loss:>10.1%} {cycles:>11,} {arr.milliseconds(cycles):>9.3f}")
+    four = [layer for layer in report.layers if layer.lanes == "int4"]
+    if four and len(four) < len(report.layers):
+        t = report.table_stats()
+        lines.append(f"{'table':<6} {t.macs:>13,} {t.ops:>13,} {t.macs / max(t.ops, 1):>12.3f} {t.padding_loss:>12.1%} "
+                     f"{t.chain_loss:>10.1%}   (each layer on its table's lanes: {len(four)} of {len(report.layers)} "
+                     f"on int4, {sum(l.macs for l in four) / max(t.macs, 1):.1%} of the MACs)")
     ranked = report.ranked()[:top]
     width = max([len(layer.name) for layer in ranked] + [5])
     lines += ["", f"layers ranked by int8 cycles (top {len(ranked)} of {len(report.layers)}):",

@@ -23,6 +23,7 @@ MODULE_COMMANDS = {
     "ptq/commands/report.py": ("report",),
     "ptq/commands/debug.py": ("debug",),
     "ptq/commands/dsp_report.py": ("dsp-report",),
+    "ptq/tuning/lane_mix.py": ("tune",),
     "ptq/commands/ops.py": ("ops",),
     "ptq/core/graph.py:parse_input_shapes": ("calibrate",),
     "ptq/parallel/workers.py": POOLED,

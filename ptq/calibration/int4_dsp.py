@@ -149,21 +149,28 @@ def with_requantize(graph: Graph) -> tuple[Graph, dict[str, str]]:
                 mac_inputs.setdefault(name, []).append((node.outputs[0], index))
     if not mac_inputs:
         return graph, {}
+    taken = set(graph.tensors) | {n.name for n in graph.model.graph.node}
+    copies = {t: _unique(t + REQUANTIZE_SUFFIX, taken) for t in mac_inputs}
+    edges = {(out, index): copies[t] for t, uses in mac_inputs.items() for out, index in uses}
+    return requantize_edges(graph, edges, taken), copies
+
+
+def requantize_edges(graph: Graph, edges: dict[tuple[str, int], str], taken: set[str]) -> Graph:
+    """`graph` with the input `index` of the node whose first output is `out` read through a Requantize node
+    writing `edges[(out, index)]` (one node per copy name, before the first node that reads it; the model stays
+    sorted); `taken`: the names in use (node names are added to it)."""
     model = onnx.ModelProto()
     model.CopyFrom(graph.model)
-    taken = set(graph.tensors) | {n.name for n in model.graph.node}
-    copies = {t: _unique(t + REQUANTIZE_SUFFIX, taken) for t in mac_inputs}
-    rewire = {(out, index): copies[t] for t, uses in mac_inputs.items() for out, index in uses}
     nodes, inserted = [], set()
     for proto in model.graph.node:
         for index, name in enumerate(proto.input):
-            copy = rewire.get((proto.output[0] if proto.output else "", index))
+            copy = edges.get((proto.output[0] if proto.output else "", index))
             if copy is None:
                 continue
-            if name not in inserted:  # before the first convolution that reads it (the model stays sorted)
+            if copy not in inserted:
                 nodes.append(helper.make_node(REQUANTIZE, [name], [copy], name=_unique(f"requantize_{name}", taken),
                                               domain=PTQ_DOMAIN))
-                inserted.add(name)
+                inserted.add(copy)
             proto.input[index] = copy
         nodes.append(proto)
     del model.graph.node[:]
@@ -172,7 +179,7 @@ def with_requantize(graph: Graph) -> tuple[Graph, dict[str, str]]:
         model.functions.append(requantize_function(graph.opset))
     if not any(o.domain == PTQ_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(PTQ_DOMAIN, 1))
-    return load_model(model), copies
+    return load_model(model)
 
 
 def _activation_range(calibrator, stats: TensorStatistics, name: str, bits: int,

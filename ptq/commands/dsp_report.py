@@ -30,14 +30,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=10, help="layers printed, most cycles first (default 10)")
     parser.add_argument("--accuracy", help="a report.json of `ptq report` on the same model and table: show each "
                         "layer's accuracy-bottleneck rank and isolated cosine next to its cycles")
-    parser.add_argument("--out", help="write dsp_report.json here")
+    parser.add_argument("--tune", help="the <stem>.tune.json of `ptq tune --scheme int4-dsp`: list each layer's "
+                        "lanes, MACs and sensitivity and the lane assignments tried; with --out also draw their "
+                        "cosine against MACs per DSP per cycle (the Pareto front) as lanes_pareto.svg")
+    parser.add_argument("--out", help="write dsp_report.json (and lanes_pareto.svg with --tune) here")
 
 
 def run(args: argparse.Namespace) -> int:
     from ptq.adjust.adjusted_model import load_model_for_table
     from ptq.output_paths import check_outputs
     from ptq.table.quant_table import load_quant_table
+    from ptq.core.atomic import atomic_write_text
     from reports.dsp_resources import DspArray, accuracy_ranks, dsp_report, report_text
+    from reports.lane_pareto import lanes_text, pareto_svg
 
     if args.top <= 0:
         raise ValueError(f"--top must be positive, got {args.top}")
@@ -47,11 +52,23 @@ def run(args: argparse.Namespace) -> int:
     graph = load_model_for_table(args.model, table, args.quant)
     report = dsp_report(graph, table, DspArray(args.dsps, args.clock_mhz))
     accuracy = accuracy_ranks(json.loads(Path(args.accuracy).read_text(encoding="utf-8"))) if args.accuracy else None
+    record = None
+    if args.tune:
+        record = json.loads(Path(args.tune).read_text(encoding="utf-8"))
+        if not record.get("lanes"):
+            raise ValueError(f"{args.tune} is not the record of `ptq tune --scheme int4-dsp` (it has no lanes)")
     print(report_text(report, args.top, accuracy))
+    if record is not None:
+        print("\n" + lanes_text(record))
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         path = out / "dsp_report.json"
-        path.write_text(json.dumps(report.to_dict(), indent=1) + "\n", encoding="utf-8")
+        atomic_write_text(path, json.dumps(report.to_dict(), indent=1) + "\n")
         print(f"wrote {path}")
+        if record is not None:
+            lanes = record["lanes"]
+            svg = pareto_svg(lanes["points"], lanes["chosen"], record["target_cosine"],
+                             f"{Path(args.model).name}: validation cosine against DSP throughput")
+            print(f"wrote {atomic_write_text(out / 'lanes_pareto.svg', svg + chr(10))}")
     return 0

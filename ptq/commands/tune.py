@@ -42,6 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--views", default=",".join(DEFAULT_VIEWS),
                         help="the views each validation image enters with, comma-separated, or none (default: "
                              "all: %(default)s)")
+    parser.add_argument("--scheme", choices=("default", "int4-dsp"), default="default",
+                        help="int4-dsp: from an 8-bit table, move layers to 4-bit DSP lanes (4 MACs per DSP48E2) "
+                             "while the target holds, for the most MACs per DSP per cycle (default: default)")
+    parser.add_argument("--int4-pow2", action="store_true",
+                        help="with --scheme int4-dsp: power-of-two 4-bit scales (WP521's grid; default: free scales)")
+    parser.add_argument("--int4-no-bias-correction", action="store_true",
+                        help="with --scheme int4-dsp: leave the 4-bit layers' biases uncorrected")
     parser.add_argument("--out", help="output folder (default: the table's folder)")
     add_qdq_arguments(parser)
     add_data_arguments(parser, labels=False)
@@ -49,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ptq.api import tune
+    from ptq.tuning.lane_mix import Int4Grid
 
     if not args.quiet:  # each step as it is measured
         logging.getLogger("ptq.tune").setLevel(logging.INFO)
@@ -56,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
                   allow_float=args.allow_float, validation=args.validation,
                   validation_fraction=args.validation_fraction, margin=args.margin, z=args.z, out=args.out,
                   views=[] if args.views.strip().lower() == "none" else [v.strip() for v in args.views.split(",")],
-                  qdq_target=args.target, no_check=args.no_check, **data_kwargs(args))
+                  qdq_target=args.target, no_check=args.no_check, scheme=args.scheme,
+                  int4_grid=Int4Grid(pow2=args.int4_pow2, bias_correction=not args.int4_no_bias_correction),
+                  **data_kwargs(args))
     print(result.summary())
     if result.float_nodes:
         print(f"the tuned table marks float: {', '.join(result.table.float_tensors())} "

@@ -1,7 +1,8 @@
 """Backends by name, for `--backend` and `backend=`: `compiled` (the default: exact BLAS dot products and the
 numba kernels of `ops.compiled`), `numpy` (the reference kernels, same codes), and the packed-DSP48E2
-emulations `dsp:int8` (WP486, two products per slice) and `dsp:int4` (WP521, four), each with `:naive` for
-plain bit-sliced lane extraction (no sign correction)."""
+emulations `dsp:int8` (WP486, two products per slice) and `dsp:int4` (WP521, four), and `dsp:lanes` (each dot
+product on the narrowest of the two its codes fit: a mixed 4/8-bit model), each with `:naive` for plain
+bit-sliced lane extraction (no sign correction)."""
 from __future__ import annotations
 
 # imports inside functions: the command line's parser reads BACKEND_NAMES; a backend's kernels (numba, the
@@ -12,7 +13,8 @@ from typing import TYPE_CHECKING, Union
 if TYPE_CHECKING:
     from ops.registry import DotBackend
 
-BACKEND_NAMES = ("compiled", "numpy", "dsp:int8", "dsp:int4", "dsp:int8:naive", "dsp:int4:naive")
+BACKEND_NAMES = ("compiled", "numpy", "dsp:int8", "dsp:int4", "dsp:lanes", "dsp:int8:naive", "dsp:int4:naive",
+                 "dsp:lanes:naive")
 DEFAULT_BACKEND_NAME = "compiled"
 
 
@@ -30,7 +32,9 @@ def get_backend(name: Union[str, "DotBackend", None]) -> "DotBackend":
         from ops.backend import NumpyBackend
 
         return NumpyBackend()
-    from dsp.backend import DspBackend
+    from dsp.backend import DspBackend, DspLanesBackend
 
     parts = name.split(":")
+    if parts[1] == "lanes":
+        return DspLanesBackend(parts[2] if len(parts) == 3 else "exact")
     return DspBackend(parts[1], parts[2] if len(parts) == 3 else "exact")

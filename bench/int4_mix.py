@@ -1,0 +1,185 @@
+"""Mixed 4-bit/8-bit DSP lanes (`ptq tune --scheme int4-dsp`) on a model: the trade-off points the tuner
+measured, each assignment's cosine on held-out photos against onnxruntime's float logits, and the tuned mix
+bit-exact through `dsp:lanes`.
+
+    python bench/int4_mix.py [--model examples/efficientnet_lite0.onnx --calib examples/calib
+                              --eval /work/shared/assets/images/eval --target 0.98 --out /tmp/int4_mix]
+
+Steps: `ptq calibrate` (8-bit, default scheme) on --calib; `ptq.tune(scheme="int4-dsp")` on --calib only (a
+third of it validates, no views); then on --eval: onnxruntime's float logits beside ptq's integer logits of
+all-int8, all-int4, the tuned mix and every assignment the tuner measured (cosine mean and min, top-1
+agreement with the float model); last, every integer tensor of the tuned mix on --exact-photos photos through
+the plain backend and through `dsp:lanes` (each 4-bit layer on int4 lanes, each 8-bit one on int8 lanes).
+The tune result is cached in --out (delete it to tune again). With --grids, the 4-bit grid variants are
+compared first (all-int4 and a fixed 40 %-of-MACs assignment on the validation photos).
+
+Measured (2-core shared machine, Lite0 with examples/calib: 16 fit photos, 7 validation photos without views;
+20 eval photos). 4-bit grids, mean cosine on the 7 validation photos, all-int4 / the 40 % of the MACs whose
+4-bit lanes save most, 8-bit base without bias correction:
+
+    pow2, max|w|, extrema, no bias corr.   0.109 / 0.555      free, mse, mse, no bias corr.   0.275 / 0.838
+    pow2, mse, mse, no bias corr.          0.196 / 0.774      free, mse, mse, bias corr.      0.642 / 0.866
+    pow2, mse, mse, bias corr.             0.337 / 0.827      + AdaRound                      0.606 / 0.883
+    bias correction of the input's rounding as well as the weight's: 0.866 -> 0.868 at 40 %
+
+So free (non power-of-two) scales, MSE-fitted weight and activation grids and bias correction are the
+defaults; AdaRound (`--adaround`) helps the fixed 40 % assignment a little but not the tuned mix (27.3 % of
+the MACs at 4 bits with it, 28.8 % without, on the bias-corrected 8-bit base) and costs ~4 minutes: off.
+Tuned (`--bias-correction`, target 0.98, z = 2): 10 of 50 layers, 28.8 % of the MACs on 4-bit lanes, 2.334
+MACs/DSP/cycle, eval cosine 0.9828 (min 0.961, top-1 agreement with float 95 %); all-int8 1.999 / 0.9957,
+all-int4 3.637 / 0.646; the assignment with 35.2 % (2.424) scores 0.9788 on the eval photos.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import onnxruntime as ort  # noqa: E402
+
+import ptq  # noqa: E402
+from dsp.backend import DspLanesBackend  # noqa: E402
+from ptq.adjust.adjusted_model import load_model_for_table  # noqa: E402
+from ptq.data.image_source import ImageSet  # noqa: E402
+from ptq.data_options import DataOptions  # noqa: E402
+from ptq.engine.executor import prepare  # noqa: E402
+from ptq.table.quant_table import load_quant_table  # noqa: E402
+from ptq.tuning.data import split_samples  # noqa: E402
+from ptq.tuning.lane_mix import Int4Grid, LaneMix  # noqa: E402
+from ptq.tuning.tuner import fit_statistics  # noqa: E402
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def compare_grids(graph, table, samples, fraction: float) -> None:
+    fit, held = split_samples(samples, fraction)
+    stats = fit_statistics(graph, fit, ["mse", "extrema"])
+    feeds = [x for _, x, _ in held.samples(graph)]
+    session = ort.InferenceSession(str(graph_path), providers=["CPUExecutionProvider"])  # the user's model
+    ref = [session.run(None, x)[0] for x in feeds]
+    grids = {"pow2, max|w|, extrema, no bias corr.": Int4Grid(pow2=True, weight_fit="max",
+                                                             activation_calibrator="extrema", bias_correction=False),
+             "pow2, mse, mse, no bias corr.": Int4Grid(pow2=True, bias_correction=False),
+             "pow2, mse, mse, bias corr.": Int4Grid(pow2=True),
+             "free, mse, mse, no bias corr.": Int4Grid(bias_correction=False),
+             "free, mse, mse, bias corr. (default)": Int4Grid(),
+             "free, mse, mse, AdaRound, bias corr.": Int4Grid(adaround=True)}
+    print(f"4-bit grids (scales, weight fit, activation calibrator, rounding, bias correction) on {len(feeds)} "
+          "validation photos: mean cosine vs onnxruntime float")
+    order = None
+    for name, grid in grids.items():
+        mix = LaneMix(graph, table, stats, grid, (x for _, x, _ in fit.samples(graph)))
+        if order is None:  # the layers saving most DSP operations, up to 40 % of the MACs
+            ranked = sorted(mix.layers, key=lambda layer: layer.ops_at(4) - layer.ops_at(8))
+            total, order, acc = sum(layer.macs for layer in ranked), [], 0
+            for layer in ranked:
+                if acc >= 0.4 * total:
+                    break
+                order.append(layer.node)
+                acc += layer.macs
+        row = []
+        for four in ([layer.node for layer in mix.layers], order):
+            prepared = prepare(*mix.build(four))
+            row.append(np.mean([cosine(r, prepared.run(x).outputs[graph.outputs[0]]) for x, r in zip(feeds, ref)]))
+        print(f"  {name:<40} all int4 {row[0]:.4f}   40 % of MACs int4 {row[1]:.4f}")
+
+
+def main() -> int:
+    global graph_path
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="examples/efficientnet_lite0.onnx")
+    parser.add_argument("--calib", default="examples/calib")
+    parser.add_argument("--eval", default="/work/shared/assets/images/eval")
+    parser.add_argument("--target", type=float, default=0.98)
+    parser.add_argument("--z", type=float, default=2.0)
+    parser.add_argument("--validation-fraction", type=float, default=0.34)
+    parser.add_argument("--num-eval", type=int, default=20)
+    parser.add_argument("--exact-photos", type=int, default=1)
+    parser.add_argument("--pow2", action="store_true", help="power-of-two 4-bit scales (WP521)")
+    parser.add_argument("--adaround", action="store_true", help="AdaRound the 4-bit weights")
+    parser.add_argument("--bias-correction", action="store_true", help="calibrate the 8-bit table with bias correction")
+    parser.add_argument("--grids", action="store_true", help="compare the 4-bit grid variants first")
+    parser.add_argument("--data", action="store_true", help="--calib and --eval are .npy sample files")
+    parser.add_argument("--out", default="/tmp/int4_mix")
+    args = parser.parse_args()
+    graph_path = Path(args.model)
+    out = Path(args.out)
+    stem = graph_path.stem
+    source = {"data": args.calib} if args.data else {"images": args.calib}
+    table_path = out / f"{stem}.quant.json"
+    if not table_path.exists():
+        ptq.calibrate(args.model, out=out, quiet=True, bias_correction=args.bias_correction, **source)
+    table = load_quant_table(table_path)
+    graph = load_model_for_table(args.model, table, table_path, note=False)  # bias-corrected weights, if any
+    if args.grids:
+        opts = DataOptions(**source)
+        compare_grids(graph, table, ImageSet.from_source(opts.source(table.options.preprocess), None, None, 0),
+                      args.validation_fraction)
+    record_path = out / f"{stem}.tune.json"
+    start = time.time()
+    if not record_path.exists():
+        ptq.tune(args.model, quant=table_path, target_cosine=args.target, scheme="int4-dsp", views=[], z=args.z,
+                 validation_fraction=args.validation_fraction, quiet=True, no_check=True,
+                 int4_grid=Int4Grid(pow2=args.pow2, adaround=args.adaround), **source)
+        print(f"tuned in {time.time() - start:.0f} s")
+    record = json.loads(record_path.read_text())
+    lanes = record["lanes"]
+    tuned_table = load_quant_table(out / f"{stem}.tuned.quant.json")
+    tuned_graph = load_model_for_table(args.model, tuned_table, out / f"{stem}.tuned.quant.json", note=False)
+
+    print(f"\nlayers ({len(lanes['layers'])}): lanes, MACs, sensitivity (fit-photo cosine drop alone at 4 bits)")
+    for row in sorted(lanes["layers"], key=lambda r: -r["macs"])[:12]:
+        print(f"  {row['node']:<28} {row['lanes']}-bit {row['macs']:>11,} {row['sensitivity']:+.5f}")
+    print(f"  ... ({len(lanes['layers']) - 12} more in {record_path})")
+
+    eval_opts = DataOptions(**({"data": args.eval} if args.data else {"images": args.eval}))
+    photos = ImageSet.from_source(eval_opts.source(table.options.preprocess), None, args.num_eval, 0)
+    feeds = [x for _, x, _ in photos.samples(graph)]
+    session = ort.InferenceSession(str(graph_path), providers=["CPUExecutionProvider"])
+    ref = [session.run(None, x)[0] for x in feeds]
+    fit, _ = split_samples(ImageSet.from_source(DataOptions(**source).source(table.options.preprocess), None, None, 0),
+                           args.validation_fraction)
+    grid = Int4Grid(**lanes["int4_grid"])
+    mix = LaneMix(graph, table, fit_statistics(graph, fit, [grid.activation_calibrator]), grid,
+                  (x for _, x, _ in fit.samples(graph)))
+    print(f"\ntrade-off points ({len(lanes['points'])} measured by the tuner on {record['validation_samples']} "
+          f"validation photos) and on {len(feeds)} held-out photos, ptq integer logits vs onnxruntime float:")
+    print(f"{'point':<34} {'4-bit MACs':>10} {'MACs/DSP/cyc':>12} {'val cos':>8} {'eval cos':>8} {'eval min':>8} "
+          f"{'top-1 agree':>11}")
+    chosen = lanes["chosen"]
+    for point in lanes["points"] + [dict(chosen, label="TUNED: " + chosen["label"])]:
+        prepared = prepare(*mix.build(point["four"]))
+        ys = [prepared.run(x).outputs[graph.outputs[0]] for x in feeds]
+        cos = [cosine(r, y) for r, y in zip(ref, ys)]
+        agree = np.mean([int(np.argmax(r)) == int(np.argmax(y)) for r, y in zip(ref, ys)])
+        print(f"{point['label'][:34]:<34} {point['four_bit_macs']:>10.1%} {point['throughput']:>12.3f} "
+              f"{point['cosine']:>8.5f} {np.mean(cos):>8.5f} {np.min(cos):>8.5f} {agree:>11.0%}")
+    same = prepare(tuned_graph, tuned_table).run(feeds[0]).outputs[graph.outputs[0]]
+    rebuilt = prepare(*mix.build(chosen["four"])).run(feeds[0]).outputs[graph.outputs[0]]
+    print("\nthe written tuned model and table give the same logits as the rebuilt mix:", np.array_equal(same, rebuilt))
+
+    for k, x in enumerate(feeds[:args.exact_photos]):
+        start = time.time()
+        backend = DspLanesBackend()
+        plain = prepare(tuned_graph, tuned_table, backend="numpy").run(x, keep_all=True).tensors
+        dsp = prepare(tuned_graph, tuned_table, backend=backend).run(x, keep_all=True).tensors
+        differ = [name for name in plain if not np.array_equal(plain[name], dsp[name])]
+        print(f"photo {k}: {len(plain)} integer tensors, {len(differ)} differ between numpy and dsp:lanes; dot "
+              f"products on int4 lanes {backend.lanes['int4']}, int8 {backend.lanes['int8']}, wider "
+              f"{backend.lanes['wide']} ({time.time() - start:.0f} s)")
+    return 0
+
+
+graph_path = Path()
+
+if __name__ == "__main__":
+    sys.exit(main())
