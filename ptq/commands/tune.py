@@ -15,6 +15,7 @@ import logging
 
 from ptq.commands.data_options import add_data_arguments, data_kwargs
 from ptq.commands.qdq_options import add_qdq_arguments, qdq_targets_epilog
+from ptq.core.option_defaults import DEFAULT_SCHEME, SCHEMES
 from ptq.tuning.defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
 
 HELP = ("reach a target logits cosine: per-channel weights, better ranges, 16-bit tensors, float as a last resort; "
@@ -42,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--views", default=",".join(DEFAULT_VIEWS),
                         help="the views each validation image enters with, comma-separated, or none (default: "
                              "all: %(default)s)")
-    parser.add_argument("--scheme", choices=("default", "int4-dsp"), default="default",
+    parser.add_argument("--scheme", choices=SCHEMES, default=DEFAULT_SCHEME,
                         help="int4-dsp: from an 8-bit table, move layers to 4-bit DSP lanes (4 MACs per DSP48E2) "
                              "while the target holds, for the most MACs per DSP per cycle (default: default)")
     parser.add_argument("--int4-pow2", action="store_true",
