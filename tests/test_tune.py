@@ -15,7 +15,8 @@ from ptq.engine.executor import prepare
 from ptq.data.images import Preprocess
 from ptq.calibration.pipeline import calibrate
 from ptq.table.quant_table import load_quant_table
-from ptq.tuning.tuner import tune
+from ptq.qdq.check import QDQCheck
+from ptq.tuning.tuner import TuneResult, tune
 from ptq.tuning.data import Score, split_samples
 from ptq.data.image_source import ArraySamples, ImageSet
 from tests.test_equalize import chain
@@ -403,3 +404,23 @@ def test_a_needed_unit_ranked_last_is_moved_first_and_the_head_shrinks(tmp_path)
     tuner.shortest_head([[n] for n in order], "16-bit tensors")
     assert sorted(tuner.state.int16) == ["c2", "c3"] and tuner.done()
     assert check.calls - calls == 6  # two bisections of 7: 3 passes each
+
+
+def _tuned(check):
+    return TuneResult(table=None, graph=load_model(chain()), baseline=Score(0.99, 0.001), score=Score(0.9985, 0.0002),
+                      target=0.998, margin=0.0, z=2.0, validation_samples=5, steps=[], int16_tensors=[],
+                      float_nodes=[], qdq_check=check)
+
+
+def test_tune_says_when_the_qdq_model_it_writes_falls_short_of_the_target():
+    """Issue 26: 'reached' printed for a model it did not deliver. The integer graph reaches 0.998; the QDQ model
+    written scores 0.9887 with optimizations on: the summary and the record say so, with the shortfall."""
+    short = _tuned(QDQCheck("ort-cpu", 8, 0.9985, 0.9887, "fit"))
+    assert short.reached
+    assert short.qdq_shortfall.startswith("the QDQ model written does not reach the target 0.998: output cosine "
+                                          "0.9887 in onnxruntime on 8 fit samples (0.0093 short;")
+    assert f"warning: {short.qdq_shortfall}" in short.summary().splitlines()
+    assert short.to_dict()["qdq_shortfall"] == short.qdq_shortfall
+    for check in (QDQCheck("ort-cpu", 8, 0.9990, 0.9989, "fit"), None):
+        fine = _tuned(check)
+        assert fine.qdq_shortfall is None and "warning:" not in fine.summary()

@@ -114,7 +114,9 @@ class TuneResult:
         qdq_path: where the tuned table's QDQ model was written.
         qdq_check: its onnxruntime check (None: not run).
         cosine: the tuned validation cosine (`score`'s mean).
-        reached: whether the target was reached.
+        reached: whether the target was reached (by the integer graph, on the validation samples).
+        qdq_shortfall: what the QDQ model written fell short of the target by in its onnxruntime check (None: it
+            did not, or was not checked); the summary warns with it.
     """
 
     table: QuantTable
@@ -144,6 +146,22 @@ class TuneResult:
         return self.score.bound(self.z) >= self.target + self.margin
 
     @property
+    def qdq_shortfall(self) -> Optional[str]:
+        """What the QDQ model written fell short by, when its onnxruntime check (optimizations off or on) scored
+        below the target the integer graph was tuned to; None when it did not, or was not checked. The check
+        runs a few fit samples, not the validation ones: a figure beside the target, not the tuner's bound."""
+        check = self.qdq_check
+        if check is None:
+            return None
+        worst = min(check.cosine_unoptimized, check.cosine_optimized)
+        if worst >= self.target:
+            return None
+        return (f"the QDQ model written does not reach the target {self.target}: output cosine {worst:.4f} in "
+                f"onnxruntime on {check.samples} {check.source} samples ({self.target - worst:.4f} short; "
+                f"{check.cosine_unoptimized:.4f} optimizations off, {check.cosine_optimized:.4f} on), where the "
+                f"integer graph scores {self.cosine:.5f} on the validation samples")
+
+    @property
     def int16_activations(self) -> list[str]:
         return [n for n in self.int16_tensors if self.table.tensors[n].kind == "activation"]
 
@@ -152,6 +170,7 @@ class TuneResult:
                 "validation_samples": self.validation_samples, "views": self.views,
                 "baseline_cosine": self.baseline.mean,
                 "cosine": self.cosine, "cosine_sem": self.score.sem, "reached": self.reached,
+                "qdq_shortfall": self.qdq_shortfall,
                 "int16_tensors": self.int16_tensors, "float_nodes": self.float_nodes,
                 "steps": [s.to_dict() for s in self.steps]}
 
@@ -168,7 +187,10 @@ class TuneResult:
         acts = len(self.int16_activations)
         lines.append(f"{len(self.int16_tensors)} tensor(s) in 16 bits ({acts} activations, "
                      f"{len(self.int16_tensors) - acts} weights), {len(self.float_nodes)} node(s) in float")
-        return "\n".join(lines + summary_lines(self.qdq_path, self.qdq_target, self.qdq_check))
+        lines += summary_lines(self.qdq_path, self.qdq_target, self.qdq_check)
+        if self.qdq_shortfall:
+            lines.append(f"warning: {self.qdq_shortfall}")
+        return "\n".join(lines)
 
 
 def per_channel_weights(graph: Graph, table: QuantTable) -> QuantTable:
