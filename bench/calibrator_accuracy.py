@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from calibrators import required_stats  # noqa: E402
-from ptq.calibration.pipeline import collect_image_statistics, build_table  # noqa: E402
+from ptq.calibration.entries import build_table  # noqa: E402
+from ptq.calibration.statistics import collect_image_statistics  # noqa: E402
 from ptq.core.graph import load_model  # noqa: E402
 from ptq.data.images import InputSpec, Preprocess, load_image  # noqa: E402
 from ptq.qdq.export import export_qdq  # noqa: E402

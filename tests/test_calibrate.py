@@ -256,7 +256,8 @@ def test_models_ptq_cannot_feed_images_to_are_clear_errors(tiny, tmp_path):
 def test_every_calibrator_gives_a_runnable_qdq_efficientnet(model_path, calib_dir):
     """Statistics collected once (4 photos) for every calibrator; each table exports a QDQ model that runs."""
     from calibrators import required_stats
-    from ptq.calibration.pipeline import build_table, collect_image_statistics
+    from ptq.calibration.entries import build_table
+    from ptq.calibration.statistics import collect_image_statistics
     from ptq.core.graph import load_model
     from ptq.table.quant_table import CalibrationOptions
 

@@ -193,7 +193,7 @@ def test_a_worker_that_dies_mid_run_has_its_shard_rerun_with_the_same_result(tmp
 
     from calibrators import required_stats
     from ptq.core.graph import load_model
-    from ptq.calibration.pipeline import collect_image_statistics
+    from ptq.calibration.statistics import collect_image_statistics
 
     model, images, files = write_tiny_case(tmp_path, 12)
     pre, needs = Preprocess(mean=0, std=255, crop_ratio=1.0), required_stats(list(NEEDS))

@@ -4,7 +4,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ptq.calibration.pipeline import build_table, calibrate
+from ptq.calibration.entries import build_table
+from ptq.calibration.pipeline import calibrate
 from ptq.engine.float_run import collect_statistics
 from ptq.core.graph import load_model
 from ptq.qdq.export import MS_DOMAIN, export_qdq

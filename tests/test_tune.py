@@ -175,7 +175,7 @@ def test_float_layers_are_marked_in_the_tuned_table_which_reproduces_the_cosine(
 
 def test_recalibrated_ranges_keep_the_float_flags(tmp_path):
     from calibrators import required_stats
-    from ptq.calibration.pipeline import collect_image_statistics
+    from ptq.calibration.statistics import collect_image_statistics
     from ptq.table.edit import with_float
     from ptq.tuning.tuner import recalibrated
 
@@ -268,7 +268,7 @@ def test_a_worker_rebuilds_each_version_once_and_keeps_the_two_latest():
 
 def test_16_bit_activations_take_their_extrema_range_not_the_clipped_one(tmp_path):
     from calibrators import required_stats
-    from ptq.calibration.pipeline import collect_image_statistics
+    from ptq.calibration.statistics import collect_image_statistics
     from ptq.tuning.tuner import wide_activations
     from reports.tables import scale_range
 

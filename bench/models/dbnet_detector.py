@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 import torch
 from torch import nn
 import torch.nn.functional as F
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from paddle_style import move_conv_biases_to_adds  # noqa: E402
+from paddle_style import rewrite_export  # noqa: E402
 from synthetic import text_page  # noqa: E402
 
 SIZE = 160
@@ -144,10 +143,7 @@ def main() -> None:
     train(model, args.steps, args.batch, seed=1)
     torch.onnx.export(model, torch.zeros(1, 3, SIZE, SIZE), args.out, input_names=["x"], output_names=["maps"],
                       opset_version=11, dynamo=False)
-    exported = onnx.load(args.out)
-    moved = move_conv_biases_to_adds(exported)
-    onnx.checker.check_model(exported)
-    onnx.save(exported, args.out)
+    moved = rewrite_export(args.out)
     print(f"wrote {args.out} ({moved} Conv biases moved into Adds)")
 
 

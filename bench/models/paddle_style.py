@@ -3,6 +3,8 @@ an `Add` of a per-channel constant [1, C, 1, 1] (what Paddle2ONNX writes: 75 of 
 detector). Used by the DBNet-style and CRNN-style build scripts (onnx only)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import onnx
 from onnx import helper, numpy_helper
 
@@ -32,4 +34,14 @@ def move_conv_biases_to_adds(model: onnx.ModelProto) -> int:
     kept = [i for i in graph.initializer if i.name in used]
     del graph.initializer[:]
     graph.initializer.extend(kept)
+    return moved
+
+
+def rewrite_export(path: Path) -> int:
+    """Rewrite the torch export at `path` in place into the Paddle style (checked by onnx); returns how many Conv
+    biases moved into Adds."""
+    model = onnx.load(path)
+    moved = move_conv_biases_to_adds(model)
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
     return moved

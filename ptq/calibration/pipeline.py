@@ -20,8 +20,7 @@ import onnx
 
 from calibrators import get_calibrator
 from ptq.calibration import adjustments, int4_dsp
-from ptq.calibration.entries import activation_entries, build_table, weight_entries
-from ptq.calibration.statistics import ImageSource, collect_image_statistics, sample_source
+from ptq.calibration.statistics import ImageSource, sample_source
 from ptq.calibration.steps import (
     CalibrationSamples, CalibrationState, RangeStatistics, adjusts_model, align_with_integer_graph, calibration_steps,
     run_steps,
@@ -37,11 +36,6 @@ from ptq.qdq.check import CHECK_SAMPLES, QDQCheck
 from ptq.qdq.export import DEFAULT_TARGET, get_target
 from ptq.qdq.output import export_checked, summary_lines, write_model
 from ptq.table.quant_table import CalibrationOptions, QuantTable, save_quant_table
-
-# the pipeline's names from before its steps moved to their own modules, still imported from here
-__all__ = ["CalibrationResult", "ImageSource", "ModelSource", "activation_entries", "align_with_integer_graph",
-           "build_table", "calibrate", "collect_image_statistics", "input_spec", "output_paths", "sample_source",
-           "weight_entries"]
 
 _FREE_DEFAULTS = dict(bits=8, weight_bits=8, symmetric=False, weight_symmetric=True, narrow=False,
                       weight_narrow=True, pow2=False)
