@@ -24,6 +24,7 @@ from typing import Optional
 
 import numpy as np
 
+from ops.nms import select_boxes
 from ops.registry import op_of
 from ptq.core.graph import Graph
 from ptq.core.option_defaults import DEFAULT_MATCH_IOU, DEFAULT_SCORE_THRESHOLD, REPORT_TASKS
@@ -115,13 +116,11 @@ def nms_node_detections(boxes: np.ndarray, scores: np.ndarray, *, center_point_b
     (per class, scores > score_threshold, IoU > iou_threshold suppressed, at most max_per_class)."""
     corners = corner_boxes(boxes, center_point_box)
     s = np.asarray(scores, np.float64).reshape(-1, corners.shape[0])
-    parts = []
-    for c in range(s.shape[0]):
-        idx = np.flatnonzero(s[c] > score_threshold)
-        kept = idx[nms(corners[idx], s[c, idx], iou_threshold, max_per_class)] if max_per_class > 0 else idx[:0]
-        parts.append(Detections(corners[kept], s[c, kept], np.full(len(kept), c)))
-    return Detections(np.concatenate([p.boxes for p in parts]).reshape(-1, 4),
-                      np.concatenate([p.scores for p in parts]), np.concatenate([p.classes for p in parts]))
+    # the NonMaxSuppression op's own selection loop (ops.nms), in float64; IoU is the same on (x, y) corners
+    selected = select_boxes(corners[None], s[None], max_per_class, lambda v: v > score_threshold,
+                            lambda inter, union: inter / union > iou_threshold)
+    classes, index = selected[:, 1], selected[:, 2]
+    return Detections(corners[index].reshape(-1, 4), s[classes, index], classes)
 
 
 def match(reference: Detections, test: Detections, iou_threshold: float = MATCH_IOU) -> int:
