@@ -25,7 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench" / "models")]
 
-from ptq.engine.executor import NodeKind, prepare  # noqa: E402
+from ptq.engine.executor import prepare  # noqa: E402
 from ptq.calibration.pipeline import calibrate  # noqa: E402
 from recurrent_task import tagger_data  # noqa: E402
 

@@ -199,7 +199,7 @@ def _summary(report: Report) -> str:
             rows.append(("accuracy", "no labels (a labels file, or every image named NAME_LABEL): agreement "
                                      "with float only"))
     if report.float_nodes:
-        rows.append((f"{len(report.float_nodes)} node(s) ran in float",
+        rows.append((f"{len(report.float_nodes)} node(s) run in float",
                      "; ".join(f"{n} ({report.float_reasons[n]})" if n in report.float_reasons else n
                                for n in report.float_nodes)))
     else:

@@ -307,7 +307,7 @@ def test_cli_run_with_float_nodes_lists_them(effnet, capsys):
     )
     out = capsys.readouterr().out
     assert status == 0
-    assert "1 node(s) ran in float:\n  node_linear (Gemm): marked float" in out
+    assert "1 node(s) run in float (dequantize -> float op -> quantize):\n  node_linear (Gemm): marked float" in out
     top1 = int(out.split(f"{effnet.files[1].name}: ", 1)[1].split(":", 1)[0])
     assert top1 == int(effnet.float_logits[1].argmax())
 

@@ -1,6 +1,5 @@
 """Every command that writes checks its output paths before any work (one line, exit 2), and says which existing
 outputs it replaces (issue 27, items 1 and 11)."""
-from pathlib import Path
 
 import pytest
 

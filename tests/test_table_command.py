@@ -155,7 +155,7 @@ def test_a_tensor_marked_float_runs_its_fused_layer_in_float(tiny, capsys):
     np.testing.assert_array_equal(by_flag, by_option)
     status, out, _ = cli(capsys, "run", model, "--quant", table_path, "--images", images, "--mean", "0", "--std",
                          "255", "--crop-ratio", "1")
-    assert status == 0 and "2 node(s) ran in float" in out and "conv (Conv): float in the quant table ('act')" in out
+    assert status == 0 and "2 node(s) run in float" in out and "conv (Conv): float in the quant table ('act')" in out
     assert cli(capsys, "table", "set", table_path, "act", "--no-float")[0] == 0
     assert load_quant_table(table_path).tensors == plain.tensors
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gru_task import FEATURES, FRAMES, TAGS, make_batch  # numpy only: the bench draws more samples from it
+from gru_task import FEATURES, TAGS, make_batch  # numpy only: the bench draws more samples from it
 
 HIDDEN = 48
 

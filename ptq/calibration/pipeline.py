@@ -22,7 +22,7 @@ from calibrators import get_calibrator
 from ptq.calibration import adjustments, int4_dsp
 from ptq.calibration.statistics import ImageSource, sample_source
 from ptq.calibration.steps import (
-    CalibrationSamples, CalibrationState, RangeStatistics, adjusts_model, align_with_integer_graph, calibration_steps,
+    CalibrationSamples, CalibrationState, RangeStatistics, adjusts_model, calibration_steps,
     run_steps,
 )
 from ptq.core.atomic import refuse_to_overwrite
@@ -218,7 +218,7 @@ def calibrate(
     `weight_calibrator` at `weight_bits` (symmetric unless `weight_symmetric=False`), per channel unless
     `per_channel=False`. `narrow` selects the restricted signed range [-(2^(b-1)-1), 2^(b-1)-1]; `pow2`
     rounds scales up to powers of two. `align` writes the qparams the integer graph fixes by rule into the
-    table (see `align_with_integer_graph`). `equalize`, `bias_correction`, `adaround`, `analytic_bias_correction` adjust the weights
+    table (see `ptq.calibration.steps.align_with_integer_graph`). `equalize`, `bias_correction`, `adaround`, `analytic_bias_correction` adjust the weights
     (`ptq.calibration.adjustments`); the adjusted model is written beside the table and recorded in its options
     (`ptq.adjust.adjusted_model`). The input model is never modified; files are written atomically.
     `range_search` picks each activation's range among several calibrators' by its consumers' output error

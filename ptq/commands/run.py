@@ -79,18 +79,9 @@ def print_result(result) -> None:
 
 
 def print_float_nodes_and_overflows(result) -> None:
-    if result.float_nodes:
-        print(f"{len(result.float_nodes)} node(s) ran in float:")
-        for f in result.float_nodes:
-            print(f"  {f.name} ({f.op_type}): {f.reason}")
-    else:
-        print("every node ran in integers")
-    if result.overflows:
-        print(f"{len(result.overflows)} node(s) saturated their int32 accumulator (values over all samples):")
-        for node, count in sorted(result.overflows.items()):
-            print(f"  {node}: {count}")
-    else:
-        print("no int32 accumulator overflow")
+    from ptq.engine.executor import float_node_lines  # at run time: module comment
+
+    print("\n".join(float_node_lines(result.float_nodes, result.overflows)))
 
 
 def run(args: argparse.Namespace) -> int:

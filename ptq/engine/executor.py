@@ -36,7 +36,7 @@ import dataclasses
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Optional, Union
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import onnx
@@ -53,27 +53,19 @@ from ops.registry import (
     get_op,
     node_label,
 )
-from ptq.engine.backends import get_backend
-from ptq.engine.compile_notice import first_run_notice
-from ptq.engine.float_fallback import NodeFloatEvaluator
-from ptq.engine.fused_layers import layer_nodes
-from ptq.core.names import did_you_mean
-from ptq.core.graph import Graph, Node, load_model
-from ptq.core.qparams import QParams, compute_qparams
-from ptq.table.quant_table import QuantTable, load_quant_table
-from ptq.engine.rewrites import RewriteLog, apply_rewrites
-from ptq.engine.weight_scale_floor import floor_folded_weight
-from ops.registry import bias_role, weight_role
-from ptq.engine.compile_notice import first_run_notice
-from ptq.engine.float_fallback import NodeFloatEvaluator
-from ptq.engine.fused_layers import layer_nodes
-from ptq.engine.control_flow import FloatBranch, IfStep, LoopStep, branch_output
+from ops.registry import bias_role, reads_values, weight_role
 from ptq.core.bodies import Body, has_bodies, node_bodies
 from ptq.core.graph import Graph, Node, domain_opsets, load_model
-from ptq.table.quant_table import QuantTable, load_quant_table
+from ptq.core.names import did_you_mean
+from ptq.core.qparams import QParams, compute_qparams
+from ptq.engine.backends import get_backend
+from ptq.engine.compile_notice import first_run_notice
+from ptq.engine.control_flow import FloatBranch, IfStep, LoopStep, branch_output
+from ptq.engine.float_fallback import NodeFloatEvaluator
+from ptq.engine.fused_layers import layer_nodes
 from ptq.engine.rewrites import RewriteLog, apply_rewrites
 from ptq.engine.weight_scale_floor import floor_folded_weight
-from ops.registry import bias_role, reads_values, weight_role
+from ptq.table.quant_table import QuantTable, load_quant_table
 
 
 class ExecutorError(ValueError):
@@ -128,18 +120,24 @@ class IntRunResult:
     float_nodes: list[FloatNode]
 
     def summary(self) -> str:
-        lines = []
-        if self.float_nodes:
-            lines.append(f"{len(self.float_nodes)} node(s) ran in float (dequantize -> float op -> quantize):")
-            lines += [f"  {f.name} ({f.op_type}): {f.reason}" for f in self.float_nodes]
-        else:
-            lines.append("every node ran in integers")
-        if self.overflows:
-            lines.append(f"{len(self.overflows)} node(s) saturated their int32 accumulator:")
-            lines += [f"  {name}: {count} value(s)" for name, count in sorted(self.overflows.items())]
-        else:
-            lines.append("no int32 accumulator overflow")
-        return "\n".join(lines)
+        return "\n".join(float_node_lines(self.float_nodes, self.overflows))
+
+
+def float_node_lines(float_nodes: Sequence[FloatNode], overflows: Mapping[str, int]) -> list[str]:
+    """The lines that say which nodes run in float, and why (a branch no calibration sample took runs in float only
+    when taken: its reason says so), and which nodes saturated their int32 accumulator, by how many values."""
+    lines = []
+    if float_nodes:
+        lines.append(f"{len(float_nodes)} node(s) run in float (dequantize -> float op -> quantize):")
+        lines += [f"  {f.name} ({f.op_type}): {f.reason}" for f in float_nodes]
+    else:
+        lines.append("every node ran in integers")
+    if overflows:
+        lines.append(f"{len(overflows)} node(s) saturated their int32 accumulator (values):")
+        lines += [f"  {name}: {count}" for name, count in sorted(overflows.items())]
+    else:
+        lines.append("no int32 accumulator overflow")
+    return lines
 
 
 def _resolve_float_nodes(graph: Graph, specs: Iterable[str]) -> frozenset:

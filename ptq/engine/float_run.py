@@ -22,7 +22,7 @@ from onnx import helper
 from calibrators import Stat, TensorStatistics
 from ptq.core.bodies import has_bodies
 from ptq.core.graph import Graph, ModelError, Node
-from ptq.engine.threads import session_options
+from ptq.engine.threads import session_errors, session_options
 from ptq.engine.transformer_patterns import attention_mask_tensors
 from ptq.engine.summed_axes import summed_input_axes
 
@@ -103,7 +103,7 @@ class FloatRunner:
                 options,
                 providers=providers or ["CPUExecutionProvider"],
             )
-        except _ort_errors() as exc:
+        except session_errors() as exc:
             raise ModelError(f"onnxruntime cannot load the model: {exc}") from exc
         return cls(graph, tensors, list(graph.inputs), fixed, session, bodies,
                    tuple(t for t in tensors if t in inner))
@@ -117,7 +117,7 @@ class FloatRunner:
     def _session_run(self, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         try:
             return self.session.run(names, feeds)
-        except _ort_errors() as exc:
+        except session_errors() as exc:
             shapes = {name: value.shape for name, value in feeds.items()}
             raise ModelError(f"onnxruntime failed on a batch of shape(s) {shapes}: {exc}") from exc
 
@@ -176,11 +176,6 @@ def batch_size(feeds: Mapping[str, np.ndarray]) -> int:
     sizes = {np.shape(value)[0] if np.ndim(value) else None for value in feeds.values()}
     return sizes.pop() if len(sizes) == 1 and None not in sizes else 1
 
-
-def _ort_errors() -> tuple:
-    from onnxruntime.capi import onnxruntime_pybind11_state as state
-
-    return (state.Fail, state.InvalidArgument, state.InvalidGraph, state.RuntimeException, state.NotImplemented)
 
 
 def _concat(arrays: list[np.ndarray]) -> np.ndarray:

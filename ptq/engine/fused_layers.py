@@ -13,8 +13,6 @@ from typing import Optional
 
 from ops.registry import op_of
 from ptq.core.graph import Graph, Node
-from ptq.engine.rewrites import RewriteLog
-from ptq.core.graph import Graph
 from ptq.core.names import did_you_mean
 from ptq.engine.rewrites import RewriteLog
 

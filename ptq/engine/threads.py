@@ -30,3 +30,10 @@ def session_options(intra_op_threads: Optional[int] = None):
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     return options
+
+
+def session_errors() -> tuple[type, ...]:
+    """The exceptions an onnxruntime session raises for a model or feed it cannot run (to catch them by name)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state  # imported here: as in `session_options`
+
+    return (state.Fail, state.InvalidArgument, state.InvalidGraph, state.NotImplemented, state.RuntimeException)

@@ -53,7 +53,6 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 from ptq.data.image_log import ImageLog
 from ptq.engine.threads import usable_cores
-from ptq.data.image_log import ImageLog
 from ptq.core.notes import Note
 
 DEFAULT_POOL_RESTARTS = 3

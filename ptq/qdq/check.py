@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 import onnx
 
-from ptq.engine.threads import session_options
+from ptq.engine.threads import session_errors, session_options
 
 # imports inside functions: onnxruntime, where a session is made: its import starts a thread, and a process
 # that has loaded it no longer forks workers (`ptq.parallel.workers.fork_is_safe`)
@@ -66,11 +66,6 @@ class QDQCheck:
                 f"this machine; {advice}")
 
 
-def _ort_errors() -> tuple[type, ...]:
-    from onnxruntime.capi import onnxruntime_pybind11_state as state
-
-    return (state.Fail, state.InvalidArgument, state.InvalidGraph, state.NotImplemented, state.RuntimeException)
-
 
 def _session(model: onnx.ModelProto, optimize: bool):
     import onnxruntime as ort
@@ -106,7 +101,7 @@ def check_qdq(float_model: onnx.ModelProto, qdq: onnx.ModelProto, feeds: Sequenc
     try:
         sessions = [_session(float_model, optimize=True), _session(qdq, optimize=False), _session(qdq, optimize=True)]
         runs = [[session.run(None, feed) for feed in feeds] for session in sessions]
-    except _ort_errors() as exc:
+    except session_errors() as exc:
         raise QDQCheckError(str(exc).splitlines()[0]) from exc
     reference, unoptimized, optimized = runs
     figures = [float(np.mean([_cosine(f, q) for ref, got in zip(reference, run) for f, q in zip(ref, got)]))
