@@ -100,7 +100,7 @@ class MetricScore:
     def over(self) -> str:
         """How many samples the figure is over (module docstring: how coarse it is)."""
         if self.samples != self.photos:
-            return f"over {self.photos} photo{'s' if self.photos != 1 else ''} ({self.samples} samples with their views)"
+            return f"over {self.photos} photo{'s' if self.photos != 1 else ''}, {self.samples} samples with their views"
         return f"over {self.samples} sample{'s' if self.samples != 1 else ''}"
 
     def to_dict(self) -> dict:

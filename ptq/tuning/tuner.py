@@ -69,6 +69,7 @@ from ptq.calibration.steps import CalibrationState, RangeSearch
 from ptq.table.edit import with_float
 from ptq.tuning.defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
 from ptq.tuning.data import FitSamples, Samples, Score, Validation, fit_statistics, split_samples
+from ptq.tuning.export_alignment import aligned_for_export
 from ptq.tuning.goal import Goal
 from ptq.tuning.metric import MetricTarget
 from ptq.tuning.shards import TunePool
@@ -146,6 +147,8 @@ class TuneResult:
     metric_target: Optional[MetricTarget] = None
     verdict: Optional["Verdict"] = None
     validation: Optional[Validation] = field(default=None, repr=False)  # the samples decided on, for the verdict
+    # entries aligned with the integer run for the QDQ model (`ptq.tuning.export_alignment`)
+    export_aligned: list[str] = field(default_factory=list)
 
     @property
     def cosine(self) -> float:
@@ -173,8 +176,8 @@ class TuneResult:
                 "baseline_metric": self.baseline.metric.to_dict() if self.baseline.metric is not None else None,
                 "metric": metric.to_dict() if metric is not None else None,
                 "verdict": self.verdict.to_dict() if self.verdict is not None else None,
-                "int16_tensors": self.int16_tensors, "float_nodes": self.float_nodes,
-                "steps": [s.to_dict() for s in self.steps]}
+                "int16_tensors": self.int16_tensors, "export_aligned": self.export_aligned,
+                "float_nodes": self.float_nodes, "steps": [s.to_dict() for s in self.steps]}
 
     def summary(self) -> str:
         held = (f"{self.validation_samples} held-out photos x {len(self.views)} views" if self.views
@@ -192,6 +195,10 @@ class TuneResult:
         acts = len(self.int16_activations)
         lines.append(f"{len(self.int16_tensors)} tensor(s) in 16 bits ({acts} activations, "
                      f"{len(self.int16_tensors) - acts} weights), {len(self.float_nodes)} node(s) in float")
+        if self.export_aligned:
+            lines.append(f"{len(self.export_aligned)} entr{'y' if len(self.export_aligned) == 1 else 'ies'} the "
+                         f"integer run fixes by rule or fuses away aligned with it for the QDQ model: "
+                         f"{', '.join(self.export_aligned)}")
         lines += summary_lines(self.qdq_path, self.qdq_target, None)
         if self.verdict is not None:
             lines += self.verdict.lines()
@@ -577,6 +584,10 @@ def _search(graph: Graph, table: QuantTable, fit: Samples, check: Validation, pa
     state = tuner.state
     nodes = float_node_names(prepare(state.graph, state.table), state.float_layers) if state.float_layers else []
     tuned = with_float(state.table, state.float_layers)  # the table runs its float layers by itself
+    tuned, aligned = aligned_for_export(state.graph, tuned)  # as the integer run reads them: the QDQ model reads all
+    if aligned:
+        logger.info("aligned with the integer run for the QDQ model: %s", ", ".join(aligned))
+    wide = [n for n in aligned if tuned.tensors[n].qparams.bits == 16 and n not in state.int16]
     return TuneResult(tuned, state.graph, baseline, state.score, target, margin, z, check.photos, tuner.steps,
-                      list(state.int16), nodes, views=list(views) if check.groups is not None else [],
-                      metric_target=metric, validation=check)
+                      list(state.int16) + wide, nodes, views=list(views) if check.groups is not None else [],
+                      metric_target=metric, validation=check, export_aligned=aligned)

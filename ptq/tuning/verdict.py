@@ -14,8 +14,12 @@ graph and table, the float layers run by the table's marks as by the node list t
 The QDQ model should compute what the integer run computes: each QDQ run's mean validation cosine within
 `TOLERANCE` (0.002) of the integer graph's. When one is not, the verdict warns and says why:
 - with optimizations off too, the QDQ graph itself computes otherwise: the first tensor of the table, in the
-  integer run's order, whose values differ between the two runs by more than TOLERANCE in cosine, on the
-  validation sample the QDQ model scores worst on, is named with the node writing it (`first_departure`);
+  integer run's order, whose values differ between the two runs by more than TOLERANCE in centred cosine
+  (the correlation: a Relu's output, all positive, has a plain cosine near 1 whatever its error), on the
+  validation sample the QDQ model scores worst on, is named with the node writing it, and with the tensors
+  the QDQ model rounds on the way that the integer run fuses away (`first_departure`; e.g. a Gemm's output
+  kept at 4 bits before a Relu whose output the tuner moved to 16 bits: the integer Gemm+Relu writes the
+  16-bit output directly, the QDQ model rounds to 4 bits first);
 - with optimizations on only, onnxruntime's fused kernels do not compute the QDQ arithmetic exactly on this
   machine (`ptq.qdq.check`, with its advice for the target).
 """
@@ -161,8 +165,9 @@ def judge(graph: Graph, table: QuantTable, qdq_model: onnx.ModelProto, validatio
 def first_departure(graph: Graph, table: QuantTable, qdq_model: onnx.ModelProto, validation: Validation,
                     k: int) -> Optional[str]:
     """The first tensor of `table`, in the integer run's order, whose dequantized values on validation sample `k`
-    differ from the QDQ model's (optimizations off) by more than TOLERANCE in cosine, with the node writing it;
-    None when none does."""
+    differ from the QDQ model's (optimizations off) by more than TOLERANCE in centred cosine, with the node
+    writing it and the tensors the QDQ model rounds before it that the integer run fuses away; None when none
+    does."""
     prepared = prepare(graph, table)
     run = prepared.run(validation.inputs[k], keep_all=True)
     written = {name for node in qdq_model.graph.node for name in node.output}
@@ -182,11 +187,36 @@ def first_departure(graph: Graph, table: QuantTable, qdq_model: onnx.ModelProto,
         other = np.asarray(theirs[name], dtype=np.float64).ravel()
         if ours.size != other.size:
             continue
-        cosine = sample_cosine(ours, other)
+        cosine = sample_cosine(ours - ours.mean(), other - other.mean())
         if cosine < 1 - TOLERANCE:
             sample = validation.metric.samples[k] if validation.metric is not None else None
             where = f" on validation sample {k}" if sample is None else f" on {sample.path.name}" + (
                 f" ({sample.view})" if sample.view else "")
-            return (f"the QDQ model first departs from the integer run at tensor {name!r} (written by "
-                    f"{node.op_type} {node.name!r}): cosine {cosine:.4f} between the two runs' values{where}")
+            found = (f"the QDQ model first departs from the integer run at tensor {name!r} (written by "
+                     f"{node.op_type} {node.name!r}): centred cosine {cosine:.4f} between the two runs' values{where}")
+            rounded = fused_away(graph, table, run.tensors, written, name)
+            if rounded:
+                found += ("; on the way the QDQ model rounds " + ", ".join(
+                    f"{t!r} ({table.tensors[t].qparams.bits} bits)" for t in rounded) +
+                    f", which the integer run fuses away (its entry is not used there), against "
+                    f"{table.tensors[name].qparams.bits} bits for {name!r}")
+            return found
     return None
+
+
+def fused_away(graph: Graph, table: QuantTable, computed, written, name: str) -> list[str]:
+    """The tensors with a table entry between `name` and the nearest tensors the integer run computes, going up
+    `graph` (the user's nodes, before fusion): rounded by the QDQ model (in `written`), never computed by the
+    integer run (not in `computed`)."""
+    producers = {out: node for node in graph.nodes for out in node.outputs}
+    found, frontier, seen = [], [name], {name}
+    while frontier:
+        node = producers.get(frontier.pop())
+        for tensor in node.inputs if node is not None else ():
+            if tensor in seen or tensor in computed or tensor in graph.initializers:
+                continue
+            seen.add(tensor)
+            if tensor in table.tensors and tensor in written:
+                found.append(tensor)
+            frontier.append(tensor)
+    return found
