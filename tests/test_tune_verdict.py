@@ -118,3 +118,30 @@ def test_an_entry_the_integer_run_fuses_away_is_widened_with_the_tensor_it_is_fu
     np.testing.assert_array_equal(ours, again)
     agreed = judge(graph, widened, export_qdq(graph, widened, "ort-cpu"), validation, GOAL, integer, "ort-cpu")
     assert agreed.warnings() == [] and abs(agreed.qdq_unoptimized.mean - integer.mean) < 1e-4
+
+
+def test_alignment_writes_what_the_integer_run_reads_and_changes_nothing_it_computes():
+    """The classifier's input moved to 16 bits as the tuner does: the integer Flatten passes the 16-bit codes on,
+    so its output 'flat' takes the input's qparams (the rule calibration's alignment writes), and 'h' (fused away)
+    the width of 'a'; the integer outputs are bit for bit the same, and the QDQ model agrees with them."""
+    from reports.tables import with_bits
+    from ptq.engine.executor import prepare
+    from ptq.tuning.export_alignment import aligned_for_export
+    from tests.test_tune_metric import classifier
+
+    model = classifier()
+    graph = load_model(model)
+    x = np.random.default_rng(3).normal(0, 1, (40, 3, 4, 4)).astype(np.float32)
+    table = calibrate(model, x[:20], write_qdq=False, bits=4, weight_bits=4, per_channel=False,
+                      calibrator="extrema").table
+    table = with_bits(table, ["input", "a", "logits"], 16)
+    aligned, names = aligned_for_export(graph, table)
+    assert names == ["flat", "h"] and aligned.tensors["flat"].qparams == table.tensors["input"].qparams
+    ours, again = (prepare(graph, t).run({"input": x[20:]}).outputs["logits"] for t in (table, aligned))
+    np.testing.assert_array_equal(ours, again)
+    validation = Validation.create(graph, ArraySamples(x[20:]))
+    integer = validation.cosine(graph, table)
+    before = judge(graph, table, export_qdq(graph, table, "ort-cpu"), validation, GOAL, integer, "ort-cpu")
+    after = judge(graph, aligned, export_qdq(graph, aligned, "ort-cpu"), validation, GOAL, integer, "ort-cpu")
+    assert integer.mean - before.qdq_unoptimized.mean > 0.002 and before.warnings()
+    assert abs(after.qdq_unoptimized.mean - integer.mean) < 1e-4 and after.warnings() == []

@@ -353,8 +353,8 @@ class _Tuner:
                  z: float, min_gain: float, passes=None, metric: Optional[MetricTarget] = None):
         """`goal`: the bound the validation cosine must reach (target + margin; None: no cosine target);
         `metric`: the target on the user's metric (None: none)."""
-        self.fit, self.validation, self.goal, self.z, self.min_gain = fit, validation, goal, z, min_gain
-        self.aim = Goal(goal, 0.0, z, metric)
+        self.fit, self.validation, self.min_gain = fit, validation, min_gain
+        self.aim = Goal(goal, 0.0, z, metric)  # the margin is in `goal` already
         self.passes = passes or InProcess()  # where the passes over the fit samples run (`sample_passes`)
         self.original = table
         self.steps: list[TuneStep] = []
@@ -590,4 +590,5 @@ def _search(graph: Graph, table: QuantTable, fit: Samples, check: Validation, pa
     wide = [n for n in aligned if tuned.tensors[n].qparams.bits == 16 and n not in state.int16]
     return TuneResult(tuned, state.graph, baseline, state.score, target, margin, z, check.photos, tuner.steps,
                       list(state.int16) + wide, nodes, views=list(views) if check.groups is not None else [],
-                      metric_target=metric, validation=check, export_aligned=aligned)
+                      metric_target=metric, validation=dataclasses.replace(check, scorer=None),  # the pool is gone
+                      export_aligned=aligned)
