@@ -452,7 +452,8 @@ def test_reached_only_when_the_qdq_model_written_reaches_the_target_on_the_valid
     float_run = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     qdq = ort.InferenceSession(str(out / "tiny.tuned.qdq.onnx"), providers=["CPUExecutionProvider"])
     cosines = [sample_cosine(float_run.run(None, x)[0].astype(np.float64).ravel(),
-                             qdq.run(None, x)[0].astype(np.float64).ravel()) for _, x, _ in held.samples(load_model(model))]
+                             qdq.run(None, x)[0].astype(np.float64).ravel())
+               for _, x, _ in held.samples(load_model(model))]
     assert len(cosines) == verdict["samples"] == 3
     assert abs(np.mean(cosines) - verdict["qdq_optimized"]["cosine"]) < 1e-6
     bound = np.mean(cosines) - 2 * np.std(cosines, ddof=1) / np.sqrt(3)

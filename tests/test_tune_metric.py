@@ -47,7 +47,8 @@ def classifier(seed=0) -> onnx.ModelProto:
 
 
 def float_logits(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"input": x})[0]
 
 
 def sample(label):

@@ -133,3 +133,8 @@ def check_qdq(float_model: onnx.ModelProto, qdq: onnx.ModelProto, feeds: Sequenc
     figures = [float(np.mean([_cosine(f, q) for ref, got in zip(reference, run) for f, q in zip(ref, got)]))
                for run in (unoptimized, optimized)]
     return QDQCheck(target, len(feeds), *figures, source)
+
+
+def cosine_of_outputs(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> float:
+    """One sample's figure of the module docstring: the mean over graph outputs (in order) of their cosines."""
+    return float(np.mean([_cosine(f, q) for f, q in zip(reference, outputs)]))

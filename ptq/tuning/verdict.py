@@ -16,10 +16,11 @@ The QDQ model should compute what the integer run computes: each QDQ run's mean 
 - with optimizations off too, the QDQ graph itself computes otherwise: the first tensor of the table, in the
   integer run's order, whose values differ between the two runs by more than TOLERANCE in centred cosine
   (the correlation: a Relu's output, all positive, has a plain cosine near 1 whatever its error), on the
-  validation sample the QDQ model scores worst on, is named with the node writing it, and with the tensors
-  the QDQ model rounds on the way that the integer run fuses away (`first_departure`; e.g. a Gemm's output
-  kept at 4 bits before a Relu whose output the tuner moved to 16 bits: the integer Gemm+Relu writes the
-  16-bit output directly, the QDQ model rounds to 4 bits first);
+  `DEPARTURE_SAMPLES` validation samples the QDQ model scores worst on, is named with the node writing it, and
+  with the tensors the QDQ model rounds on the way that the integer run fuses away (`ptq.qdq.departure`; e.g. a
+  Gemm's output kept at 4 bits before a Relu whose output was moved to 16 bits: the integer Gemm+Relu writes
+  the 16-bit output directly, the QDQ model rounds to 4 bits first; `ptq.tuning.export_alignment` removes the
+  causes the tuning itself leaves);
 - with optimizations on only, onnxruntime's fused kernels do not compute the QDQ arithmetic exactly on this
   machine (`ptq.qdq.check`, with its advice for the target).
 """
@@ -30,16 +31,16 @@ from typing import Optional
 
 import numpy as np
 import onnx
-from onnx import helper
 from tqdm import tqdm
 
 from ptq.core.graph import Graph
-from ptq.engine.executor import prepare
 from ptq.qdq.check import TOLERANCE, QDQCheck, QDQCheckError, qdq_session, run_session
+from ptq.qdq.departure import first_departure
 from ptq.table.quant_table import QuantTable
-from ptq.tuning.data import Score, Validation, sample_cosine
+from ptq.tuning.data import Score, Validation
 from ptq.tuning.goal import Goal
 
+DEPARTURE_SAMPLES = 8  # the validation samples `first_departure` compares the two runs' tensors on
 INTEGER, UNOPTIMIZED, OPTIMIZED = ("the integer graph", "the QDQ model with optimizations off",
                                    "the QDQ model with optimizations on")
 
@@ -157,66 +158,7 @@ def judge(graph: Graph, table: QuantTable, qdq_model: onnx.ModelProto, validatio
     off, on = validation.score(measured[0]), validation.score(measured[1])
     departure = None
     if abs(off.mean - integer.mean) > TOLERANCE:
-        worst = int(np.argmin([cosine for cosine, _ in measured[0]]))
-        departure = first_departure(graph, table, qdq_model, validation, worst)
+        worst = np.argsort([cosine for cosine, _ in measured[0]])[:DEPARTURE_SAMPLES]
+        departure = first_departure(graph, table, qdq_model, [validation.inputs[k] for k in worst],
+                                    f"the {len(worst)} validation samples the QDQ model scores worst on")
     return Verdict(goal, integer, off, on, len(validation), validation.photos, target, departure=departure)
-
-
-def first_departure(graph: Graph, table: QuantTable, qdq_model: onnx.ModelProto, validation: Validation,
-                    k: int) -> Optional[str]:
-    """The first tensor of `table`, in the integer run's order, whose dequantized values on validation sample `k`
-    differ from the QDQ model's (optimizations off) by more than TOLERANCE in centred cosine, with the node
-    writing it and the tensors the QDQ model rounds before it that the integer run fuses away; None when none
-    does."""
-    prepared = prepare(graph, table)
-    run = prepared.run(validation.inputs[k], keep_all=True)
-    written = {name for node in qdq_model.graph.node for name in node.output}
-    order = [(name, step.node) for step in prepared.steps for name in step.node.outputs
-             if name in table.tensors and name in run.qparams and name in run.tensors and name in written]
-    probe = onnx.ModelProto()
-    probe.CopyFrom(qdq_model)
-    present = {o.name for o in probe.graph.output}
-    probe.graph.output.extend(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
-                              for name, _ in order if name not in present)
-    try:
-        theirs = run_session(qdq_session(probe, optimize=False), validation.inputs[k])
-    except QDQCheckError as exc:
-        return f"(the QDQ model's tensors could not be read in onnxruntime: {exc})"
-    for name, node in order:
-        ours = np.asarray(run.qparams[name].dequantize(run.tensors[name]), dtype=np.float64).ravel()
-        other = np.asarray(theirs[name], dtype=np.float64).ravel()
-        if ours.size != other.size:
-            continue
-        cosine = sample_cosine(ours - ours.mean(), other - other.mean())
-        if cosine < 1 - TOLERANCE:
-            sample = validation.metric.samples[k] if validation.metric is not None else None
-            where = f" on validation sample {k}" if sample is None else f" on {sample.path.name}" + (
-                f" ({sample.view})" if sample.view else "")
-            found = (f"the QDQ model first departs from the integer run at tensor {name!r} (written by "
-                     f"{node.op_type} {node.name!r}): centred cosine {cosine:.4f} between the two runs' values{where}")
-            rounded = fused_away(graph, table, run.tensors, written, name)
-            if rounded:
-                found += ("; on the way the QDQ model rounds " + ", ".join(
-                    f"{t!r} ({table.tensors[t].qparams.bits} bits)" for t in rounded) +
-                    f", which the integer run fuses away (its entry is not used there), against "
-                    f"{table.tensors[name].qparams.bits} bits for {name!r}")
-            return found
-    return None
-
-
-def fused_away(graph: Graph, table: QuantTable, computed, written, name: str) -> list[str]:
-    """The tensors with a table entry between `name` and the nearest tensors the integer run computes, going up
-    `graph` (the user's nodes, before fusion): rounded by the QDQ model (in `written`), never computed by the
-    integer run (not in `computed`)."""
-    producers = {out: node for node in graph.nodes for out in node.outputs}
-    found, frontier, seen = [], [name], {name}
-    while frontier:
-        node = producers.get(frontier.pop())
-        for tensor in node.inputs if node is not None else ():
-            if tensor in seen or tensor in computed or tensor in graph.initializers:
-                continue
-            seen.add(tensor)
-            if tensor in table.tensors and tensor in written:
-                found.append(tensor)
-            frontier.append(tensor)
-    return found
