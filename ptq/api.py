@@ -694,7 +694,9 @@ def tune(
         # exported (and judged on the validation samples) before anything is written: a failure leaves no file
         qdq = export_checked(result.graph, result.table, qdq_target)
         if not no_check:
-            integer = result.score if scheme == DEFAULT_SCHEME else result.validation.cosine(result.graph, result.table)
+            # the tuner's last score is of this graph and table (the lanes' of a graph with more Requantize nodes)
+            integer = (result.score if scheme == DEFAULT_SCHEME
+                       else result.validation.cosine(result.graph, result.table))
             result.verdict = judge(result.graph, result.table, qdq.model, result.validation, result.goal, integer,
                                    qdq.target)
             qdq.check = result.verdict.check  # its warnings end the summary
