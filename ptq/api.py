@@ -19,7 +19,7 @@ import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 from ptq.engine.backends import DEFAULT_BACKEND_NAME
 from ptq.data_options import DataOptions, quiet_logging
@@ -582,7 +582,10 @@ def tune(
     model: PathLike,
     *,
     quant: PathLike,
-    target_cosine: float,
+    target_cosine: Optional[float] = None,
+    max_accuracy_drop: Optional[float] = None,
+    metric: Optional[Callable] = None,
+    max_drop: Optional[float] = None,
     budget_int16: Optional[int] = None,
     allow_float: int = 0,
     validation: Optional[PathLike] = None,
@@ -599,11 +602,17 @@ def tune(
 ) -> TuneResult:
     """`ptq tune`: change the table step by step until the logits cosine on validation samples reaches
     `target_cosine` (a part of the samples held out, or the `validation` folder, in the samples' format; each
-    image with the `views` of `ptq.data.views`);
-    write `<stem>.tuned.quant.json`, `<stem>.tuned.qdq.onnx` (the QDQ model of the tuned table, from the
-    tuned weights when the table records adjusted ones, stored for `qdq_target` and checked in onnxruntime on
-    a few of the samples unless `quiet` or `no_check`, as `ptq.calibrate` does) and `<stem>.tune.json` to `out`
-    (default: the table's folder). Judge the result on other held-out samples still. `workers`/`ray`: the
+    image with the `views` of `ptq.data.views`), and/or until a metric is within a drop of the float model's on
+    them: `max_accuracy_drop` (top-1 accuracy against the samples' labels: `labels`, or file names ending in
+    _LABEL), or `metric(outputs, sample) -> float` with `max_drop` (`ptq.tuning.metric`: outputs by name, the
+    sample a `ValidationSample`; as NNCF's `quantize_with_accuracy_control(validation_fn, max_drop)`);
+    a metric over a few photos is coarse (20 photos: steps of 0.05), the summary says over how many.
+    Write `<stem>.tuned.quant.json`, `<stem>.tuned.qdq.onnx` (the QDQ model of the tuned table, from the
+    tuned weights when the table records adjusted ones, stored for `qdq_target`) and `<stem>.tune.json` to `out`
+    (default: the table's folder). `reached` is said only when the integer graph and the QDQ model written, in
+    onnxruntime with optimizations off and on, reach the goal on the validation samples (`result.verdict`,
+    `ptq.tuning.verdict`: otherwise which fell short by how much; `no_check`: the QDQ model is not run, and
+    `reached` is the integer graph's alone). Judge the result on other held-out samples still. `workers`/`ray`: the
     passes over the samples (statistics, ranking, each step's validation cosines) on a pool, with the same
     result (`ptq.tuning.shards`). `scheme="int4-dsp"`: from an 8-bit table, move layers to 4-bit DSP lanes
     (4 MACs per DSP48E2) while the target holds, maximizing MACs per DSP per cycle (`ptq.tuning.lane_tuner`;
@@ -624,21 +633,27 @@ def tune(
     from ptq.adjust.adjusted_model import adjusted_path, save_adjusted
     from ptq.core.atomic import refuse_to_overwrite
     from ptq.core.graph import load_model
-    from ptq.qdq.output import export_checked, sample_feeds, write_model
+    from ptq.qdq.output import export_checked, write_model
     from ptq.table.quant_table import save_quant_table
     from ptq.tuning.tuner import tune as run_tuning
+    from ptq.tuning.verdict import judge
     from ptq.tuning.lane_mix import Int4Grid
     from ptq.tuning.lane_tuner import tune_lanes
     from ptq.data.views import VIEWS
     from ptq.data.image_source import ImageSet
 
-    opts = _options("tune", options, labels=False)
+    opts = _options("tune", options)
+    metric_target = _metric_target(max_accuracy_drop, metric, max_drop)
+    if target_cosine is None and metric_target is None:
+        raise ValueError("tune needs a target: --target-cosine, --max-accuracy-drop (or metric= with max_drop=)")
     if scheme not in (DEFAULT_SCHEME, INT4_DSP_SCHEME):
         raise ValueError(f"unknown tuning scheme {scheme!r}; choose {DEFAULT_SCHEME} or {INT4_DSP_SCHEME}")
     if scheme == INT4_DSP_SCHEME and (budget_int16 is not None or allow_float):
         raise ValueError("--budget-int16 and --allow-float do not apply to --scheme int4-dsp (it moves layers "
                          "between 8-bit and 4-bit DSP lanes only)")
-    if not 0 < target_cosine <= 1:
+    if scheme == INT4_DSP_SCHEME and (metric_target is not None or target_cosine is None):
+        raise ValueError("--scheme int4-dsp tunes to --target-cosine only (no metric target)")
+    if target_cosine is not None and not 0 < target_cosine <= 1:
         raise ValueError(f"--target-cosine must be in (0, 1], got {target_cosine}")
     if (budget_int16 is not None and budget_int16 < 0) or allow_float < 0:
         raise ValueError("--budget-int16 and --allow-float must be >= 0")
@@ -656,11 +671,15 @@ def tune(
     with quiet_logging(opts.quiet):
         loaded = load(model, quant, opts, labelled=False)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
+        if max_accuracy_drop is not None and validation is None:  # the validation part is drawn from these
+            samples.labels = _trusted_labels(samples, graph)
         if not opts.quiet:
             note_replaced([p for p in existing if table.options.adjusted_model is not None or p != written[-1]])
         held = None
         if validation is not None:  # the same format (and preprocessing) as the tuning samples
-            held = ImageSet.from_source(dataclasses.replace(loaded.source, location=Path(validation)))
+            held = ImageSet.from_source(dataclasses.replace(loaded.source, location=Path(validation)), opts.labels)
+            if max_accuracy_drop is not None:
+                held.labels = _trusted_labels(held, graph)
         reference = load_model(model, table.options.input_shapes)  # the user's model: the goal
         if scheme == INT4_DSP_SCHEME:  # layers moved to 4-bit DSP lanes while the target holds
             result = tune_lanes(graph, table, samples, target_cosine, reference=reference, validation=held,
@@ -671,11 +690,16 @@ def tune(
                 graph, table, samples, target_cosine, budget_int16=budget_int16, allow_float=allow_float,
                 validation=held, reference=reference, validation_fraction=validation_fraction, margin=margin, z=z,
                 views=views, progress=opts.progress, workers=choose_workers(opts.workers, samples.expected),
-                ray=opts.ray)
-        # exported (and checked against the user's model) before anything is written: a failure leaves no file
-        qdq = export_checked(result.graph, result.table, qdq_target, reference=reference.model,
-                             feeds=() if opts.quiet or no_check else sample_feeds(samples, result.graph),
-                             source="tuning")
+                ray=opts.ray, metric=metric_target)
+        # exported (and judged on the validation samples) before anything is written: a failure leaves no file
+        qdq = export_checked(result.graph, result.table, qdq_target)
+        if not no_check:
+            # the tuner's last score is of this graph and table (the lanes' of a graph with more Requantize nodes)
+            integer = (result.score if scheme == DEFAULT_SCHEME
+                       else result.validation.cosine(result.graph, result.table))
+            result.verdict = judge(result.graph, result.table, qdq.model, result.validation, result.goal, integer,
+                                   qdq.target)
+            qdq.check = result.verdict.check  # its warnings end the summary
     out_dir.mkdir(parents=True, exist_ok=True)
     tuned = result.table
     if tuned.options.adjusted_model is not None or scheme == INT4_DSP_SCHEME:  # the weights (biases
@@ -690,6 +714,38 @@ def tune(
                                               "inputs": loaded.inputs, **result.to_dict()}, indent=1) + "\n",
                                   encoding="utf-8")
     return result
+
+
+def _metric_target(max_accuracy_drop: Optional[float], metric: Optional[Callable], max_drop: Optional[float]):
+    """The metric target of `ptq.tune` (None: none): top-1 accuracy, or the user's metric."""
+    from ptq.tuning.metric import MetricTarget, accuracy_target
+
+    if metric is None and max_drop is not None:
+        raise ValueError("max_drop is the most metric= may drop: give metric= too (or --max-accuracy-drop)")
+    if metric is not None and max_accuracy_drop is not None:
+        raise ValueError("give either --max-accuracy-drop or metric= (with max_drop=), not both")
+    if metric is not None:
+        if max_drop is None:
+            raise ValueError("metric= needs max_drop=: the most the metric may drop below the float model's")
+        name = getattr(metric, "__name__", "")
+        return MetricTarget(metric, max_drop, name if name and not name.startswith("<") else "metric")
+    return None if max_accuracy_drop is None else accuracy_target(max_accuracy_drop)
+
+
+def _trusted_labels(samples: ImageSet, graph: Graph):
+    """The labels of `samples` for top-1 accuracy: an error when they cannot be trusted (`usable_labels`)."""
+    from ptq.data.labels import usable_labels
+    from reports.evaluate import class_count
+
+    labels, why = usable_labels(samples.labels, samples.files, class_count(graph, graph.outputs[0]))
+    files = samples.files[: samples.expected]
+    missing = sum(labels(f) is None for f in files)
+    if why is None and missing:
+        why = f"{missing} of the {len(files)} samples have no label"
+    if why is not None:
+        raise ValueError(f"--max-accuracy-drop needs labelled validation samples ({why}): give --labels FILE, or "
+                         f"image file names ending in _LABEL (imagenet_00_243.jpg -> 243)")
+    return labels
 
 
 # -------------------------------------------------------------------------------------------- table export

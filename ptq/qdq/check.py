@@ -76,6 +76,27 @@ def _session(model: onnx.ModelProto, optimize: bool):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
+def qdq_session(model: onnx.ModelProto, optimize: bool):
+    """An onnxruntime CPU session of `model`, graph optimizations at the default (`optimize`) or off; a
+    `QDQCheckError` when onnxruntime has no CPU provider or rejects the model."""
+    if not has_cpu_provider():
+        raise QDQCheckError("onnxruntime has no CPUExecutionProvider")
+    try:
+        return _session(model, optimize)
+    except _ort_errors() as exc:
+        raise QDQCheckError(str(exc).splitlines()[0]) from exc
+
+
+def run_session(session, feed: dict) -> dict:
+    """One run of `session` on `feed`: output name -> array, in the model's output order; a `QDQCheckError` when
+    onnxruntime fails."""
+    try:
+        values = session.run(None, feed)
+    except _ort_errors() as exc:
+        raise QDQCheckError(str(exc).splitlines()[0]) from exc
+    return dict(zip((o.name for o in session.get_outputs()), values))
+
+
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     if not np.issubdtype(np.asarray(a).dtype, np.floating):  # indices, booleans: agreement (module docstring)
         return float(np.mean(np.asarray(a) == np.asarray(b))) if np.size(a) else 1.0
@@ -107,3 +128,8 @@ def check_qdq(float_model: onnx.ModelProto, qdq: onnx.ModelProto, feeds: Sequenc
     figures = [float(np.mean([_cosine(f, q) for ref, got in zip(reference, run) for f, q in zip(ref, got)]))
                for run in (unoptimized, optimized)]
     return QDQCheck(target, len(feeds), *figures, source)
+
+
+def cosine_of_outputs(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> float:
+    """One sample's figure of the module docstring: the mean over graph outputs (in order) of their cosines."""
+    return float(np.mean([_cosine(f, q) for f, q in zip(reference, outputs)]))

@@ -15,6 +15,7 @@ from ptq.core.atomic import atomic_write_bytes
 from ptq.core.graph import Graph
 from ptq.qdq.check import CHECK_SAMPLES, QDQCheck, QDQCheckError, check_qdq
 from ptq.qdq.export import export_qdq
+from ptq.qdq.integer_agreement import disagreement, has_wide_tensors
 from ptq.qdq.targets import QDQTarget, get_target
 from ptq.table.quant_table import QuantTable
 
@@ -38,7 +39,8 @@ def export_checked(graph: Graph, table: QuantTable, target: Union[str, QDQTarget
                    source: str = "calibration") -> ExportedQDQ:
     """The QDQ model of `graph` with `table` for `target`; with `reference` (the user's float model) and
     `feeds` (from `source`: "calibration", "tuning", ""), checked in onnxruntime (`ptq.qdq.check`): a warning
-    when the optimized and unoptimized runs disagree, or when onnxruntime cannot run the check."""
+    when the optimized and unoptimized runs disagree, or when onnxruntime cannot run the check; for a table with
+    tensors wider than 8 bits, also when the QDQ model departs from the integer run (`ptq.qdq.integer_agreement`)."""
     target = get_target(target)
     exported = ExportedQDQ(export_qdq(graph, table, target), target.name)
     if reference is None or not feeds:
@@ -50,6 +52,13 @@ def export_checked(graph: Graph, table: QuantTable, target: Union[str, QDQTarget
         return exported
     if exported.check.warning() is not None:
         logger.warning("%s", exported.check.warning())
+    if has_wide_tensors(table):  # a 16-bit or tuned table: the QDQ model should compute what the integer run does
+        try:
+            warning = disagreement(graph, table, exported.model, reference, feeds, exported.check)
+        except QDQCheckError as exc:
+            warning = f"could not compare the QDQ model with the integer run: {exc}"
+        if warning is not None:
+            logger.warning("%s", warning)
     return exported
 
 

@@ -36,11 +36,17 @@ left tail, widens the standard error and so lowers the bound, which a mean alone
 `Validation.scorer` (`ptq tune --workers N`, `--ray`): an object whose `cosines(graph, table, float_nodes)`
 computes the same per-sample cosines elsewhere (`ptq.tuning.shards`), in sample order, so that the mean is
 the same float; without one they are computed here.
+
+`Validation.metric` (`ptq.tuning.metric`: `--max-accuracy-drop`, a user's `metric(outputs, sample)`): each
+sample's metric beside its cosine, averaged over photos the same way, with the float model's on the same
+samples; the `Score` then carries it (`Score.metric`). Those passes run here, in this process (the metric is the
+user's callable and reads every output), whatever the scorer.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Iterator, Optional, Protocol, Sequence, Union
+from typing import Iterator, Mapping, Optional, Protocol, Sequence, Union
 
 import numpy as np
 from tqdm import tqdm
@@ -55,6 +61,7 @@ from ptq.data.images import decode_image, preprocess_array
 from ptq.data.samples import ImageFormat
 from ptq.data.views import views as photo_views
 from ptq.data.image_source import ArraySamples, ImageSet
+from ptq.tuning.metric import MetricReference, MetricScore, MetricTarget, ValidationSample
 
 Samples = Union[ImageSet, ArraySamples]
 
@@ -115,37 +122,46 @@ def sample_cosine(reference: np.ndarray, output: np.ndarray) -> float:
 class Validation:
     """Validation samples (inputs by name) and the reference model's first output on each (computed once);
     `groups`: the photo each sample is a view of (None: every sample its own photo); `progress`: a progress
-    bar per pass over them; `scorer`: where the cosines are computed (None: here)."""
+    bar per pass over them; `scorer`: where the cosines are computed (None: here); `metric`: the user's metric
+    and the reference model's on each sample (None: the cosine alone)."""
 
     inputs: list[dict]
     reference: list[np.ndarray]
     progress: bool = False
     groups: Optional[list[int]] = None
     scorer: Optional[Scorer] = None
+    metric: Optional[MetricReference] = None
 
     @classmethod
     def create(cls, reference_graph: Graph, samples: Samples, progress: bool = False,
-               views: Sequence[str] = ()) -> "Validation":
+               views: Sequence[str] = (), metric: Optional[MetricTarget] = None) -> "Validation":
         """The samples, with image files each as the listed views of it (`ptq.data.views`; none: the samples as
-        read). Samples that are not image files (`--data`, arrays) enter as they are."""
-        runner = FloatRunner.create(reference_graph, [reference_graph.outputs[0]])
+        read). Samples that are not image files (`--data`, arrays) enter as they are. `metric`: also the
+        reference model's metric on each sample (from all its outputs)."""
+        first = reference_graph.outputs[0]
+        runner = FloatRunner.create(reference_graph, list(reference_graph.outputs) if metric else [first])
         viewed = bool(views) and isinstance(samples, ImageSet) and isinstance(samples.format, ImageFormat)
         reader = samples.format.reader(reference_graph) if viewed else None
-        inputs, outputs, groups = [], [], []
-        for photo, (path, x, _) in enumerate(samples.samples(reference_graph)):
+        inputs, outputs, groups, seen, metric_values = [], [], [], [], []
+        for photo, (path, x, label) in enumerate(samples.samples(reference_graph)):
             if viewed:
                 size = (reader.spec.height, reader.spec.width)
-                x_views = [{reader.name: preprocess_array(v, reader.preprocess, reader.spec)[None].astype(
-                    reader.dtype, copy=False)} for _, v in photo_views(decode_image(path), size, views)]
+                x_views = [(name, {reader.name: preprocess_array(v, reader.preprocess, reader.spec)[None].astype(
+                    reader.dtype, copy=False)}) for name, v in photo_views(decode_image(path), size, views)]
             else:
-                x_views = [x]
-            for xv in x_views:
+                x_views = [("", x)]
+            for view, xv in x_views:
                 inputs.append(xv)
                 groups.append(photo)
-                outputs.append(dict(runner.run(xv))[reference_graph.outputs[0]].astype(np.float64).ravel())
+                got = dict(runner.run(xv))
+                outputs.append(got[first].astype(np.float64).ravel())
+                if metric is not None:
+                    seen.append(ValidationSample(xv, path, label, view, photo))
+                    metric_values.append(metric.of({name: got[name] for name in reference_graph.outputs}, seen[-1]))
         if not inputs:
             raise ValueError("no validation sample could be read")
-        return cls(inputs, outputs, progress, groups if viewed else None)
+        return cls(inputs, outputs, progress, groups if viewed else None,
+                   metric=MetricReference(metric, seen, metric_values) if metric is not None else None)
 
     @property
     def photos(self) -> int:
@@ -157,7 +173,7 @@ class Validation:
 
     def cosines(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str] = ()) -> list[float]:
         """Per validation sample, in order: the cosine of the integer graph's first output."""
-        if self.scorer is not None:
+        if self.scorer is not None and self.metric is None:
             return self.scorer.cosines(graph, table, float_nodes)
         return self.run(prepare(graph, table, float_nodes=float_nodes), graph.outputs[0], range(len(self)))
 
@@ -170,16 +186,41 @@ class Validation:
         return values
 
     def cosine(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str] = ()) -> "Score":
-        return Score.of(self.cosines(graph, table, float_nodes), self.groups)
+        """The score of the integer graph with `table` (with a metric, its metric too, from one pass here)."""
+        if self.metric is None:
+            return Score.of(self.cosines(graph, table, float_nodes), self.groups)
+        prepared = prepare(graph, table, float_nodes=float_nodes)
+        measured = []
+        for k in tqdm(range(len(self)), unit="img", desc="tune", disable=None if self.progress else True,
+                      leave=False):
+            measured.append(self.measure(k, prepared.run(self.inputs[k], keep_all=False).outputs, graph.outputs[0]))
+        return self.score(measured)
+
+    def measure(self, k: int, outputs: Mapping[str, np.ndarray], first: str) -> tuple[float, Optional[float]]:
+        """Sample `k`'s cosine (of output `first`) and metric (None: no metric), given a model's outputs on it
+        (graph output name -> array, in the graph's order)."""
+        cosine = sample_cosine(self.reference[k], np.asarray(outputs[first], dtype=np.float64).ravel())
+        return cosine, None if self.metric is None else self.metric.value(k, outputs)
+
+    def score(self, measured: Sequence[tuple[float, Optional[float]]]) -> "Score":
+        """The `Score` of per-sample (cosine, metric) pairs (`measure`), in sample order."""
+        score = Score.of([c for c, _ in measured], self.groups)
+        if self.metric is None:
+            return score
+        metric = MetricScore(self.metric.target.name, Score.of([m for _, m in measured], self.groups).mean,
+                             Score.of(self.metric.reference, self.groups).mean, len(self), self.photos)
+        return dataclasses.replace(score, metric=metric)
 
 
 @dataclass(frozen=True)
 class Score:
     """The mean per-photo cosine and its standard error over photos (sample std / sqrt(n); 0 for one photo):
-    a photo's cosine is the mean over its views (module docstring, "How it is bounded")."""
+    a photo's cosine is the mean over its views (module docstring, "How it is bounded"); `metric`: the user's
+    metric over the same samples, when the validation has one."""
 
     mean: float
     sem: float
+    metric: Optional[MetricScore] = None
 
     @classmethod
     def of(cls, values: Sequence[float], groups: Optional[Sequence[int]] = None) -> "Score":

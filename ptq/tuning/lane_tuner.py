@@ -82,7 +82,7 @@ class LaneTuneResult(TuneResult):
                  f"{c.cosine:.5f} +- {c.sem:.5f} "
                  f"(target {self.target}: {'reached' if self.reached else 'NOT reached'})"]
         lines += [f"  {p.label}: {p.throughput:.3f} MACs/DSP/cycle, cosine {p.cosine:.5f}" for p in ends.values()]
-        return "\n".join(lines)
+        return "\n".join(lines + (self.verdict.lines() if self.verdict is not None else []))
 
 
 def tune_lanes(graph: Graph, table: QuantTable, samples: Samples, target: float, *, reference: Graph,
@@ -152,4 +152,4 @@ def tune_lanes(graph: Graph, table: QuantTable, samples: Samples, target: float,
     return LaneTuneResult(table=final_table, graph=final_graph, baseline=Score(base.cosine, base.sem), score=score,
                           target=target, margin=margin, z=z, validation_samples=check.photos, steps=steps,
                           int16_tensors=[], float_nodes=[], views=list(views) if check.groups is not None else [],
-                          lanes=record)
+                          lanes=record, validation=check)

@@ -51,7 +51,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from ops.registry import channel_groups, layer_kind
 from ptq.adjust.bias_correction import CORRECTED_LAYERS, mean_patches, recorrected_biases
@@ -69,12 +69,18 @@ from ptq.calibration.steps import CalibrationState, RangeSearch
 from ptq.table.edit import with_float
 from ptq.tuning.defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
 from ptq.tuning.data import FitSamples, Samples, Score, Validation, fit_statistics, split_samples
+from ptq.tuning.export_alignment import aligned_for_export
+from ptq.tuning.goal import Goal
+from ptq.tuning.metric import MetricTarget
 from ptq.tuning.shards import TunePool
 from ptq.engine.weight_scale_floor import floor_weight_scales
 from reports.build import build_report
 from reports.evaluate import evaluate
 from reports.layer_nodes import float_node_names
 from reports.tables import with_bits
+
+if TYPE_CHECKING:
+    from ptq.tuning.verdict import Verdict
 
 logger = logging.getLogger("ptq.tune")
 
@@ -104,26 +110,28 @@ class TuneResult:
         table: the tuned quantization table.
         baseline: the starting table's validation score (mean cosine and its standard error).
         score: the tuned table's validation score.
-        target: the target cosine (`target_cosine`), reached when `score`'s mean minus `z` standard errors is at
-            least target + margin.
+        target: the target cosine (`target_cosine`; None: none), reached when `score`'s mean minus `z` standard
+            errors is at least target + margin.
+        metric_target: the target on the user's metric (`ptq.tuning.metric`; None: none).
         steps: every step tried, kept or dropped, with its validation cosine and gain.
         int16_tensors: the tensors the tuned table holds in 16 bits.
         float_nodes: the nodes it runs in float.
         table_path: where the tuned table was written.
         record_path: where `<stem>.tune.json` (the steps) was written.
         qdq_path: where the tuned table's QDQ model was written.
-        qdq_check: its onnxruntime check (None: not run).
+        qdq_check: its two onnxruntime figures, the verdict's mean validation cosines (None: not run).
+        verdict: the QDQ model written and the integer graph judged on the validation samples
+            (`ptq.tuning.verdict`; None: the QDQ model was not judged).
         cosine: the tuned validation cosine (`score`'s mean).
-        reached: whether the target was reached (by the integer graph, on the validation samples).
-        qdq_shortfall: what the QDQ model written fell short of the target by in its onnxruntime check (None: it
-            did not, or was not checked); the summary warns with it.
+        reached: whether the goal was reached on the validation samples by the integer graph and, once judged,
+            by the QDQ model written, optimizations off and on (`verdict`).
     """
 
     table: QuantTable
     graph: Graph  # the graph the table runs with (biases re-corrected when weight grids changed)
     baseline: Score
     score: Score  # on the validation samples
-    target: float
+    target: Optional[float]
     margin: float
     z: float
     validation_samples: int  # photos (or samples), each with `views` views
@@ -136,60 +144,69 @@ class TuneResult:
     qdq_target: Optional[str] = None
     qdq_check: Optional[QDQCheck] = None  # its onnxruntime check (None: not run)
     views: list[str] = field(default_factory=list)  # of each validation photo (`ptq.data.views`); none: samples as read
+    metric_target: Optional[MetricTarget] = None
+    verdict: Optional["Verdict"] = None
+    validation: Optional[Validation] = field(default=None, repr=False)  # the samples decided on, for the verdict
+    # entries aligned with the integer run for the QDQ model (`ptq.tuning.export_alignment`)
+    export_aligned: list[str] = field(default_factory=list)
 
     @property
     def cosine(self) -> float:
         return self.score.mean
 
     @property
-    def reached(self) -> bool:
-        return self.score.bound(self.z) >= self.target + self.margin
+    def goal(self) -> Goal:
+        return Goal(self.target, self.margin, self.z, self.metric_target)
 
     @property
-    def qdq_shortfall(self) -> Optional[str]:
-        """What the QDQ model written fell short by, when its onnxruntime check (optimizations off or on) scored
-        below the target the integer graph was tuned to; None when it did not, or was not checked. The check
-        runs a few fit samples, not the validation ones: a figure beside the target, not the tuner's bound."""
-        check = self.qdq_check
-        if check is None:
-            return None
-        worst = min(check.cosine_unoptimized, check.cosine_optimized)
-        if worst >= self.target:
-            return None
-        return (f"the QDQ model written does not reach the target {self.target}: output cosine {worst:.4f} in "
-                f"onnxruntime on {check.samples} {check.source} samples ({self.target - worst:.4f} short; "
-                f"{check.cosine_unoptimized:.4f} optimizations off, {check.cosine_optimized:.4f} on), where the "
-                f"integer graph scores {self.cosine:.5f} on the validation samples")
+    def reached(self) -> bool:
+        return self.verdict.reached if self.verdict is not None else self.goal.reaches(self.score)
 
     @property
     def int16_activations(self) -> list[str]:
         return [n for n in self.int16_tensors if self.table.tensors[n].kind == "activation"]
 
     def to_dict(self) -> dict:
+        metric = self.score.metric
         return {"target_cosine": self.target, "margin": self.margin, "z": self.z,
+                "max_metric_drop": self.metric_target.max_drop if self.metric_target is not None else None,
                 "validation_samples": self.validation_samples, "views": self.views,
                 "baseline_cosine": self.baseline.mean,
                 "cosine": self.cosine, "cosine_sem": self.score.sem, "reached": self.reached,
-                "qdq_shortfall": self.qdq_shortfall,
-                "int16_tensors": self.int16_tensors, "float_nodes": self.float_nodes,
-                "steps": [s.to_dict() for s in self.steps]}
+                "baseline_metric": self.baseline.metric.to_dict() if self.baseline.metric is not None else None,
+                "metric": metric.to_dict() if metric is not None else None,
+                "verdict": self.verdict.to_dict() if self.verdict is not None else None,
+                "int16_tensors": self.int16_tensors, "export_aligned": self.export_aligned,
+                "float_nodes": self.float_nodes, "steps": [s.to_dict() for s in self.steps]}
 
     def summary(self) -> str:
-        goal = f"mean - {self.z:g} sem {self.score.bound(self.z):.5f} vs target {self.target}"
-        if self.margin:
-            goal += f" + margin {self.margin}"
         held = (f"{self.validation_samples} held-out photos x {len(self.views)} views" if self.views
                 else f"{self.validation_samples} held-out samples")
+        integer = "the integer graph reaches it" if self.goal.reaches(self.score) else "the integer graph falls short"
         lines = [f"validation cosine ({held}) {self.baseline.mean:.5f} -> "
-                 f"{self.cosine:.5f} +- {self.score.sem:.5f} ({goal}: {'reached' if self.reached else 'NOT reached'})"]
+                 f"{self.cosine:.5f} +- {self.score.sem:.5f} ({self.goal.describe(self.score)}: {integer})"]
+        if self.baseline.metric is not None:
+            start, end = self.baseline.metric, self.score.metric
+            unit = "photo" if start.samples != start.photos else "sample"
+            lines.append(f"validation {start.name} {start.over()} (coarse: one {unit} is {1 / start.photos:.3f}): "
+                         f"{start.value:.4f} -> {end.value:.4f}, float model {end.reference:.4f}")
         for s in self.steps:
             lines.append(f"  {'kept   ' if s.kept else 'dropped'} {s.change}: {s.cosine:.5f} ({s.gain:+.5f})")
         acts = len(self.int16_activations)
         lines.append(f"{len(self.int16_tensors)} tensor(s) in 16 bits ({acts} activations, "
                      f"{len(self.int16_tensors) - acts} weights), {len(self.float_nodes)} node(s) in float")
-        lines += summary_lines(self.qdq_path, self.qdq_target, self.qdq_check)
-        if self.qdq_shortfall:
-            lines.append(f"warning: {self.qdq_shortfall}")
+        if self.export_aligned:
+            lines.append(f"{len(self.export_aligned)} entr{'y' if len(self.export_aligned) == 1 else 'ies'} the "
+                         f"integer run fixes by rule or fuses away aligned with it for the QDQ model: "
+                         f"{', '.join(self.export_aligned)}")
+        lines += summary_lines(self.qdq_path, self.qdq_target, None)
+        if self.verdict is not None:
+            lines += self.verdict.lines()
+        else:
+            missed = self.goal.shortfalls(self.score)
+            unchecked = " (the QDQ model written was not checked)" if self.qdq_path is not None else ""
+            lines.append(f"target NOT reached: the integer graph: {'; '.join(missed)}" if missed else
+                         f"target reached by the integer graph{unchecked}")
         return "\n".join(lines)
 
 
@@ -332,9 +349,12 @@ class _State:
 class _Tuner:
     """The search of the module docstring over one graph, table and split of the samples."""
 
-    def __init__(self, graph: Graph, table: QuantTable, fit: Samples, validation: Validation, goal: float, z: float,
-                 min_gain: float, passes=None):
-        self.fit, self.validation, self.goal, self.z, self.min_gain = fit, validation, goal, z, min_gain
+    def __init__(self, graph: Graph, table: QuantTable, fit: Samples, validation: Validation, goal: Optional[float],
+                 z: float, min_gain: float, passes=None, metric: Optional[MetricTarget] = None):
+        """`goal`: the bound the validation cosine must reach (target + margin; None: no cosine target);
+        `metric`: the target on the user's metric (None: none)."""
+        self.fit, self.validation, self.min_gain = fit, validation, min_gain
+        self.aim = Goal(goal, 0.0, z, metric)  # the margin is in `goal` already
         self.passes = passes or InProcess()  # where the passes over the fit samples run (`sample_passes`)
         self.original = table
         self.steps: list[TuneStep] = []
@@ -348,7 +368,7 @@ class _Tuner:
         return self.validation.cosine(graph, table, nodes)
 
     def reaches(self, score: Score) -> bool:
-        return score.bound(self.z) >= self.goal
+        return self.aim.reaches(score)
 
     def done(self) -> bool:
         return self.reaches(self.state.score)
@@ -474,40 +494,45 @@ class _Tuner:
                                        kept.score.mean, 0.0, True))
 
 
-def tune(graph: Graph, table: QuantTable, images: Samples, target: float, *, budget_int16: Optional[int] = None,
+def tune(graph: Graph, table: QuantTable, images: Samples, target: Optional[float], *,
+         budget_int16: Optional[int] = None,
          allow_float: int = 0, validation: Optional[Samples] = None, reference: Optional[Graph] = None,
          validation_fraction: float = DEFAULT_VALIDATION_FRACTION, margin: float = DEFAULT_MARGIN, z: float = DEFAULT_Z,
          range_calibrators: Sequence[str] = DEFAULT_RANGE_CALIBRATORS, range_search: bool = True,
          min_gain: float = 1e-5, views: Sequence[str] = DEFAULT_VIEWS, progress: bool = False, workers: int = 1,
-         ray: Optional[str] = None) -> TuneResult:
+         ray: Optional[str] = None, metric: Optional[MetricTarget] = None) -> TuneResult:
     """See the module docstring. `images`: the tuning samples, split into fit and validation parts unless
-    `validation` is given (then all of `images` is fitted on). `reference`: the float model the cosine is
+    `validation` is given (then all of `images` is fitted on). `target`: the target cosine (None: none, with
+    `metric`). `reference`: the float model the cosine is
     measured against (default `graph`; pass the user's model when `graph` holds adjusted weights). `views`: the
     views (`ptq.data.views`) each validation image enters with (`ptq.tuning.data`: image files only). `progress`: a
     progress bar per pass over the samples. `workers`, `ray`: where the passes over samples run
-    (`sample_passes`)."""
+    (`sample_passes`; the validation passes run here with a metric). `metric`: a target on the user's metric
+    (`ptq.tuning.metric`, `ptq.tuning.goal`), with or instead of the cosine."""
+    Goal(target, margin, z, metric)  # a goal at all, before any pass
     if validation is None:
         fit, validation = split_samples(images, validation_fraction)
     else:
         fit = images
-    check = Validation.create(reference or graph, validation, progress=progress, views=views)
+    check = Validation.create(reference or graph, validation, progress=progress, views=views, metric=metric)
     with sample_passes(graph, table, fit, check, workers=workers, ray=ray) as passes:
         return _search(graph, table, fit, dataclasses.replace(check, scorer=passes.scorer), passes, target,
                        budget_int16=len(table.tensors) if budget_int16 is None else budget_int16,
                        allow_float=allow_float, margin=margin, z=z,
                        range_calibrators=range_calibrators, range_search=range_search, min_gain=min_gain,
-                       views=views, progress=progress)
+                       views=views, progress=progress, metric=metric)
 
 
-def _search(graph: Graph, table: QuantTable, fit: Samples, check: Validation, passes, target: float, *,
+def _search(graph: Graph, table: QuantTable, fit: Samples, check: Validation, passes, target: Optional[float], *,
             budget_int16: int, allow_float: int, margin: float, z: float, range_calibrators: Sequence[str],
-            range_search: bool, min_gain: float, views: Sequence[str], progress: bool) -> TuneResult:
+            range_search: bool, min_gain: float, views: Sequence[str], progress: bool,
+            metric: Optional[MetricTarget]) -> TuneResult:
     """`tune` once the samples are split and the passes over them placed."""
-    tuner = _Tuner(graph, table, fit, check, target + margin, z, min_gain, passes)
+    tuner = _Tuner(graph, table, fit, check, None if target is None else target + margin, z, min_gain, passes,
+                   metric)
     baseline = tuner.state.score
-    logger.info("validation cosine on %d samples (%d photos): %.5f +- %.5f (goal: mean - %g sem >= %.5f)", len(check),
-                check.photos,
-                baseline.mean, baseline.sem, z, tuner.goal)
+    logger.info("validation cosine on %d samples (%d photos): %.5f +- %.5f (%s)", len(check), check.photos,
+                baseline.mean, baseline.sem, tuner.aim.describe(baseline))
     if not tuner.done() and not table.options.per_channel:
         weights = [n for n, e in table.tensors.items() if e.kind == "weight"]
         tuner.attempt("per-channel weights", per_channel_weights(graph, tuner.state.table), weights=weights)
@@ -559,5 +584,11 @@ def _search(graph: Graph, table: QuantTable, fit: Samples, check: Validation, pa
     state = tuner.state
     nodes = float_node_names(prepare(state.graph, state.table), state.float_layers) if state.float_layers else []
     tuned = with_float(state.table, state.float_layers)  # the table runs its float layers by itself
+    tuned, aligned = aligned_for_export(state.graph, tuned)  # as the integer run reads them: the QDQ model reads all
+    if aligned:
+        logger.info("aligned with the integer run for the QDQ model: %s", ", ".join(aligned))
+    wide = [n for n in aligned if tuned.tensors[n].qparams.bits == 16 and n not in state.int16]
     return TuneResult(tuned, state.graph, baseline, state.score, target, margin, z, check.photos, tuner.steps,
-                      list(state.int16), nodes, views=list(views) if check.groups is not None else [])
+                      list(state.int16) + wide, nodes, views=list(views) if check.groups is not None else [],
+                      metric_target=metric, validation=dataclasses.replace(check, scorer=None),  # the pool is gone
+                      export_aligned=aligned)
