@@ -83,7 +83,7 @@ def qdq_session(model: onnx.ModelProto, optimize: bool):
         raise QDQCheckError("onnxruntime has no CPUExecutionProvider")
     try:
         return _session(model, optimize)
-    except _ort_errors() as exc:
+    except session_errors() as exc:
         raise QDQCheckError(str(exc).splitlines()[0]) from exc
 
 
@@ -92,7 +92,7 @@ def run_session(session, feed: dict) -> dict:
     onnxruntime fails."""
     try:
         values = session.run(None, feed)
-    except _ort_errors() as exc:
+    except session_errors() as exc:
         raise QDQCheckError(str(exc).splitlines()[0]) from exc
     return dict(zip((o.name for o in session.get_outputs()), values))
 
