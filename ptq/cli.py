@@ -129,10 +129,11 @@ def leave(code: int) -> None:
     are flushed), then the process ends, skipping the destruction of every module and object (numba's compiled
     code, onnxruntime, the model): a one-image `ptq report` spent 0.35 s of its 1.4 s of CPU there (`bench/startup.py`).
     Everything the command writes is written and closed before it returns (`ptq.core.atomic`)."""
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # the handlers `sys.exit` runs (logging's flush, the pools' and temp dirs' clean-up)
+    # the interpreter's own first steps at exit: threading's exit hooks (an idle thread pool's workers are told
+    # to stop) and the join of the threads that are not daemons; then the exit handlers (logging's flush, the
+    # pools' and temp dirs' clean-up)
+    threading._shutdown()
+    atexit._run_exitfuncs()
     try:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -33,13 +33,16 @@ def main():
 
 cli.main = main  # a thread still running when the command returns
 threading.Thread(target=lambda: (returned.wait(), time.sleep(0.3), print("thread finished"))).start()
+from concurrent.futures import ThreadPoolExecutor
+idle = ThreadPoolExecutor(1)  # never shut down: its worker waits until the exit hooks wake it
+idle.submit(print, "pool task ran").result()
 {end}
 """
 
 
 def run(end: str, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", SCRIPT.format(end=end), *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=60)
 
 
 def test_entry_skips_teardown_but_keeps_what_exit_does():
