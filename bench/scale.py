@@ -5,6 +5,7 @@
     python bench/scale.py --images 60 --repeat 1     # quicker
     python bench/scale.py --variants threads lean uniform   # also 2 workers with helper threads on / off, equal shards
     python bench/scale.py --kinds tune        # tune to 0.998 on the 23 bundled photos (16 fitted, 7 deciding)
+    python bench/scale.py --images 60 --repeat 1 --costs   # and a worker's costs, projected to 1,000 images
 
 `tune` tunes the table calibrated on examples/calib on those same images (`--images` does not apply); its
 img/s counts the validation images scored (the validation samples times the candidates measured).
@@ -20,9 +21,17 @@ print the same one), the merge time in the driver, the peak RSS of the driver an
 how its workers started (`fork` or `spawn`, `ptq.parallel.workers.start_method`). The report is computed as `ptq report`
 computes it: the driver loads the model and hands it to `sharded_evaluate` (forked workers inherit it).
 
-The CPU columns are steadier than the wall times: `cpu ratio` is the CPU time of the configuration over that
-of one process (the CPU the workers add: start-up, merge), and `cores` the CPU time over the wall time (how
-many cores the run kept busy). One `ptq report` process already keeps about 1.7 cores busy when it has two
+The CPU columns are steadier than the wall times: `cpu/img` is the CPU time per image (start-up included),
+`cpu ratio` the CPU time of the configuration over that of one process (the CPU the workers add: start-up,
+merge), and `cores` the CPU time over the wall time (how many cores the run kept busy).
+
+`--costs` (for more cores than this machine has): one more report on the same images with forked workers, each
+worker's shards timed in CPU, gives the driver's start, a worker's fixed cost (its first shard beyond its
+images: numba's target and kernels, the float session, the integer graph), the CPU per image and per shard
+(a line through the later shards) and the merge per image; `project` adds them up for 1,000 images on
+1/4/8/15 workers, each worker on a core of its own and the driver idle meanwhile (efficiency: the images' CPU
+over workers x wall). A projection from CPU times measured here: it assumes the bigger machine's cores run
+as fast as these and that the workers do not slow each other down (memory bandwidth, shared caches). One `ptq report` process already keeps about 1.7 cores busy when it has two
 to itself (its float and metric threads overlap the integer graph), so on C idle cores N workers can at best
 take cpu_ratio x cores_1 / min(N, C) of its time: 0.86 x cpu_ratio for 2 workers on 2 cores.
 """
@@ -267,7 +276,8 @@ def print_costs(images: Path, table: Path, workers: int) -> None:
     out = subprocess.run([sys.executable, __file__, "--one", "costs", str(images), str(table), str(workers), "", ""],
                          check=True, capture_output=True, text=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     costs = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"\ncosts, CPU seconds ({costs['workers']} forked workers, {costs['images']} images, {costs['shards']} shards): "
+    print(f"\ncosts, CPU seconds ({costs['workers']} forked workers, {costs['images']} images, "
+          f"{costs['shards']} shards): "
           f"driver before the workers {costs['driver']:.3f}, per worker {costs['worker_fixed']:.3f} (its first shard "
           f"beyond the images), per image {costs['image']:.4f}, per shard {costs['shard']:.4f}, merge per image "
           f"{costs['merge'] * 1e3:.3f} ms ({costs['pickled_per_image'] / 1e3:.0f} kB pickled per image), after the "
@@ -332,8 +342,8 @@ def main() -> None:
             base = configs[0]
             wall1, cpu1 = median([r["seconds"] for r in rows[base]]), median([r["cpu"] for r in rows[base]])
             print(f"medians (ratio: wall time over {config_name(*base)}'s)")
-            print(f"{'config':>17} {'wall s':>7} {'img/s':>6} {'ratio':>6} {'cpu s':>6} {'cpu/img':>7} {'cpu ratio':>9} "
-                  f"{'merge s':>7} {'load':>9}")
+            print(f"{'config':>17} {'wall s':>7} {'img/s':>6} {'ratio':>6} {'cpu s':>6} {'cpu/img':>7} "
+                  f"{'cpu ratio':>9} {'merge s':>7} {'load':>9}")
             for config in configs:
                 wall = median([r["seconds"] for r in rows[config]])
                 cpu = median([r["cpu"] for r in rows[config]])

@@ -7,9 +7,10 @@
 `ptq report MODEL --quant Q --images ONE_IMAGE --out DIR`, from the moment the process is started to the
 moment it has ended (interpreter start, imports, the model, the table, the integer graph, numba's first use,
 the float session, the image, writing report.json/.csv/.html, the interpreter's exit), **less the cost of its
-one image**. The cost of an image is the marginal one: (`--images K` photos - 1 photo) / (K - 1), both run with
-`--isolated-images all` so that every image costs what the one image of a one-image report costs (its isolated
-pass included; the default covers the first 2 images). Wall times are those of a machine shared by other
+one image**. The cost of an image is the marginal one: (`--images K` photos - 1 photo) / (K - 1), the many-image
+report run with `--isolated-images all` so that every image costs what the one image of a one-image report
+costs (its isolated pass included; the default covers the first 2 images); for the best figures from the best
+runs of each, for the medians from the medians. Wall times are those of a machine shared by other
 jobs: each figure is printed as the best and the median of --repeat fresh processes, with the CPU time
 (user + system of the process and its threads, from the rusage of the waited-for child), which load inflates
 less. Python bytecode is written and read as for an installed package (PYTHONDONTWRITEBYTECODE is dropped
@@ -173,10 +174,15 @@ class Tree:
             print(f"{name:26s} {best_median(walls)} {best_median(cpus)}   (best - bare python "
                   f"{min(walls) - bare_wall:+.3f} s)")
         one, many = self.times["report, 1 image"], self.times[f"report, {images} images"]
-        image = [((m[0] - o[0]) / (images - 1), (m[1] - o[1]) / (images - 1)) for o, m in zip(one, many)]
-        fixed = [(o[0] - i[0], o[1] - i[1]) for o, i in zip(one, image)]
-        for name, values in (("an image (marginal)", image), ("FIXED COST (1 image - it)", fixed)):
-            print(f"{name:26s} {best_median([w for w, _ in values])} {best_median([c for _, c in values])}")
+        figures = []  # (image, fixed) for wall best, wall median, CPU best, CPU median
+        for k in (0, 1):
+            for pick in (min, statistics.median):
+                first, more = pick([t[k] for t in one]), pick([t[k] for t in many])
+                image = (more - first) / (images - 1)
+                figures.append((image, first - image))
+        for name, j in (("an image (marginal)", 0), ("FIXED COST (1 image - it)", 1)):
+            print(f"{name:26s} " + " ".join(f"{figures[i][j]:6.3f}" for i in range(2)) + " "
+                  + " ".join(f"{figures[i][j]:6.3f}" for i in range(2, 4)))
         print("timeline of the one-image report (each step: best over the runs of its wall and CPU since the "
               "step before)")
         steps = [m[0] for m in self.timelines[0]]
