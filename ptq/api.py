@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
-from ptq.engine.backends import DEFAULT_BACKEND_NAME
+from ptq.engine.backends import DEFAULT_BACKEND_NAME, resolve_backend
 from ptq.data_options import DataOptions, quiet_logging
 from ptq.core.notes import Note
 from ptq.output_paths import check_file, check_outputs, note_replaced
@@ -156,7 +156,7 @@ def load(model: PathLike, quant: PathLike, opts: DataOptions, strict: bool = Fal
     dropped with a note."""
     from ptq.adjust.adjusted_model import load_model_for_table
     from ptq.table.quant_table import load_quant_table
-    from reports.evaluate import class_count
+    from reports.class_scores import class_count
     from ptq.data.image_source import ImageSet
     from ptq.data.labels import usable_labels
 
@@ -216,6 +216,7 @@ class RunResult:
     overflows: dict[str, int]
     inputs: dict
     output: str = ""  # the graph output the figures are of
+    backend: str = DEFAULT_BACKEND_NAME  # the integer kernels that ran (`backend="auto"` chose them)
 
     @property
     def class_scores(self) -> bool:
@@ -284,7 +285,9 @@ def run(
     **options,
 ) -> RunResult:
     """`ptq run`: classify each sample with the integer graph (and the float model, for the agreement).
-    With `num_images`, that many files drawn with `seed`.
+    With `num_images`, that many files drawn with `seed`. `backend="auto"` (the command line's default): numpy
+    kernels on a few samples, compiled ones on more (`ptq.engine.backends.resolve_backend`); `result.backend`
+    names those that ran.
 
     Examples:
         >>> import tempfile, ptq
@@ -307,6 +310,7 @@ def run(
         loaded = load(model, quant, opts)
         graph, table, samples = loaded.graph, loaded.table, loaded.samples
         files = samples.files[:samples.limit] if samples.limit else samples.files
+        backend = resolve_backend(backend, len(files))
         prepared = prepare(graph, table, float_nodes=list(float_nodes), backend=backend,
                            options=ExecutorOptions(strict=strict))
         outcomes = []
@@ -323,7 +327,7 @@ def run(
         [SampleResult(o.path, o.ranked, o.float_class, samples.labels(o.path), o.skipped, o.seconds, o.matched,
                       o.cosine)
          for o in outcomes],
-        list(prepared.float_nodes), {}, loaded.inputs, graph.outputs[0])
+        list(prepared.float_nodes), {}, loaded.inputs, graph.outputs[0], backend)
     for outcome in outcomes:
         for node, count in outcome.overflows.items():
             result.overflows[node] = result.overflows.get(node, 0) + count

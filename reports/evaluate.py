@@ -24,6 +24,7 @@ from ptq.engine.executor import IntegerGraph, prepare
 from ptq.engine.float_run import FloatRunner
 from ptq.engine.clip_ranges import folded_ranges
 from ptq.table.quant_table import QuantTable
+from reports.class_scores import class_count
 from reports.detections import DetectionTask
 from reports.evaluation import Evaluation
 from reports.float_reference import GoalReference, float_reference
@@ -36,16 +37,6 @@ from reports.metrics import ClipAccumulator, SimilarityAccumulator, TopKAgreemen
 from reports.output_breakdown import GroupAccumulator, output_groups
 from reports.value_histogram import ValueHistogram
 from reports.worker import MetricWorker
-
-
-def class_count(graph: Graph, name: str) -> Optional[int]:
-    """The classes of a classification output (a float tensor with one non-batch axis of more than one
-    class), else None."""
-    info = graph.tensors.get(name)
-    if info is None or not info.is_float or info.shape is None:
-        return None
-    dims = [d for d in info.shape[1:] if d != 1]
-    return dims[0] if len(dims) == 1 and (dims[0] or 0) > 1 else None
 
 
 def index_outputs(graph: Graph, prepared: IntegerGraph) -> list[str]:

@@ -48,7 +48,9 @@ def sample_cosine(dot: float, xx: float, yy: float) -> float:
         return 1.0
     if xx == 0.0 or yy == 0.0:
         return 0.0
-    return float(np.clip(dot / math.sqrt(xx * yy), -1.0, 1.0))
+    # clipped with Python's min/max, as np.clip would (NaN kept): 0.3 us against 5 us, and a sharded report's
+    # driver re-adds every sample's sums (`reports.evaluate_shards.merge_evaluations`: 125 per image)
+    return min(max(dot / math.sqrt(xx * yy), -1.0), 1.0)
 
 
 @dataclass

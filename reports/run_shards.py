@@ -25,7 +25,7 @@ from ptq.parallel.workers import (
 )
 from ptq.table.quant_table import QuantTable
 from ptq.data.samples import SampleFormat, UnreadableSample
-from reports.evaluate import class_count
+from reports.class_scores import class_count
 from reports.float_reference import float_reference
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ptq.data.labels import LabelResolver, label_from_filename, load_labels
-from reports.metrics import SimilarityAccumulator, TopKAgreement, sqnr_db
+from reports.metrics import SimilarityAccumulator, TopKAgreement, sample_cosine, sqnr_db
 
 
 def test_single_sample_against_hand_computation():
@@ -20,6 +20,18 @@ def test_single_sample_against_hand_computation():
     assert s.sqnr_db == pytest.approx(10 * math.log10(30 / 1.25))
     assert s.max_abs_err == pytest.approx(1.0)
     assert s.samples == 1
+
+
+def test_sample_cosine_clips_as_np_clip_bit_for_bit():
+    rng = np.random.default_rng(0)
+    sums = [(float(d), float(a), float(b)) for d, a, b in rng.normal(size=(2000, 3)) ** 2]
+    # parallel vectors, whose quotient rounds to just above 1, and a dot product whose quotient is NaN
+    sums += [(3.0 * v * v, v * v, 9.0 * v * v) for v in rng.uniform(0.1, 10.0, 500)] + [(math.inf, math.inf, 1.0)]
+    for dot, xx, yy in sums:
+        expected = float(np.clip(dot / math.sqrt(xx * yy), -1.0, 1.0))
+        got = sample_cosine(dot, xx, yy)
+        assert (math.isnan(got) and math.isnan(expected)) or got.hex() == expected.hex()
+    assert any(dot / math.sqrt(xx * yy) > 1.0 for dot, xx, yy in sums[2000:-1])  # the clip was exercised
 
 
 def test_cosine_is_mean_of_per_image_cosines_and_mse_over_all_elements():

@@ -350,13 +350,16 @@ def test_ctrl_c_stops_the_workers_and_writes_nothing(model_path, calib_dir, quan
     assert not out.exists() or list(out.iterdir()) == []
 
 
-def test_default_workers_are_the_usable_cores_one_per_50_images(monkeypatch):
+def test_default_workers_are_the_usable_cores_one_per_50_images_from_3_on(monkeypatch):
     from ptq.parallel import workers as parallel
     from ptq.cli import build_parser
 
     monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     assert parallel.usable_cores() == 4
-    assert [parallel.choose_workers(None, n) for n in (1, 49, 99, 100, 199, 5000)] == [1, 1, 1, 2, 3, 4]
+    # 2 workers would take at best 1.7/2 of one process's time: one process until 3 workers have 50 images each
+    assert [parallel.choose_workers(None, n) for n in (1, 49, 99, 100, 149, 150, 199, 5000)] == [1, 1, 1, 1, 1, 3, 3, 4]
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert parallel.choose_workers(None, 5000) == 1  # two cores: one process, which keeps both busy
     assert parallel.choose_workers(3, 5) == 3  # asked for: kept, however few the images
     for command in ("calibrate", "report", "run", "debug", "tune"):
         flags = {"calibrate": [], "tune": ["--quant", "q", "--target-cosine", "0.99"]}.get(command, ["--quant", "q"])

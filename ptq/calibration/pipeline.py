@@ -225,7 +225,7 @@ def calibrate(
     (`ptq.calibration.range_search`). `workers` > 1 processes (or a Ray cluster: `ray` 'auto', an address or 'local')
     collect the statistics
     of image files in shards, with the same result as one process (`ptq.calibration.shards`); None picks
-    the number by `ptq.parallel.workers.choose_workers` (the usable cores, one per 50 images).
+    the number by `ptq.parallel.workers.choose_workers` (the usable cores, one per 50 images, from 3 on).
     `scheme="int4-dsp"` quantizes for the packed-DSP backend `dsp:int4` (`ptq.calibration.int4_dsp`: 4-bit, power-of-two
     scales, 8-bit Add groups and outputs, Requantize nodes written into the adjusted model); it fixes the bit
     widths, symmetry, ranges and pow2, so those arguments must keep their defaults.

@@ -49,14 +49,19 @@ def add_strict_argument(parser: argparse.ArgumentParser) -> None:
                         "it) instead of running it in float with a notice")
 
 
-def add_backend_argument(parser: argparse.ArgumentParser) -> None:
-    """--backend: the dot product under Conv, ConvTranspose, Gemm and MatMul (`ptq.engine.backends`)."""
-    from ptq.engine.backends import BACKEND_NAMES, DEFAULT_BACKEND_NAME
+def add_backend_argument(parser: argparse.ArgumentParser, auto: bool = False) -> None:
+    """--backend: the dot product under Conv, ConvTranspose, Gemm and MatMul (`ptq.engine.backends`); `auto`
+    (`ptq run`): 'auto' is a choice and the default (`ptq.engine.backends.resolve_backend`)."""
+    from ptq.engine.backends import AUTO_BACKEND_NAME, AUTO_NUMPY_UP_TO, BACKEND_NAMES, DEFAULT_BACKEND_NAME
 
-    parser.add_argument("--backend", choices=BACKEND_NAMES, default=DEFAULT_BACKEND_NAME,
-                        help="integer kernels: compiled (numba, the default), numpy (the reference; same codes), or "
-                        "a packed-DSP48E2 emulation of the dot products, dsp:int8 (2 MACs per DSP) or dsp:int4 (4 "
-                        "per DSP); ':naive' slices lanes without the sign correction")
+    default = AUTO_BACKEND_NAME if auto else DEFAULT_BACKEND_NAME
+    choices = ((AUTO_BACKEND_NAME,) if auto else ()) + BACKEND_NAMES
+    parser.add_argument("--backend", choices=choices, default=default,
+                        help=(f"auto (the default): numpy on up to {AUTO_NUMPY_UP_TO} samples (no numba start-up), "
+                              "compiled on more; " if auto else "") +
+                        f"integer kernels: compiled (numba{'' if auto else ', the default'}), numpy (the reference; "
+                        "same codes), or a packed-DSP48E2 emulation of the dot products, dsp:int8 (2 MACs per DSP) "
+                        "or dsp:int4 (4 per DSP); ':naive' slices lanes without the sign correction")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="node names, output tensor names or op types to run in float (dequantize -> float op -> quantize)",
     )
     add_strict_argument(parser)
-    add_backend_argument(parser)
+    add_backend_argument(parser, auto=True)
     add_data_arguments(parser)
 
 
@@ -56,7 +56,7 @@ def print_result(result) -> None:
             print(f"{s.path.name}: " + "  ".join(f"{c}:{p:.4f}" for c, p in s.classes))
     skipped = f", {result.skipped} skipped" if result.skipped else ""
     print(f"\n{result.images} image(s) in integers, {1000 * result.seconds / result.images:.1f} ms per image{skipped}"
-          f"{first_run_note()}")
+          f" ({result.backend} kernels){first_run_note()}")
     if result.output_cosine is not None:
         print(f"cosine of output {result.output} with the float model {result.output_cosine:.6f} "
               f"(mean over {result.images} samples)")

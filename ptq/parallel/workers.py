@@ -29,7 +29,8 @@ worker's imports before starting the next one).
 
 How many workers (`choose_workers`): what --workers asks for; by default the usable cores, but no more workers
 than shards of MIN_IMAGES_PER_WORKER images, so a handful of images runs in one process (a worker's start-up,
-about 3 s of CPU for imports, the model and the compiled kernels, is the work of 20-60 images).
+about 3 s of CPU for imports, the model and the compiled kernels, is the work of 20-60 images), and one process
+rather than fewer than MIN_WORKERS workers (one process keeps about 1.7 cores busy by itself).
 """
 from __future__ import annotations
 
@@ -61,6 +62,10 @@ DEFAULT_POOL_RESTARTS = 3
 # image took 0.14 s of CPU, of 5 images 0.72 s), so 8 per worker: 200 report images wait ~6 images at the end
 SHARDS_PER_WORKER = 8
 MIN_IMAGES_PER_WORKER = 50  # by default, a worker is started for each 50 images, up to the usable cores
+# and only from 3 workers on: one process already keeps about 1.7 cores busy (the report's float and metric threads,
+# calibration's onnxruntime threads), so 2 workers take at best 1.7/2 of its time and add their start-up CPU
+# (a report of 200 images on 2 quiet cores: 0.95x the wall time of one process at 1.04x its CPU, bench/scale.py)
+MIN_WORKERS = 3
 
 
 @dataclass(frozen=True)
@@ -393,14 +398,16 @@ class LocalPool:
 
 def choose_workers(requested: Optional[int], images: int) -> int:
     """`requested` when given (--workers N); else the usable cores, but no more than one worker per
-    MIN_IMAGES_PER_WORKER images (at least 1): below that a worker's start-up costs more than it saves."""
+    MIN_IMAGES_PER_WORKER images (below that a worker's start-up costs more than it saves), and one process
+    where that leaves fewer than MIN_WORKERS workers (one process keeps about 1.7 cores busy already)."""
     if requested is not None:
         if requested > 1 and images < requested * MIN_IMAGES_PER_WORKER:
             warnings.warn(f"--workers {requested} on {images} samples: a worker's start-up is the work of 20-60 "
                           f"samples, so one process is likely faster below {requested * MIN_IMAGES_PER_WORKER} "
                           f"(without --workers ptq starts one per {MIN_IMAGES_PER_WORKER} samples)", Note)
         return requested
-    return max(1, min(usable_cores(), images // MIN_IMAGES_PER_WORKER))
+    workers = min(usable_cores(), images // MIN_IMAGES_PER_WORKER)
+    return workers if workers >= MIN_WORKERS else 1
 
 
 def add_parallel_arguments(parser) -> None:
@@ -408,7 +415,8 @@ def add_parallel_arguments(parser) -> None:
     group = parser.add_argument_group("scale-out (same result as one process)")
     group.add_argument("--workers", type=positive_workers, default=None, metavar="N",
                        help=f"worker processes, each on shards of the images (default: the usable cores, one "
-                       f"per {MIN_IMAGES_PER_WORKER} images: fewer images run in one process)")
+                       f"per {MIN_IMAGES_PER_WORKER} images, from {MIN_WORKERS} on: fewer images or cores run in "
+                       "one process)")
     group.add_argument("--ray", metavar="auto|ADDRESS|local",
                        help="run the shards as Ray tasks: on the cluster at ADDRESS, the running one ('auto'), or "
                        "a cluster started in this process ('local'); needs `pip install ptq[ray]`")
