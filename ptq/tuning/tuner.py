@@ -69,6 +69,7 @@ from ptq.calibration.steps import CalibrationState, RangeSearch
 from ptq.table.edit import with_float
 from ptq.tuning.defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
 from ptq.tuning.data import FitSamples, Samples, Score, Validation, fit_statistics, split_samples
+from ptq.tuning.early_stop import PassRule, hardest_first
 from ptq.tuning.shards import TunePool
 from ptq.engine.weight_scale_floor import floor_weight_scales
 from reports.build import build_report
@@ -91,6 +92,7 @@ class TuneStep:
     kept: bool
     int16: list[str] = field(default_factory=list)  # tensors this step moved to 16 bits
     float_layers: list[str] = field(default_factory=list)
+    scored: Optional[int] = None  # photos scored when the pass stopped, the step out of reach (None: all)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -183,7 +185,8 @@ class TuneResult:
         lines = [f"validation cosine ({held}) {self.baseline.mean:.5f} -> "
                  f"{self.cosine:.5f} +- {self.score.sem:.5f} ({goal}: {'reached' if self.reached else 'NOT reached'})"]
         for s in self.steps:
-            lines.append(f"  {'kept   ' if s.kept else 'dropped'} {s.change}: {s.cosine:.5f} ({s.gain:+.5f})")
+            lines.append(f"  {'kept   ' if s.kept else 'dropped'} {s.change}: {s.cosine:.5f} ({s.gain:+.5f})"
+                         + stopped_note(s.scored, self.validation_samples))
         acts = len(self.int16_activations)
         lines.append(f"{len(self.int16_tensors)} tensor(s) in 16 bits ({acts} activations, "
                      f"{len(self.int16_tensors) - acts} weights), {len(self.float_nodes)} node(s) in float")
@@ -191,6 +194,11 @@ class TuneResult:
         if self.qdq_shortfall:
             lines.append(f"warning: {self.qdq_shortfall}")
         return "\n".join(lines)
+
+
+def stopped_note(scored: Optional[int], photos: int) -> str:
+    """`, stopped after k of n photos: out of reach` for a pass stopped early (`ptq.tuning.early_stop`)."""
+    return "" if scored is None else f", stopped after {scored} of {photos} photos: out of reach"
 
 
 def per_channel_weights(graph: Graph, table: QuantTable) -> QuantTable:
@@ -342,10 +350,23 @@ class _Tuner:
         self.stats: Optional[dict] = None  # activation statistics of the fit samples, once collected
         self.saved: dict = {}  # the entry each 16-bit tensor had before it was widened
         self.state = _State(table, graph, self.measure(graph, table))
+        self.order = hardest_first(self.state.score.photo_means)  # the photos every later pass scores first
 
-    def measure(self, graph: Graph, table: QuantTable, float_layers: Sequence[str] = ()) -> Score:
+    def measure(self, graph: Graph, table: QuantTable, float_layers: Sequence[str] = (),
+                rule: Optional[PassRule] = None) -> Score:
+        """The validation score; with `rule`, stopped once out of its reach (`ptq.tuning.early_stop`)."""
         nodes = float_node_names(prepare(graph, table), list(float_layers)) if float_layers else []
-        return self.validation.cosine(graph, table, nodes)
+        if rule is None or not rule.order:  # no photo means from the first pass: no order to stop early in
+            return self.validation.cosine(graph, table, nodes)
+        return self.validation.cosine(graph, table, nodes, rule=rule)
+
+    def gain_rule(self) -> PassRule:
+        """A step is kept when it raises the mean by `min_gain`."""
+        return PassRule(self.state.score.mean + self.min_gain, 0.0, self.order)
+
+    def goal_rule(self) -> PassRule:
+        """The goal is reached when mean - z sem is at least it."""
+        return PassRule(self.goal, self.z, self.order)
 
     def reaches(self, score: Score) -> bool:
         return score.bound(self.z) >= self.goal
@@ -370,11 +391,12 @@ class _Tuner:
         """Measure `table` (whose grids differ from the current one's for `weights`); keep it if it gains."""
         state = self.state
         graph = self.graph_for(table, weights)
-        score = self.measure(graph, table, state.float_layers + list(float_layers))
+        score = self.measure(graph, table, state.float_layers + list(float_layers), self.gain_rule())
         gain = score.mean - state.score.mean
-        kept = gain >= self.min_gain
-        self.steps.append(TuneStep(change, score.mean, gain, kept, list(int16), list(float_layers)))
-        logger.info("%s: %.5f (%+.5f)%s", change, score.mean, gain, "" if kept else ", dropped")
+        kept = gain >= self.min_gain and score.scored is None
+        self.steps.append(TuneStep(change, score.mean, gain, kept, list(int16), list(float_layers), score.scored))
+        logger.info("%s: %.5f (%+.5f)%s%s", change, score.mean, gain, "" if kept else ", dropped",
+                    stopped_note(score.scored, len(self.order)))
         if kept:
             self.state = _State(table, graph, score, state.int16 + list(int16), state.float_layers + list(float_layers))
         return kept
@@ -407,11 +429,13 @@ class _Tuner:
         """Put `names` back to the original widths if the validation cosine stays at the goal."""
         table, weights = self.narrowed(names)
         graph = self.graph_for(table, weights)
-        score = self.measure(graph, table, self.state.float_layers)
-        kept = self.reaches(score)
+        score = self.measure(graph, table, self.state.float_layers, self.goal_rule())
+        kept = self.reaches(score) and score.scored is None
         bits = f"{self.original.options.bits}/{self.original.options.weight_bits}"
-        self.steps.append(TuneStep(f"back to {bits} bits: {label}", score.mean, score.mean - self.state.score.mean, kept))
-        logger.info("%s: %.5f%s", self.steps[-1].change, score.mean, "" if kept else ", kept in 16 bits")
+        self.steps.append(TuneStep(f"back to {bits} bits: {label}", score.mean, score.mean - self.state.score.mean, kept,
+                                   scored=score.scored))
+        logger.info("%s: %.5f%s%s", self.steps[-1].change, score.mean, "" if kept else ", kept in 16 bits",
+                    stopped_note(score.scored, len(self.order)))
         if kept:
             self.state = _State(table, graph, score, [n for n in self.state.int16 if n not in names],
                                 self.state.float_layers)
@@ -450,28 +474,52 @@ class _Tuner:
 
     def minimize(self, ranking: Sequence[str]) -> None:
         """Module docstring, item 5: the tensors the steps moved, and the layers, each bisected in the
-        ranking's order; the fewer 16-bit tensors kept."""
+        ranking's order; the fewer 16-bit tensors kept. The layers are tried only as far as they can keep
+        fewer: from the longest head of them with fewer 16-bit tensors than the first route kept (the
+        others 8-bit), not from every layer (`layer_head`)."""
         graph = self.state.graph
         self.shortest_head([[n] for n in by_ranking(self.state.int16, ranking, graph)], "16-bit tensors")
         kept = self.state
         units = layer_units(graph, self.original, ranking)
-        rest = [n for unit in units for n in unit if n not in kept.int16]
-        if len(units) < 2 or not rest:
+        head = layer_head(units, kept.int16)
+        if len(units) < 2 or head == 0:
             return
-        table, weights = self.widened(rest)
+        wide = [n for unit in units[:head] for n in unit]
+        narrow = [n for unit in units[head:] for n in unit if n in kept.int16]
+        table, weights = self.widened([n for n in wide if n not in kept.int16])
+        table = dataclasses.replace(table, tensors={**table.tensors, **{n: self.saved[n] for n in narrow}})
+        weights += [n for n in narrow if self.original.tensors[n].kind == "weight"]
         graph16 = self.graph_for(table, weights)
-        score = self.measure(graph16, table, kept.float_layers)
-        self.steps.append(TuneStep(f"int16: every layer ({len(units)}), to remove layer by layer", score.mean,
-                                   score.mean - kept.score.mean, self.reaches(score), list(rest)))
-        logger.info("%s: %.5f", self.steps[-1].change, score.mean)
-        if not self.reaches(score):
+        score = self.measure(graph16, table, kept.float_layers, self.goal_rule())
+        reached = self.reaches(score) and score.scored is None
+        self.steps.append(TuneStep(f"int16: the {head} most useful of {len(units)} layers, to remove layer by layer",
+                                   score.mean, score.mean - kept.score.mean, reached, list(wide), scored=score.scored))
+        logger.info("%s: %.5f%s", self.steps[-1].change, score.mean, stopped_note(score.scored, len(self.order)))
+        if not reached:
             return
-        self.state = _State(table, graph16, score, kept.int16 + rest, kept.float_layers)
-        self.shortest_head(units, "16-bit layers")
+        self.state = _State(table, graph16, score, [n for n in kept.int16 if n not in narrow] +
+                            [n for n in wide if n not in kept.int16], kept.float_layers)
+        self.shortest_head(units[:head], "16-bit layers")
         if len(self.state.int16) >= len(kept.int16):
             self.state = kept
             self.steps.append(TuneStep(f"back to the {len(kept.int16)} 16-bit tensors before the layers: fewer",
                                        kept.score.mean, 0.0, True))
+
+
+def layer_head(units: Sequence[Sequence[str]], int16: Sequence[str]) -> int:
+    """The most layer units, from the head of `units`, that keep fewer 16-bit tensors than `int16` (with those
+    of `int16` outside every unit, which the layers' route leaves in 16 bits): the layers' route keeps a
+    head of them only if it is shorter, and when reaching the goal is monotone in the head's length a
+    head at most this long reaches only if this one does."""
+    covered = {n for unit in units for n in unit}
+    count = len([n for n in int16 if n not in covered])
+    head = 0
+    for unit in units:
+        count += len(unit)
+        if count >= len(int16):
+            break
+        head += 1
+    return head
 
 
 def tune(graph: Graph, table: QuantTable, images: Samples, target: float, *, budget_int16: Optional[int] = None,
