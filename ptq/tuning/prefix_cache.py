@@ -39,60 +39,60 @@ class _Undigestible(TypeError):
     pass
 
 
-def _feed(h, obj) -> None:
-    """Feed `obj` to the digest `h`, structurally; raises `_Undigestible` for what has no stable content."""
+def _feed(parts: list, obj) -> None:
+    """Append `obj`'s content to `parts` (bytes), structurally; raises `_Undigestible` for what has no stable
+    content."""
     if obj is None or isinstance(obj, (bool, int, float, str, enum.Enum)):
-        h.update(f"{type(obj).__name__}:{obj!r};".encode())
+        parts.append(f"{type(obj).__name__}:{obj!r};".encode())
     elif isinstance(obj, np.dtype):
-        h.update(f"dtype:{obj.str};".encode())
+        parts.append(f"dtype:{obj.str};".encode())
     elif isinstance(obj, (np.ndarray, np.generic)):
         arr = np.ascontiguousarray(obj)
-        h.update(f"nd:{arr.dtype.str}:{arr.shape};".encode())
-        h.update(arr.tobytes())
+        parts.append(f"nd:{arr.dtype.str}:{arr.shape};".encode())
+        parts.append(arr.tobytes())
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        h.update(f"dc:{type(obj).__qualname__}(".encode())
+        parts.append(f"dc:{type(obj).__qualname__}(".encode())
         for f in dataclasses.fields(obj):
-            h.update(f"{f.name}=".encode())
-            _feed(h, getattr(obj, f.name))
-        h.update(b")")
+            parts.append(f"{f.name}=".encode())
+            _feed(parts, getattr(obj, f.name))
+        parts.append(b")")
     elif isinstance(obj, (list, tuple)):
-        h.update(f"seq:{len(obj)}[".encode())
+        parts.append(f"seq:{len(obj)}[".encode())
         for item in obj:
-            _feed(h, item)
-        h.update(b"]")
+            _feed(parts, item)
+        parts.append(b"]")
     elif isinstance(obj, dict):
-        h.update(f"map:{len(obj)}{{".encode())
+        parts.append(f"map:{len(obj)}{{".encode())
         for key in sorted(obj, key=repr):
-            _feed(h, key)
-            _feed(h, obj[key])
-        h.update(b"}")
+            _feed(parts, key)
+            _feed(parts, obj[key])
+        parts.append(b"}")
     else:
         raise _Undigestible(type(obj).__name__)
+
+
+def _digest(obj) -> Optional[bytes]:
+    parts: list = []
+    try:
+        _feed(parts, obj)
+    except _Undigestible:
+        return None
+    return hashlib.blake2b(b"".join(parts), digest_size=20).digest()
 
 
 def step_key(prepared: IntegerGraph, index: int) -> Optional[bytes]:
     """The digest of step `index`'s node, kind, qparams, quantized constants and the initializers it reads;
     None when something in it cannot be digested (it then matches no other step)."""
     step = prepared.steps[index]
-    h = hashlib.blake2b(digest_size=20)
-    try:
-        _feed(h, (step.node, step.kind, step.in_qparams, step.out_qparams, step.quantized, step.reason, step.control))
-        constants = prepared.graph.initializers
-        _feed(h, [constants[name] for name in step.node.all_inputs if name in constants])
-    except _Undigestible:
-        return None
-    return h.digest()
+    constants = prepared.graph.initializers
+    return _digest((step.node, step.kind, step.in_qparams, step.out_qparams, step.quantized, step.reason,
+                    step.control, [constants[name] for name in step.node.all_inputs if name in constants]))
 
 
 def input_key(prepared: IntegerGraph) -> Optional[bytes]:
-    """The digest of how the graph inputs enter (their names and qparams) and of the backend."""
-    h = hashlib.blake2b(digest_size=20)
-    try:
-        _feed(h, [(name, prepared.qparams.get(name)) for name in prepared.graph.inputs])
-        _feed(h, (type(prepared.backend).__qualname__, list(prepared.graph.outputs)))
-    except _Undigestible:
-        return None
-    return h.digest()
+    """The digest of how the graph inputs enter (their names and qparams), the backend and the outputs."""
+    return _digest(([(name, prepared.qparams.get(name)) for name in prepared.graph.inputs],
+                    type(prepared.backend).__qualname__, list(prepared.graph.outputs)))
 
 
 def live_tensors(prepared: IntegerGraph) -> list[frozenset]:
