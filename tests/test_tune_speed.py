@@ -186,3 +186,19 @@ def test_the_layers_route_measures_one_head_when_it_cannot_keep_fewer(tmp_path):
     assert len(layer_steps) == 1 and not layer_steps[0].kept
     assert layer_steps[0].change == "int16: the 1 most useful of 7 layers, to remove layer by layer"
     assert check.calls - calls == sum(1 for s in tuner.steps if s.change.startswith(("back", "int16")))
+
+
+def test_a_graph_with_re_corrected_biases_is_the_reloaded_one():
+    from ptq.calibration.adjustments import with_initializers
+    from ptq.tuning.tuner import with_biases
+
+    graph = load_model(chain())
+    biases = {"B1": np.linspace(-1, 1, 8).astype(np.float32), "B4": np.float32([0.5, 0.25, -0.125, 2.0])}
+    fast, reloaded = with_biases(graph, biases), load_model(with_initializers(graph.model, biases))
+    assert fast.initializers.keys() == reloaded.initializers.keys()
+    for name, value in reloaded.initializers.items():
+        assert fast.initializers[name].dtype == value.dtype and np.array_equal(fast.initializers[name], value)
+    assert [(n.name, n.op_type, n.inputs, n.outputs) for n in fast.nodes] == \
+        [(n.name, n.op_type, n.inputs, n.outputs) for n in reloaded.nodes]
+    assert fast.model.SerializeToString() == with_initializers(graph.model, biases).SerializeToString()
+    assert np.array_equal(graph.initializers["B1"], load_model(chain()).initializers["B1"])  # the source unchanged

@@ -9,8 +9,7 @@ tensors, instead of from the input.
 
 A step is the same as another when its *key* is: a digest of everything its outputs depend on besides its
 inputs' values (the node, how it runs, its input and output qparams, its quantized constants, the initializers
-it reads; `step_key`); a step holding something that cannot be digested (a control-flow step's subgraphs) has
-no key and matches nothing. The first changed step of a candidate is the first whose key differs from that of
+it reads; `step_key`); a step holding something that cannot be pickled has no key and matches nothing. The first changed step of a candidate is the first whose key differs from that of
 a pass kept here (the graph inputs' qparams first); the kept pass sharing the longest prefix is resumed from.
 The steps are deterministic functions of their inputs, so a resumed pass gives the full run's outputs bit for
 bit (tests compare them).
@@ -21,9 +20,8 @@ bundled model ~1 MB per sample and pass.
 """
 from __future__ import annotations
 
-import dataclasses
-import enum
 import hashlib
+import pickle
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -35,49 +33,15 @@ DEFAULT_CHECKPOINTS = 24  # per pass: where a later candidate may resume
 KEPT_PASSES = 3  # the current state, the candidate before and the one before it: a bisection alternates them
 
 
-class _Undigestible(TypeError):
-    pass
-
-
-def _feed(parts: list, obj) -> None:
-    """Append `obj`'s content to `parts` (bytes), structurally; raises `_Undigestible` for what has no stable
-    content."""
-    if obj is None or isinstance(obj, (bool, int, float, str, enum.Enum)):
-        parts.append(f"{type(obj).__name__}:{obj!r};".encode())
-    elif isinstance(obj, np.dtype):
-        parts.append(f"dtype:{obj.str};".encode())
-    elif isinstance(obj, (np.ndarray, np.generic)):
-        arr = np.ascontiguousarray(obj)
-        parts.append(f"nd:{arr.dtype.str}:{arr.shape};".encode())
-        parts.append(arr.tobytes())
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        parts.append(f"dc:{type(obj).__qualname__}(".encode())
-        for f in dataclasses.fields(obj):
-            parts.append(f"{f.name}=".encode())
-            _feed(parts, getattr(obj, f.name))
-        parts.append(b")")
-    elif isinstance(obj, (list, tuple)):
-        parts.append(f"seq:{len(obj)}[".encode())
-        for item in obj:
-            _feed(parts, item)
-        parts.append(b"]")
-    elif isinstance(obj, dict):
-        parts.append(f"map:{len(obj)}{{".encode())
-        for key in sorted(obj, key=repr):
-            _feed(parts, key)
-            _feed(parts, obj[key])
-        parts.append(b"}")
-    else:
-        raise _Undigestible(type(obj).__name__)
-
-
 def _digest(obj) -> Optional[bytes]:
-    parts: list = []
+    """A digest of `obj`'s pickle (numpy arrays, dataclasses and builtins pickle by value, in C): equal digests
+    mean equal contents; equal contents pickled with different sharing of sub-objects may differ, which only
+    loses a reuse. None when `obj` does not pickle."""
     try:
-        _feed(parts, obj)
-    except _Undigestible:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
         return None
-    return hashlib.blake2b(b"".join(parts), digest_size=20).digest()
+    return hashlib.blake2b(data, digest_size=20).digest()
 
 
 def step_key(prepared: IntegerGraph, index: int) -> Optional[bytes]:

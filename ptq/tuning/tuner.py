@@ -53,10 +53,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from onnx import numpy_helper
+
 from ops.registry import channel_groups, layer_kind
 from ptq.adjust.bias_correction import CORRECTED_LAYERS, mean_patches, recorrected_biases
 from ptq.calibration.adjustments import with_initializers
-from ptq.core.graph import Graph, load_model
+from ptq.core.graph import Graph
 from ptq.core.roles import LayerKind
 from ptq.engine.fused_layers import fused_output
 from ptq.engine.executor import prepare
@@ -194,6 +196,14 @@ class TuneResult:
         if self.qdq_shortfall:
             lines.append(f"warning: {self.qdq_shortfall}")
         return "\n".join(lines)
+
+
+def with_biases(graph: Graph, biases: dict) -> Graph:
+    """`graph` with the named initializers (re-corrected biases) replaced, in its model and as the values a
+    reload of that model reads; its nodes, shapes and everything else unchanged, not reloaded."""
+    model = with_initializers(graph.model, biases)
+    stored = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer if init.name in biases}
+    return dataclasses.replace(graph, model=model, initializers={**graph.initializers, **stored})
 
 
 def stopped_note(scored: Optional[int], photos: int) -> str:
@@ -384,7 +394,7 @@ class _Tuner:
                       and n.inputs[1] in self.original.tensors]
             self._patches = mean_patches(graph, layers, (x for _, x, _ in self.fit.samples(graph)))
         biases = recorrected_biases(graph, self.state.table, table, weights, self._patches)
-        return load_model(with_initializers(graph.model, biases), table.options.input_shapes) if biases else graph
+        return with_biases(graph, biases) if biases else graph
 
     def attempt(self, change: str, table: QuantTable, int16: Sequence[str] = (), float_layers: Sequence[str] = (),
                 weights: Sequence[str] = ()) -> bool:
