@@ -27,8 +27,10 @@ mean by at least `min_gain`:
 5. once the target is reached, the fewest 16-bit tensors that keep it (`minimize`), by two routes, the one
    with fewer 16-bit tensors kept: (a) the tensors the steps moved, ordered by the bottleneck ranking of the
    8-bit layers (isolated errors on the fit samples: the layers that lose most first), the shortest head of
-   that order that still reaches the goal, the others back at their 8-bit entries; (b) from every layer in
-   16 bits (its output and its weight), the shortest head of the layers in the ranking's order. A head is
+   that order that still reaches the goal, the others back at their 8-bit entries; (b) the shortest head of
+   the layers (each its output and its weight) in the ranking's order, searched only among the heads that
+   keep fewer 16-bit tensors than (a) did: from the longest of them in 16 bits (`layer_head`; when it does not
+   reach, no shorter one does, and (b) costs that one pass). A head is
    found by bisection on its length: log2(n) validation passes rather than n, and the shortest one when
    reaching the goal is monotone in the length (more 16-bit tensors, less error; otherwise a head that
    reaches, not always the shortest). The unit that ends a head is needed (the head without it did not
@@ -43,6 +45,11 @@ grid (`ptq.adjust.bias_correction.recorrected_biases`), so the tuned graph is re
 
 The passes over samples (the statistics, the ranking, each candidate's validation cosines) run in this
 process, or with `workers` > 1 or `ray` on a pool (`ptq.tuning.shards`) with the same result bit for bit.
+A candidate's validation pass scores the photos hardest first (by the first, full pass) and stops as soon as
+no cosines of the photos left could make it pass its rule (keep: the mean gains `min_gain`; undo: the goal is
+still reached), the same decision as the full pass (`ptq.tuning.early_stop`); a pass that is not stopped is
+the full pass bit for bit. Each sample's integer run resumes after the steps the candidate shares with a
+pass kept before (`ptq.tuning.prefix_cache`), with the same outputs bit for bit.
 """
 from __future__ import annotations
 
