@@ -202,3 +202,26 @@ def test_a_graph_with_re_corrected_biases_is_the_reloaded_one():
         [(n.name, n.op_type, n.inputs, n.outputs) for n in reloaded.nodes]
     assert fast.model.SerializeToString() == with_initializers(graph.model, biases).SerializeToString()
     assert np.array_equal(graph.initializers["B1"], load_model(chain()).initializers["B1"])  # the source unchanged
+
+
+def test_the_saved_tensors_stay_within_the_byte_limit(tmp_path):
+    graph, table, inputs = _chain_case(tmp_path)
+    prepared = prepare(graph, table)
+    free = PrefixCache(count=100)
+    run = free.runner(prepared)
+    for k, x in enumerate(inputs):
+        run.outputs(k, x)
+    per_sample = run.record.nbytes // len(inputs)
+    assert per_sample > 0
+    limited = PrefixCache(count=100, limit=per_sample * 2 + per_sample // 2)  # room for 2.5 samples' tensors
+    first = limited.runner(prepared)
+    for k, x in enumerate(inputs):
+        first.outputs(k, x)
+    assert first.record.nbytes <= limited.limit
+    full = [run.record.saved[k].keys() == first.record.saved[k].keys() for k in range(len(inputs))]
+    assert full[:2] == [True, True] and not any(full[3:])  # then only what fits: fewer checkpoints
+    other = prepare(graph, with_bits(table, ["out"], 16))
+    again = limited.runner(other)
+    for k, x in enumerate(inputs):  # samples without saved tensors run from the input, with the same outputs
+        assert np.array_equal(again.outputs(k, x)[graph.outputs[0]], other.run(x).outputs[graph.outputs[0]])
+    assert 0 < again.resumed_steps < again.prefix * len(inputs)

@@ -15,8 +15,8 @@ The steps are deterministic functions of their inputs, so a resumed pass gives t
 bit (tests compare them).
 
 What it costs: the live tensors at the checkpoints, per sample and kept pass (`KEPT_PASSES`, the most
-recent), at most `DEFAULT_CHECKPOINTS` checkpoints spread over the steps; codes are 8 or 16 bits, so on the
-bundled model ~1 MB per sample and pass.
+recent), at most `DEFAULT_CHECKPOINTS` checkpoints spread over the steps, and no more than `DEFAULT_LIMIT`
+bytes in all (a checkpoint that would pass it is not saved: a later pass resumes from an earlier one).
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from ptq.engine.executor import IntegerGraph
 
 DEFAULT_CHECKPOINTS = 24  # per pass: where a later candidate may resume
 KEPT_PASSES = 3  # the current state, the candidate before and the one before it: a bisection alternates them
+DEFAULT_LIMIT = 1 << 30  # bytes of saved tensors, all kept passes together: a checkpoint past it is not saved
 
 
 def _digest(obj) -> Optional[bytes]:
@@ -98,6 +99,7 @@ class _Pass:
 
     keys: list
     saved: dict = field(default_factory=dict)
+    nbytes: int = 0  # of the arrays in `saved` (those shared with the pass it resumed from included)
 
 
 @dataclass
@@ -110,6 +112,7 @@ class PrefixRun:
     prefix: int  # steps before this index are those of `source`
     source: Optional[_Pass]
     record: _Pass
+    room: int  # bytes `record` may hold
     resumed_steps: int = 0  # steps skipped over the samples run (for the tests and the bench)
 
     def outputs(self, sample: int, inputs: dict) -> dict[str, np.ndarray]:
@@ -121,12 +124,17 @@ class PrefixRun:
                 start, values = index, dict(inherited[index])
                 break
         mine = {i: v for i, v in inherited.items() if i <= start}
+        self.record.nbytes += sum(a.nbytes for v in mine.values() for a in v.values())
         if values is None:
             values = self.prepared.quantized_inputs(inputs)
 
         def keep(index: int, held: dict) -> None:
             if index in self.marks and index > start:
-                mine[index] = {name: held[name] for name in self.live[index]}
+                tensors = {name: held[name] for name in self.live[index]}
+                size = sum(a.nbytes for a in tensors.values())
+                if self.record.nbytes + size <= self.room:
+                    mine[index] = tensors
+                    self.record.nbytes += size
 
         result = self.prepared.run_from(values, start, keep)
         self.record.saved[sample] = mine
@@ -140,6 +148,7 @@ class PrefixCache:
 
     kept: int = KEPT_PASSES
     count: int = DEFAULT_CHECKPOINTS
+    limit: int = DEFAULT_LIMIT  # bytes all kept passes may hold together
     passes: list = field(default_factory=list)
     current: Optional[PrefixRun] = None
 
@@ -160,8 +169,9 @@ class PrefixCache:
         record = _Pass(keys)
         self.passes = (self.passes + [record])[-self.kept:]
         live = live_tensors(prepared)
+        room = self.limit - sum(p.nbytes for p in self.passes[:-1])
         # keys[0] is the inputs': `prefix` keys shared = the inputs and steps before index prefix - 1
-        return PrefixRun(prepared, live, checkpoints(live, self.count), max(prefix - 1, 0), best, record)
+        return PrefixRun(prepared, live, checkpoints(live, self.count), max(prefix - 1, 0), best, record, room)
 
 
 def _shared_prefix(a: list, b: list) -> int:
