@@ -225,3 +225,25 @@ def test_the_saved_tensors_stay_within_the_byte_limit(tmp_path):
     for k, x in enumerate(inputs):  # samples without saved tensors run from the input, with the same outputs
         assert np.array_equal(again.outputs(k, x)[graph.outputs[0]], other.run(x).outputs[graph.outputs[0]])
     assert 0 < again.resumed_steps < again.prefix * len(inputs)
+
+
+def test_on_the_bundled_model_a_resumed_pass_is_the_full_run(tmp_path, model_path, calib_dir):
+    from ptq.data.image_source import ImageSet
+    from ptq.data.images import Preprocess
+
+    calibrate(model_path, calib_dir, tmp_path, num_images=3, write_qdq=False)
+    table, graph = load_quant_table(tmp_path / "efficientnet_lite0.quant.json"), load_model(model_path)
+    samples = [x for _, x, _ in ImageSet.from_folder(calib_dir, Preprocess(), limit=2).samples(graph)]
+    base = prepare(graph, table)
+    late = next(out for step in base.steps[40:] for out in step.node.outputs if out in table.tensors)
+    other = prepare(graph, with_bits(table, [late], 16))  # a tensor two thirds down the graph in 16 bits
+    cache = PrefixCache()
+    first = cache.runner(base)
+    for k, x in enumerate(samples):
+        first.outputs(k, x)
+    run = cache.runner(other)
+    assert run.prefix >= 40
+    for k, x in enumerate(samples):
+        got, want = run.outputs(k, x), other.run(x, keep_all=False).outputs
+        assert all(np.array_equal(got[n], want[n]) for n in want)
+    assert run.resumed_steps >= 2 * 30  # resumed past most of the shared steps
