@@ -276,6 +276,39 @@ class IntegerGraph:
             kept.setdefault(name, value)
         return IntRunResult(float_out, kept, dict(self.qparams), dict(runtime.overflows), self.float_nodes)
 
+    def quantized_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The graph inputs as the first step reads them (codes of quantized inputs), after `check_inputs`."""
+        self.check_inputs(inputs)
+        return {name: (qp.quantize(inputs[name]) if (qp := self.qparams.get(name)) is not None else inputs[name])
+                for name in self.graph.inputs}
+
+    def run_from(self, values: dict[str, np.ndarray], start: int,
+                 before_step: Optional[Callable[[int, dict[str, np.ndarray]], None]] = None) -> dict[str, np.ndarray]:
+        """Run steps `start`.. on `values`, the tensors live before step `start` (`quantized_inputs` for 0),
+        dropping each intermediate after its last reader as `run(keep_all=False)` does; `before_step(index,
+        values)` is called before each step from `start` on. Returns the graph outputs, dequantized, as
+        `run(...).outputs`: the same arrays bit for bit when `values` are what a run holds before `start`."""
+        runtime = IntRuntime(backend=self.backend)
+        constants = self.graph.initializers
+        outputs = set(self.graph.outputs)
+        with first_run_notice():
+            for index in range(start, len(self.steps)):
+                if before_step is not None:
+                    before_step(index, values)
+                node = self.steps[index].node
+                args = [(values[i] if i in values else constants[i]) if i else None for i in node.all_inputs]
+                values.update((name, value) for name, value in
+                              zip(node.outputs, self._execute(self.steps[index], args, runtime)) if name)
+                for name in node.all_inputs:
+                    if name and self.last_use.get(name) == index and name not in outputs:
+                        values.pop(name, None)
+        float_out = {}
+        for name in self.graph.outputs:
+            value = values[name] if name in values else constants[name]
+            qp = self.qparams.get(name)
+            float_out[name] = qp.dequantize(value) if qp is not None and name not in constants else value
+        return float_out
+
     def _execute(self, step: Step, args: list, runtime: IntRuntime) -> list[np.ndarray]:
         node = step.node
         if step.kind is NodeKind.CONTROL:

@@ -45,8 +45,8 @@ user's callable and reads every output), whatever the scorer.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Iterator, Mapping, Optional, Protocol, Sequence, Union
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping, Optional, Protocol, Sequence, Union
 
 import numpy as np
 from tqdm import tqdm
@@ -61,7 +61,9 @@ from ptq.data.images import decode_image, preprocess_array
 from ptq.data.samples import ImageFormat
 from ptq.data.views import views as photo_views
 from ptq.data.image_source import ArraySamples, ImageSet
+from ptq.tuning.early_stop import PassRule
 from ptq.tuning.metric import MetricReference, MetricScore, MetricTarget, ValidationSample
+from ptq.tuning.prefix_cache import PrefixCache
 
 Samples = Union[ImageSet, ArraySamples]
 
@@ -109,7 +111,8 @@ def split_samples(samples: Samples, fraction: float) -> tuple[Samples, Samples]:
 
 
 class Scorer(Protocol):
-    def cosines(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str]) -> list[float]: ...
+    def cosines(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str],
+                samples: Optional[Sequence[int]] = None) -> list[float]: ...
 
 
 def sample_cosine(reference: np.ndarray, output: np.ndarray) -> float:
@@ -123,7 +126,8 @@ class Validation:
     """Validation samples (inputs by name) and the reference model's first output on each (computed once);
     `groups`: the photo each sample is a view of (None: every sample its own photo); `progress`: a progress
     bar per pass over them; `scorer`: where the cosines are computed (None: here); `metric`: the user's metric
-    and the reference model's on each sample (None: the cosine alone)."""
+    and the reference model's on each sample (None: the cosine alone); `prefix`: the passes kept to resume later
+    ones from (`ptq.tuning.prefix_cache`; None: every pass from the input)."""
 
     inputs: list[dict]
     reference: list[np.ndarray]
@@ -131,6 +135,7 @@ class Validation:
     groups: Optional[list[int]] = None
     scorer: Optional[Scorer] = None
     metric: Optional[MetricReference] = None
+    prefix: Optional[PrefixCache] = field(default_factory=PrefixCache)
 
     @classmethod
     def create(cls, reference_graph: Graph, samples: Samples, progress: bool = False,
@@ -171,24 +176,66 @@ class Validation:
     def __len__(self) -> int:
         return len(self.inputs)
 
+    def photo_samples(self) -> list[list[int]]:
+        """The sample indices of each photo, photos in `Score`'s order (ascending group label)."""
+        if self.groups is None:
+            return [[k] for k in range(len(self))]
+        by_photo: dict[int, list[int]] = {}
+        for k, photo in enumerate(self.groups):
+            by_photo.setdefault(photo, []).append(k)
+        return [by_photo[p] for p in sorted(by_photo)]
+
+    def sample_runner(self, graph: Graph, table: QuantTable,
+                      float_nodes: Sequence[str] = ()) -> Callable[[Sequence[int]], list[float]]:
+        """A function of sample indices giving their cosines through the integer graph of `graph` and `table`
+        (prepared once, here or by the scorer)."""
+        if self.scorer is not None:
+            return lambda samples: self.scorer.cosines(graph, table, float_nodes, samples)
+        prepared = prepare(graph, table, float_nodes=float_nodes)
+        return lambda samples: self.run(prepared, graph.outputs[0], samples)
+
     def cosines(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str] = ()) -> list[float]:
         """Per validation sample, in order: the cosine of the integer graph's first output."""
-        if self.scorer is not None and self.metric is None:
-            return self.scorer.cosines(graph, table, float_nodes)
-        return self.run(prepare(graph, table, float_nodes=float_nodes), graph.outputs[0], range(len(self)))
+        return self.sample_runner(graph, table, float_nodes)(range(len(self)))
 
     def run(self, prepared: IntegerGraph, output: str, samples: Sequence[int]) -> list[float]:
-        """The cosines of the listed samples (by index) through `prepared`, whose `output` is compared."""
+        """The cosines of the listed samples (by index) through `prepared`, whose `output` is compared; with a
+        `prefix` cache, each sample resumed after the steps an earlier pass shares (the same values)."""
         values = []
+        runner = self.prefix.runner(prepared) if self.prefix is not None else None
         for k in tqdm(samples, unit="img", desc="tune", disable=None if self.progress else True, leave=False):
-            y = prepared.run(self.inputs[k], keep_all=False).outputs[output].astype(np.float64).ravel()
-            values.append(sample_cosine(self.reference[k], y))
+            outputs = runner.outputs(k, self.inputs[k]) if runner is not None else \
+                prepared.run(self.inputs[k], keep_all=False).outputs
+            values.append(sample_cosine(self.reference[k], outputs[output].astype(np.float64).ravel()))
         return values
 
-    def cosine(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str] = ()) -> "Score":
-        """The score of the integer graph with `table` (with a metric, its metric too, from one pass here)."""
-        if self.metric is None:
+    def cosine(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str] = (),
+               rule: Optional[PassRule] = None) -> "Score":
+        """The score of the integer graph; with `rule`, photo by photo in its order, stopped as soon as the
+        candidate cannot pass it (`ptq.tuning.early_stop`: the score then covers the photos scored, `scored` of
+        them). A pass not stopped is the full pass, bit for bit. With a metric: one full pass here, scored on both
+        (a stop rule bounds the cosine alone)."""
+        if self.metric is not None:
+            return self._metric_pass(graph, table, float_nodes)
+        if rule is None or not rule.order:
             return Score.of(self.cosines(graph, table, float_nodes), self.groups)
+        run = self.sample_runner(graph, table, float_nodes)
+        photos = self.photo_samples()
+        values: dict[int, float] = {}
+        known: list[float] = []
+        for done, photo in enumerate(rule.order, 1):
+            index = photos[photo]
+            values.update(zip(index, run(index)))
+            known.append(float(np.mean([values[k] for k in index])))
+            if done < len(photos) and rule.out_of_reach(known, len(photos)):
+                scored = sorted(k for p in rule.order[:done] for k in photos[p])
+                score = Score.of([values[k] for k in scored],
+                                 None if self.groups is None else [self.groups[k] for k in scored])
+                return dataclasses.replace(score, scored=done)
+        return Score.of([values[k] for k in range(len(self))], self.groups)
+
+    def _metric_pass(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str]) -> "Score":
+        """One full pass here, each sample scored on the cosine and the metric (`measure`)."""
         prepared = prepare(graph, table, float_nodes=float_nodes)
         measured = []
         for k in tqdm(range(len(self)), unit="img", desc="tune", disable=None if self.progress else True,
@@ -215,11 +262,15 @@ class Validation:
 @dataclass(frozen=True)
 class Score:
     """The mean per-photo cosine and its standard error over photos (sample std / sqrt(n); 0 for one photo):
-    a photo's cosine is the mean over its views (module docstring, "How it is bounded"); `metric`: the user's
-    metric over the same samples, when the validation has one."""
+    a photo's cosine is the mean over its views (module docstring, "How it is bounded"). `photo_means`: each
+    photo's cosine, in photo order; `scored`: the photos scored when the pass stopped early, out of reach of
+    its rule (`Validation.cosine`; then mean and sem are those of the photos scored), None for a full pass;
+    `metric`: the user's metric over the same samples, when the validation has one."""
 
     mean: float
     sem: float
+    photo_means: tuple = field(default=(), compare=False)
+    scored: Optional[int] = None
     metric: Optional[MetricScore] = None
 
     @classmethod
@@ -231,7 +282,8 @@ class Score:
                 raise ValueError(f"{len(v)} values but {len(groups)} group labels")
             _, index = np.unique(np.asarray(groups), return_inverse=True)
             v = np.bincount(index, weights=v) / np.bincount(index)
-        return cls(float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0)
+        return cls(float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0,
+                   tuple(float(x) for x in v))
 
     def bound(self, z: float) -> float:
         """mean - z * sem: what the mean on other photos of the same kind stays above, at z standard errors."""

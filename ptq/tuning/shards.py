@@ -189,6 +189,7 @@ class TunePool:
                       fit.labels if files else None, dataclasses.replace(validation, progress=False, scorer=None))
         self.runner = make_runner(job, workers, ray)
         self._last: tuple[Graph, GraphVersion] = (graph, GraphVersion())
+        self._candidate: Optional[tuple] = None  # (graph, table, float nodes, its ScoreCall) last scored
 
     def __enter__(self) -> "TunePool":
         self.runner.__enter__()
@@ -211,16 +212,24 @@ class TunePool:
             raise ValueError("a TunePool runs its passes over the fit samples it was made for")
         return isinstance(samples, ImageSet)
 
-    def cosines(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str] = ()) -> list[float]:
-        """`Validation.cosines`, one item per sample, in sample order."""
-        call = ScoreCall(self.version(graph), uuid.uuid4().hex, table, tuple(float_nodes))
+    def cosines(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str] = (),
+                samples: Optional[Sequence[int]] = None) -> list[float]:
+        """`Validation.cosines` of `samples` (indices; None: all), one item per sample, in their order. Calls
+        for the same graph, table and float nodes (the photos of one candidate, `Validation.cosine` with a
+        rule) are one candidate: a worker prepares its integer graph once."""
+        candidate = (graph, table, tuple(float_nodes))
+        last = self._candidate
+        if last is None or last[0] is not graph or last[1] is not table or last[2] != candidate[2]:
+            self._candidate = (*candidate, ScoreCall(self.version(graph), uuid.uuid4().hex, table, candidate[2]))
+        call = self._candidate[3]
+        index = list(range(self.samples)) if samples is None else list(samples)
         values: dict[int, float] = {}
-        with tqdm(total=self.samples, unit="img", desc="tune", disable=None if self.progress else True,
+        with tqdm(total=len(index), unit="img", desc="tune", disable=None if self.progress else True,
                   leave=False) as bar:
-            for (_, k), result in self.runner.map([(call, k) for k in range(self.samples)]):
+            for (_, k), result in self.runner.map([(call, k) for k in index]):
                 values[k] = result.payload[0]
                 bar.update(1)
-        return [values[k] for k in range(self.samples)]
+        return [values[k] for k in index]
 
     def statistics(self, graph: Graph, fit: Samples, calibrators: Sequence[str]) -> dict:
         """`ptq.tuning.data.fit_statistics`."""

@@ -27,8 +27,10 @@ mean by at least `min_gain`:
 5. once the target is reached, the fewest 16-bit tensors that keep it (`minimize`), by two routes, the one
    with fewer 16-bit tensors kept: (a) the tensors the steps moved, ordered by the bottleneck ranking of the
    8-bit layers (isolated errors on the fit samples: the layers that lose most first), the shortest head of
-   that order that still reaches the goal, the others back at their 8-bit entries; (b) from every layer in
-   16 bits (its output and its weight), the shortest head of the layers in the ranking's order. A head is
+   that order that still reaches the goal, the others back at their 8-bit entries; (b) the shortest head of
+   the layers (each its output and its weight) in the ranking's order, searched only among the heads that
+   keep fewer 16-bit tensors than (a) did: from the longest of them in 16 bits (`layer_head`; when it does not
+   reach, no shorter one does, and (b) costs that one pass). A head is
    found by bisection on its length: log2(n) validation passes rather than n, and the shortest one when
    reaching the goal is monotone in the length (more 16-bit tensors, less error; otherwise a head that
    reaches, not always the shortest). The unit that ends a head is needed (the head without it did not
@@ -43,6 +45,11 @@ grid (`ptq.adjust.bias_correction.recorrected_biases`), so the tuned graph is re
 
 The passes over samples (the statistics, the ranking, each candidate's validation cosines) run in this
 process, or with `workers` > 1 or `ray` on a pool (`ptq.tuning.shards`) with the same result bit for bit.
+A candidate's validation pass scores the photos hardest first (by the first, full pass) and stops as soon as
+no cosines of the photos left could make it pass its rule (keep: the mean gains `min_gain`; undo: the goal is
+still reached), the same decision as the full pass (`ptq.tuning.early_stop`); a pass that is not stopped is
+the full pass bit for bit. Each sample's integer run resumes after the steps the candidate shares with a
+pass kept before (`ptq.tuning.prefix_cache`), with the same outputs bit for bit.
 """
 from __future__ import annotations
 
@@ -53,10 +60,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from onnx import numpy_helper
+
 from ops.registry import channel_groups, layer_kind
 from ptq.adjust.bias_correction import CORRECTED_LAYERS, mean_patches, recorrected_biases
 from ptq.calibration.adjustments import with_initializers
-from ptq.core.graph import Graph, load_model
+from ptq.core.graph import Graph
 from ptq.core.roles import LayerKind
 from ptq.engine.fused_layers import fused_output
 from ptq.engine.executor import prepare
@@ -69,6 +78,7 @@ from ptq.calibration.steps import CalibrationState, RangeSearch
 from ptq.table.edit import with_float
 from ptq.tuning.defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
 from ptq.tuning.data import FitSamples, Samples, Score, Validation, fit_statistics, split_samples
+from ptq.tuning.early_stop import PassRule, hardest_first
 from ptq.tuning.export_alignment import aligned_for_export
 from ptq.tuning.goal import Goal
 from ptq.tuning.metric import MetricTarget
@@ -97,6 +107,7 @@ class TuneStep:
     kept: bool
     int16: list[str] = field(default_factory=list)  # tensors this step moved to 16 bits
     float_layers: list[str] = field(default_factory=list)
+    scored: Optional[int] = None  # photos scored when the pass stopped, the step out of reach (None: all)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -191,7 +202,8 @@ class TuneResult:
             lines.append(f"validation {start.name} {start.over()} (coarse: one {unit} is {1 / start.photos:.3f}): "
                          f"{start.value:.4f} -> {end.value:.4f}, float model {end.reference:.4f}")
         for s in self.steps:
-            lines.append(f"  {'kept   ' if s.kept else 'dropped'} {s.change}: {s.cosine:.5f} ({s.gain:+.5f})")
+            lines.append(f"  {'kept   ' if s.kept else 'dropped'} {s.change}: {s.cosine:.5f} ({s.gain:+.5f})"
+                         + stopped_note(s.scored, self.validation_samples))
         acts = len(self.int16_activations)
         lines.append(f"{len(self.int16_tensors)} tensor(s) in 16 bits ({acts} activations, "
                      f"{len(self.int16_tensors) - acts} weights), {len(self.float_nodes)} node(s) in float")
@@ -208,6 +220,19 @@ class TuneResult:
             lines.append(f"target NOT reached: the integer graph: {'; '.join(missed)}" if missed else
                          f"target reached by the integer graph{unchecked}")
         return "\n".join(lines)
+
+
+def with_biases(graph: Graph, biases: dict) -> Graph:
+    """`graph` with the named initializers (re-corrected biases) replaced, in its model and as the values a
+    reload of that model reads; its nodes, shapes and everything else unchanged, not reloaded."""
+    model = with_initializers(graph.model, biases)
+    stored = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer if init.name in biases}
+    return dataclasses.replace(graph, model=model, initializers={**graph.initializers, **stored})
+
+
+def stopped_note(scored: Optional[int], photos: int) -> str:
+    """`, stopped after k of n photos: out of reach` for a pass stopped early (`ptq.tuning.early_stop`)."""
+    return "" if scored is None else f", stopped after {scored} of {photos} photos: out of reach"
 
 
 def per_channel_weights(graph: Graph, table: QuantTable) -> QuantTable:
@@ -362,10 +387,23 @@ class _Tuner:
         self.stats: Optional[dict] = None  # activation statistics of the fit samples, once collected
         self.saved: dict = {}  # the entry each 16-bit tensor had before it was widened
         self.state = _State(table, graph, self.measure(graph, table))
+        self.order = hardest_first(self.state.score.photo_means)  # the photos every later pass scores first
 
-    def measure(self, graph: Graph, table: QuantTable, float_layers: Sequence[str] = ()) -> Score:
+    def measure(self, graph: Graph, table: QuantTable, float_layers: Sequence[str] = (),
+                rule: Optional[PassRule] = None) -> Score:
+        """The validation score; with `rule`, stopped once out of its reach (`ptq.tuning.early_stop`)."""
         nodes = float_node_names(prepare(graph, table), list(float_layers)) if float_layers else []
-        return self.validation.cosine(graph, table, nodes)
+        if rule is None or not rule.order:  # no photo means from the first pass: no order to stop early in
+            return self.validation.cosine(graph, table, nodes)
+        return self.validation.cosine(graph, table, nodes, rule=rule)
+
+    def gain_rule(self) -> PassRule:
+        """A step is kept when it raises the mean by `min_gain`."""
+        return PassRule(self.state.score.mean + self.min_gain, 0.0, self.order)
+
+    def goal_rule(self) -> Optional[PassRule]:
+        """The cosine goal is reached when mean - z sem is at least it (None: no cosine target to stop on)."""
+        return None if self.aim.bound is None else PassRule(self.aim.bound, self.aim.z, self.order)
 
     def reaches(self, score: Score) -> bool:
         return self.aim.reaches(score)
@@ -383,18 +421,19 @@ class _Tuner:
                       and n.inputs[1] in self.original.tensors]
             self._patches = mean_patches(graph, layers, (x for _, x, _ in self.fit.samples(graph)))
         biases = recorrected_biases(graph, self.state.table, table, weights, self._patches)
-        return load_model(with_initializers(graph.model, biases), table.options.input_shapes) if biases else graph
+        return with_biases(graph, biases) if biases else graph
 
     def attempt(self, change: str, table: QuantTable, int16: Sequence[str] = (), float_layers: Sequence[str] = (),
                 weights: Sequence[str] = ()) -> bool:
         """Measure `table` (whose grids differ from the current one's for `weights`); keep it if it gains."""
         state = self.state
         graph = self.graph_for(table, weights)
-        score = self.measure(graph, table, state.float_layers + list(float_layers))
+        score = self.measure(graph, table, state.float_layers + list(float_layers), self.gain_rule())
         gain = score.mean - state.score.mean
-        kept = gain >= self.min_gain
-        self.steps.append(TuneStep(change, score.mean, gain, kept, list(int16), list(float_layers)))
-        logger.info("%s: %.5f (%+.5f)%s", change, score.mean, gain, "" if kept else ", dropped")
+        kept = gain >= self.min_gain and score.scored is None
+        self.steps.append(TuneStep(change, score.mean, gain, kept, list(int16), list(float_layers), score.scored))
+        logger.info("%s: %.5f (%+.5f)%s%s", change, score.mean, gain, "" if kept else ", dropped",
+                    stopped_note(score.scored, len(self.order)))
         if kept:
             self.state = _State(table, graph, score, state.int16 + list(int16), state.float_layers + list(float_layers))
         return kept
@@ -427,11 +466,13 @@ class _Tuner:
         """Put `names` back to the original widths if the validation cosine stays at the goal."""
         table, weights = self.narrowed(names)
         graph = self.graph_for(table, weights)
-        score = self.measure(graph, table, self.state.float_layers)
-        kept = self.reaches(score)
+        score = self.measure(graph, table, self.state.float_layers, self.goal_rule())
+        kept = self.reaches(score) and score.scored is None
         bits = f"{self.original.options.bits}/{self.original.options.weight_bits}"
-        self.steps.append(TuneStep(f"back to {bits} bits: {label}", score.mean, score.mean - self.state.score.mean, kept))
-        logger.info("%s: %.5f%s", self.steps[-1].change, score.mean, "" if kept else ", kept in 16 bits")
+        self.steps.append(TuneStep(f"back to {bits} bits: {label}", score.mean, score.mean - self.state.score.mean, kept,
+                                   scored=score.scored))
+        logger.info("%s: %.5f%s%s", self.steps[-1].change, score.mean, "" if kept else ", kept in 16 bits",
+                    stopped_note(score.scored, len(self.order)))
         if kept:
             self.state = _State(table, graph, score, [n for n in self.state.int16 if n not in names],
                                 self.state.float_layers)
@@ -470,28 +511,52 @@ class _Tuner:
 
     def minimize(self, ranking: Sequence[str]) -> None:
         """Module docstring, item 5: the tensors the steps moved, and the layers, each bisected in the
-        ranking's order; the fewer 16-bit tensors kept."""
+        ranking's order; the fewer 16-bit tensors kept. The layers are tried only as far as they can keep
+        fewer: from the longest head of them with fewer 16-bit tensors than the first route kept (the
+        others 8-bit), not from every layer (`layer_head`)."""
         graph = self.state.graph
         self.shortest_head([[n] for n in by_ranking(self.state.int16, ranking, graph)], "16-bit tensors")
         kept = self.state
         units = layer_units(graph, self.original, ranking)
-        rest = [n for unit in units for n in unit if n not in kept.int16]
-        if len(units) < 2 or not rest:
+        head = layer_head(units, kept.int16)
+        if len(units) < 2 or head == 0:
             return
-        table, weights = self.widened(rest)
+        wide = [n for unit in units[:head] for n in unit]
+        narrow = [n for unit in units[head:] for n in unit if n in kept.int16]
+        table, weights = self.widened([n for n in wide if n not in kept.int16])
+        table = dataclasses.replace(table, tensors={**table.tensors, **{n: self.saved[n] for n in narrow}})
+        weights += [n for n in narrow if self.original.tensors[n].kind == "weight"]
         graph16 = self.graph_for(table, weights)
-        score = self.measure(graph16, table, kept.float_layers)
-        self.steps.append(TuneStep(f"int16: every layer ({len(units)}), to remove layer by layer", score.mean,
-                                   score.mean - kept.score.mean, self.reaches(score), list(rest)))
-        logger.info("%s: %.5f", self.steps[-1].change, score.mean)
-        if not self.reaches(score):
+        score = self.measure(graph16, table, kept.float_layers, self.goal_rule())
+        reached = self.reaches(score) and score.scored is None
+        self.steps.append(TuneStep(f"int16: the {head} most useful of {len(units)} layers, to remove layer by layer",
+                                   score.mean, score.mean - kept.score.mean, reached, list(wide), scored=score.scored))
+        logger.info("%s: %.5f%s", self.steps[-1].change, score.mean, stopped_note(score.scored, len(self.order)))
+        if not reached:
             return
-        self.state = _State(table, graph16, score, kept.int16 + rest, kept.float_layers)
-        self.shortest_head(units, "16-bit layers")
+        self.state = _State(table, graph16, score, [n for n in kept.int16 if n not in narrow] +
+                            [n for n in wide if n not in kept.int16], kept.float_layers)
+        self.shortest_head(units[:head], "16-bit layers")
         if len(self.state.int16) >= len(kept.int16):
             self.state = kept
             self.steps.append(TuneStep(f"back to the {len(kept.int16)} 16-bit tensors before the layers: fewer",
                                        kept.score.mean, 0.0, True))
+
+
+def layer_head(units: Sequence[Sequence[str]], int16: Sequence[str]) -> int:
+    """The most layer units, from the head of `units`, that keep fewer 16-bit tensors than `int16` (with those
+    of `int16` outside every unit, which the layers' route leaves in 16 bits): the layers' route keeps a
+    head of them only if it is shorter, and when reaching the goal is monotone in the head's length a
+    head at most this long reaches only if this one does."""
+    covered = {n for unit in units for n in unit}
+    count = len([n for n in int16 if n not in covered])
+    head = 0
+    for unit in units:
+        count += len(unit)
+        if count >= len(int16):
+            break
+        head += 1
+    return head
 
 
 def tune(graph: Graph, table: QuantTable, images: Samples, target: Optional[float], *,
