@@ -70,9 +70,9 @@ def test_top1_accuracy_and_the_targets_refuse_what_they_cannot_mean():
 
 def test_the_goal_names_what_the_metric_misses_by_how_much_and_over_how_many_samples():
     goal = Goal(None, metric=accuracy_target(0.05))
-    within = Score(0.99, 0.001, MetricScore("top-1 accuracy", 0.80, 0.85, 20, 20))
+    within = Score(0.99, 0.001, metric=MetricScore("top-1 accuracy", 0.80, 0.85, 20, 20))
     assert goal.reaches(within) and goal.shortfalls(within) == []
-    beyond = Score(0.99, 0.001, MetricScore("top-1 accuracy", 0.70, 0.85, 140, 20))
+    beyond = Score(0.99, 0.001, metric=MetricScore("top-1 accuracy", 0.70, 0.85, 140, 20))
     assert goal.shortfalls(beyond) == ["top-1 accuracy 0.7000 against float 0.8500 over 20 photos, 140 samples with "
                                        "their views: drop 0.1500 > 0.05 (0.1000 short)"]
     both = Goal(0.999, metric=accuracy_target(0.05))  # both targets must hold
