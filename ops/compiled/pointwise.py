@@ -25,6 +25,7 @@ from typing import Optional
 import numpy as np
 
 from ops.backend import dtype_absmax
+from ops.compiled.int_dense import dense_acc, dense_codes, dense_operands, zero_point
 from ops.compiled.layout import channels_first, channels_last
 from ops.compiled.requant import finish, finish_lanes, pack_stage
 from ops.compiled.scratch import scratch
@@ -66,11 +67,15 @@ def gemm_dense(a: np.ndarray, q, acc_bits: Optional[int]) -> Optional[tuple[np.n
     the bound needs int64 or the bias is not one value per output column."""
     if a.ndim != 2 or a.dtype.kind not in "iu" or np.ndim(q.bias) > 1:
         return None
+    za = int(q.in_qparams[0].zero_point[0])
+    ops = dense_operands(q, q.weight.T) if a.dtype.itemsize == 1 else None
+    if ops is not None:
+        offset = _cached((id(q), "int", zero_point(a, za)), q, lambda: q.bias - zero_point(a, za) * ops.weight_sum)
+        return finish(dense_acc(a, ops), offset, q.stage, acc_bits)
     bound = dtype_absmax(a) * _column_l1(q)
     if bound > FLOAT64_EXACT:
         return None
     ftype = np.float32 if bound <= FLOAT32_EXACT else np.float64
-    za = int(q.in_qparams[0].zero_point[0])
     weight = _cached((id(q), ftype), q, lambda: np.ascontiguousarray(q.weight, dtype=ftype))
     operand = scratch("gemm_operand", a.shape, ftype)
     np.copyto(operand, a, casting="unsafe")
@@ -88,10 +93,13 @@ def conv_dense(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tupl
     packed = pack_stage(q.stage, channels, acc_bits)
     if bound > FLOAT64_EXACT or packed is None:
         return None
-    ftype = np.float32 if bound <= FLOAT32_EXACT else np.float64
     zx = int(q.in_qparams[0].zero_point[0])
-    weight_t, offset = _operands(q, ftype, zx)
     n = x.shape[0]
+    ops = dense_operands(q, q.weight.reshape(channels, -1)) if x.dtype.itemsize == 1 else None
+    if ops is not None:
+        return _conv_int(x, q, geom, ops, zx, packed)
+    ftype = np.float32 if bound <= FLOAT32_EXACT else np.float64
+    weight_t, offset = _operands(q, ftype, zx)
     rows = channels_last(x) if geom.is_pointwise else None
     if rows is not None:  # channels-last codes: (N, P, K) as they are
         rows = rows.reshape(n, -1, x.shape[1])
@@ -112,4 +120,24 @@ def conv_dense(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tupl
     acc = np.matmul(operand, weight_t, out=scratch("gemm_result", (n, operand.shape[1], channels), ftype))
     data = np.empty((n,) + tuple(out_spatial) + (channels,), dtype=q.stage.dtype)
     over = finish_lanes(acc, offset, packed, data.reshape(acc.shape))
+    return channels_first(data), over
+
+
+def _conv_int(x: np.ndarray, q, geom, ops, zx: int, packed) -> tuple[np.ndarray, int]:
+    """`conv_dense` on the integer dot products of `ops.compiled.int_dense` (8-bit codes, an int8 weight)."""
+    n, channels = x.shape[0], q.weight.shape[0]
+    zp_u = zero_point(x, zx)
+    offset = _cached((id(q), "int", zp_u), q, lambda: q.bias - zp_u * ops.weight_sum)
+    if geom.is_pointwise:
+        rows = channels_last(x)
+        if rows is None:
+            rows = np.ascontiguousarray(np.moveaxis(x, 1, -1))
+        out_spatial = x.shape[2:]
+    else:
+        xp = pad_input(x, geom, zx)
+        cols = im2col(xp, geom)  # (N, K, P)
+        rows = np.ascontiguousarray(cols.transpose(0, 2, 1))
+        out_spatial = geom.padded_out_shape(xp.shape[2:])
+    data = np.empty((n,) + tuple(out_spatial) + (channels,), dtype=q.stage.dtype)
+    over = dense_codes(rows.reshape(-1, rows.shape[-1]), ops, offset, packed, data.reshape(-1, channels))
     return channels_first(data), over

@@ -1,0 +1,187 @@
+"""Dense convolution and Gemm on integer dot products (`ops.compiled.vnni` tiles), requant epilogue fused.
+
+    A[p, m] = sum_k u[p, k] * w[m, k]  +  (b_q[m] - zp_u * sum_k w[m, k])          (int32 dot product)
+    y_q[p, m] = epilogue(A)      (`ops.compiled.requant`: saturation if unproven, M/2^N, zp, clamp)
+
+u are the input codes as unsigned bytes: x_q itself for uint8, x_q + 128 for int8 (zp_u = zp_x, or zp_x + 128:
+u - zp_u = x_q - zp_x), one row of K codes per pixel (channels-last); w = w_q - zp_w the centered weight,
+which must fit int8. Every partial result is a wrapped int32; the final one is the true sum because
+
+    |sum_k u[p, k] w[m, k]| <= 255 * max_m sum_k |w[m, k]| < 2^31,
+
+checked once per layer when its weight is packed (`DenseOperands`); a layer beyond it (or a weight outside
+int8, or a CPU without VNNI) keeps the float-BLAS path of `ops.compiled.pointwise`. The offset is added in
+int64 by the epilogue, which is the numpy path's `finish_accumulator` on the same integer A: the same codes.
+
+Pixels run in blocks of `BLOCK` rows (their codes stay in L1), each block in tiles of `ROWS` rows x 32 output
+channels (two vectors of 16, 12 accumulators; a last group of 16 channels runs a one-vector tile); the rows
+of a last, partial tile are copied to a zeroed scratch row block first. The epilogue then runs along the
+block's channels.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Optional
+
+import numba
+import numpy as np
+
+from ops.compiled.requant import FAST, HI, LO, SIGN_BIT, SUB, lane_params, requant_positions
+from ops.compiled.scratch import scratch
+from ops.compiled.vnni import LANES, QUAD, pack_weight, tile_kernel
+
+INT32_LIMIT = 1 << 31
+U8_MAX = 255
+FLIP_SIGN = np.uint32(0x80808080)  # int8 bytes read as uint8 codes + 128
+ROWS = 6  # pixels per tile
+BLOCK = 8 * ROWS  # pixels per block (codes and accumulators in L1 while the epilogue reads them)
+
+_tile_two = tile_kernel(ROWS, 2)
+_tile_one = tile_kernel(ROWS, 1)
+
+
+@dataclass(frozen=True)
+class DenseOperands:
+    """A layer's weight packed for the tiles (`vnni.pack_weight` of the centered (M, K) weight), its row sums
+    (int64, (M,)) and K."""
+
+    packed: np.ndarray
+    weight_sum: np.ndarray
+    depth: int
+
+    @property
+    def quads(self) -> int:
+        return self.packed.shape[1]
+
+
+_OPERANDS: dict = {}
+
+
+def dense_operands(q, weight_rows: np.ndarray) -> Optional[DenseOperands]:
+    """The packed operands of the quantized node q whose centered weight, one row per output channel, is
+    `weight_rows` (M, K); None when the integer kernel cannot run it exactly (no VNNI, a weight outside int8,
+    or 255 * max_m sum_k |w[m, k]| >= 2^31). Cached per node, dropped with it."""
+    key = id(q)
+    if key not in _OPERANDS:
+        _OPERANDS[key] = _pack(weight_rows)
+        weakref.finalize(q, _OPERANDS.pop, key, None)
+    return _OPERANDS[key]
+
+
+def _pack(weight_rows: np.ndarray) -> Optional[DenseOperands]:
+    if LANES == 0 or weight_rows.size == 0:
+        return None
+    w = weight_rows.astype(np.int64)
+    if w.min() < -128 or w.max() > 127 or U8_MAX * int(np.abs(w).sum(axis=1).max()) >= INT32_LIMIT:
+        return None
+    return DenseOperands(pack_weight(w.astype(np.int8)), w.sum(axis=1), w.shape[1])
+
+
+@numba.njit(cache=True, nogil=True)
+def _block_dot(x, x_stride, p0, count, flip, w, quads, groups, acc, width, pad):
+    """acc[r, :] (r < count <= BLOCK; a row of `width` int32) = the dot products of input row p0 + r with
+    every packed channel group."""
+    w_stride = quads * LANES * QUAD
+    for t in range(0, count, ROWS):
+        src = x
+        at = (p0 + t) * x_stride
+        if t + ROWS > count:  # a partial tile: its rows, then zeros, in the scratch rows
+            left = (count - t) * x_stride
+            pad[:] = 0
+            pad[:left] = x[at:at + left]
+            src = pad
+            at = 0
+        g = 0
+        while g + 2 <= groups:
+            _tile_two(src, at, x_stride, flip, w, g * w_stride, w_stride, quads, acc, t * width + g * LANES, width)
+            g += 2
+        if g < groups:
+            _tile_one(src, at, x_stride, flip, w, g * w_stride, w_stride, quads, acc, t * width + g * LANES, width)
+
+
+@numba.njit(cache=True, nogil=True)
+def _dense_codes(x, x_stride, flip, w, quads, offset, prm, lim, acc, pad, out) -> int:
+    """out (P, M) = epilogue(dot products of the P rows of x with the packed weight + offset); overflows."""
+    groups = w.size // (quads * LANES * QUAD)
+    width = groups * LANES
+    channels = out.shape[1]
+    lanes = lane_params(offset, prm)
+    grid = acc.reshape(-1, width)
+    flat = out.reshape(-1)
+    over = 0
+    for p0 in range(0, out.shape[0], BLOCK):
+        count = min(BLOCK, out.shape[0] - p0)
+        _block_dot(x, x_stride, p0, count, flip, w, quads, groups, acc, width, pad)
+        if lim[FAST] != 0:
+            _requant_block(acc, width, count, channels, lanes, prm[SUB], lim[LO], lim[HI], flat, p0 * channels)
+        else:
+            over += requant_positions(grid[:count, :channels], offset, prm, lim, lanes, out[p0:p0 + count])
+    return over
+
+
+@numba.njit(cache=True, nogil=True)
+def _requant_block(acc, width, count, channels, lanes, sub, lo, hi, out, out_at) -> None:
+    """`requant_positions`' common (FAST) case on flat arrays: out[out_at + r * channels + c] = the epilogue
+    of acc[r * width + c] (constant strides, so that the loop along the channels vectorizes)."""
+    m32, k_row, shift = lanes
+    for r in range(count):
+        row = acc[r * width:r * width + channels]
+        codes = out[out_at + r * channels:out_at + (r + 1) * channels]
+        for c in range(channels):
+            y = np.int64((np.uint64(np.int64(row[c]) * np.int64(m32[c]) + k_row[c]) ^ SIGN_BIT) >> shift[c])
+            codes[c] = min(max(y - sub[c], lo), hi)
+
+
+@numba.njit(cache=True, nogil=True)
+def _dense_acc(x, x_stride, flip, w, quads, acc, pad, out) -> None:
+    """out (P, M) int32 = the dot products of the P rows of x with the packed weight."""
+    groups = w.size // (quads * LANES * QUAD)
+    width = groups * LANES
+    grid = acc.reshape(-1, width)
+    for p0 in range(0, out.shape[0], BLOCK):
+        count = min(BLOCK, out.shape[0] - p0)
+        _block_dot(x, x_stride, p0, count, flip, w, quads, groups, acc, width, pad)
+        out[p0:p0 + count] = grid[:count, :out.shape[1]]
+
+
+def _rows(codes: np.ndarray, quads: int) -> tuple[np.ndarray, int]:
+    """(flat uint8 bytes, row stride) of (P, K) 8-bit codes, rows padded to 4 * quads bytes when K is not."""
+    stride = quads * QUAD
+    if codes.shape[1] == stride and codes.flags.c_contiguous:
+        return codes.reshape(-1).view(np.uint8), stride
+    padded = np.zeros((codes.shape[0], stride), dtype=np.uint8)
+    padded[:, :codes.shape[1]] = codes.view(np.uint8)
+    return padded.reshape(-1), stride
+
+
+def _buffers(ops: DenseOperands, stride: int) -> tuple[np.ndarray, np.ndarray]:
+    width = ops.packed.shape[0] * LANES
+    return scratch("int_dense_acc", (BLOCK * width,), np.int32), scratch("int_dense_pad", (ROWS * stride,), np.uint8)
+
+
+def zero_point(codes: np.ndarray, zx: int) -> int:
+    """zp_u of the unsigned bytes the kernel reads for codes of this dtype (module docstring)."""
+    return zx + 128 if codes.dtype == np.int8 else zx
+
+
+def dense_codes(codes: np.ndarray, ops: DenseOperands, offset: np.ndarray, packed_stage, out: np.ndarray) -> int:
+    """out (P, M) = the epilogue of the integer dot products of codes (P, K; int8 or uint8) with the layer's
+    weight plus `offset` (int64 (M,), the zero point of the unsigned bytes already folded in:
+    `zero_point`); returns the overflow count."""
+    x, stride = _rows(codes, ops.quads)
+    flip = FLIP_SIGN if codes.dtype == np.int8 else np.uint32(0)
+    acc, pad = _buffers(ops, stride)
+    return int(_dense_codes(x, stride, flip, ops.packed.reshape(-1), ops.quads, offset, packed_stage[0],
+                            packed_stage[1], acc, pad, out))
+
+
+def dense_acc(codes: np.ndarray, ops: DenseOperands) -> np.ndarray:
+    """The int32 (P, M) dot products sum_k u[p, k] w[m, k] of codes (P, K; int8 or uint8, read as the unsigned
+    bytes u of the module docstring) with the layer's weight."""
+    x, stride = _rows(codes, ops.quads)
+    flip = FLIP_SIGN if codes.dtype == np.int8 else np.uint32(0)
+    acc, pad = _buffers(ops, stride)
+    out = np.empty((codes.shape[0], ops.weight_sum.shape[0]), dtype=np.int32)
+    _dense_acc(x, stride, flip, ops.packed.reshape(-1), ops.quads, acc, pad, out)
+    return out
