@@ -23,6 +23,7 @@ from typing import Optional
 import numba
 import numpy as np
 
+from ops.compiled.int_depthwise import depthwise_int
 from ops.compiled.layout import channels_first, channels_last
 from ops.compiled.requant import lane_params, pack_stage, requant_positions, requant_row
 from ops.compiled.scratch import scratch
@@ -239,7 +240,10 @@ def conv2d_grouped(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[
     terms = math.prod(w.shape[1:])
     acc_dtype = np.int32 if terms * x_dev * q.weight_absmax < (1 << 31) else np.int64
     wk = np.ascontiguousarray(w, dtype=acc_dtype)
-    if w.shape[1] == 1:
+    done = depthwise_int(x, q, w[:, 0], zx, strides, dilations, pads, packed, out_hw) if w.shape[1] == 1 else None
+    if done is not None:
+        out, over = done
+    elif w.shape[1] == 1:
         out, over = _depthwise(x, wk, zx, strides, dilations, pads, q.bias, packed, out_hw, acc_dtype,
                                q.stage.dtype)
     else:

@@ -160,3 +160,104 @@ def tile_kernel(rows: int, vectors: int):
         return sig, codegen
 
     return tile
+
+
+def taps_kernel(positions: int):
+    """The compiled depthwise step `taps(ring, rows, x_step, taps, w, acc, acc_at, acc_stride, x_at, x_stride)`:
+
+        acc[acc_at + i * acc_stride + l] = sum_{r < len(rows), q < taps} dpbusd(ring bytes at rows[r] + x_at
+                                           + i * x_stride + q * x_step + 4l, w bytes at ((r * taps + q) * LANES + l) * 4)
+
+    for i < `positions`, l < LANES: one vector of LANES channels of `positions` output pixels, each the sum of
+    len(rows) x taps quads (4 kernel taps of a channel per 32-bit lane; ring: flat uint8 rows of quads, rows:
+    int64 byte offsets of the kernel rows' quad rows, w: flat int8 quads of the weight, acc: flat int32; no
+    bounds check)."""
+    lanes = LANES
+
+    @intrinsic
+    def taps(typingctx, ring, rows, x_step, count, w, acc, acc_at, acc_stride, x_at, x_stride):
+        if not (_is_flat(ring, types.uint8) and _is_flat(rows, types.int64) and _is_flat(w, types.int8)
+                and _is_flat(acc, types.int32)):
+            return None
+        sig = types.none(ring, rows, types.intp, types.intp, w, acc, types.intp, types.intp, types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            ring_arr, rows_arr, x_step, count, w_arr, acc_arr, acc_at, acc_stride, x_at, x_stride = args
+            i32 = ir.IntType(32)
+            intp = context.get_value_type(types.intp)
+            vec = ir.VectorType(i32, lanes)
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec, vec, vec]),
+                                                _INTRINSIC[lanes])
+            rows_ary = context.make_array(signature.args[1])(context, builder, rows_arr)
+            ring_data = context.make_array(signature.args[0])(context, builder, ring_arr).data
+            w_data = context.make_array(signature.args[4])(context, builder, w_arr).data
+            acc_data = context.make_array(signature.args[5])(context, builder, acc_arr).data
+            kernel_rows = builder.extract_value(rows_ary.shape, 0)
+            one = ir.Constant(intp, 1)
+            zero = ir.Constant(vec, [0] * lanes)
+            starts = [builder.add(x_at, builder.mul(x_stride, ir.Constant(intp, i))) for i in range(positions)]
+
+            entry = builder.block
+            row_head = builder.append_basic_block("taps.row")
+            quad_head = builder.append_basic_block("taps.quad")
+            quad_body = builder.append_basic_block("taps.quad_body")
+            row_next = builder.append_basic_block("taps.row_next")
+            done = builder.append_basic_block("taps.done")
+            builder.branch(row_head)
+
+            # for r in range(len(rows)):
+            builder.position_at_end(row_head)
+            r = builder.phi(intp)
+            r.add_incoming(ir.Constant(intp, 0), entry)
+            row_accs = [builder.phi(vec) for _ in range(positions)]
+            for phi in row_accs:
+                phi.add_incoming(zero, entry)
+            row_ok = builder.icmp_signed("<", r, kernel_rows)
+            builder.cbranch(row_ok, quad_head, done)
+
+            # for q in range(count):
+            builder.position_at_end(quad_head)
+            q = builder.phi(intp)
+            q.add_incoming(ir.Constant(intp, 0), row_head)
+            accs = [builder.phi(vec) for _ in range(positions)]
+            for phi, start in zip(accs, row_accs):
+                phi.add_incoming(start, row_head)
+            builder.cbranch(builder.icmp_signed("<", q, count), quad_body, row_next)
+
+            builder.position_at_end(quad_body)
+            row_at = builder.load(builder.gep(rows_ary.data, [r]))
+            tap = builder.add(builder.mul(r, count), q)
+            w_at = builder.mul(tap, ir.Constant(intp, lanes * QUAD))
+            weight = builder.load(builder.bitcast(builder.gep(w_data, [w_at]), vec.as_pointer()))
+            weight.align = 1
+            base = builder.add(row_at, builder.mul(q, x_step))
+            updated = []
+            for i in range(positions):
+                at = builder.add(base, starts[i])
+                xv = builder.load(builder.bitcast(builder.gep(ring_data, [at]), vec.as_pointer()))
+                xv.align = 1
+                updated.append(builder.call(fn, [accs[i], xv, weight]))
+            following = builder.add(q, one)
+            body_end = builder.block
+            builder.branch(quad_head)
+            q.add_incoming(following, body_end)
+            for phi, value in zip(accs, updated):
+                phi.add_incoming(value, body_end)
+
+            builder.position_at_end(row_next)
+            next_row = builder.add(r, one)
+            builder.branch(row_head)
+            r.add_incoming(next_row, row_next)
+            for phi, value in zip(row_accs, accs):
+                phi.add_incoming(value, row_next)
+
+            builder.position_at_end(done)
+            for i in range(positions):
+                at = builder.add(acc_at, builder.mul(acc_stride, ir.Constant(intp, i)))
+                store = builder.store(row_accs[i], builder.bitcast(builder.gep(acc_data, [at]), vec.as_pointer()))
+                store.align = 4
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return taps

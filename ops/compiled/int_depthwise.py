@@ -1,0 +1,174 @@
+"""Depthwise 2-D convolution on the 8-bit multiply-add instruction (`ops.compiled.vnni.taps_kernel`).
+
+Per image, output channel c (input channel c: one channel per group), output position (oh, ow):
+
+    A[c, oh, ow] = sum_{kh, kw} u[c, oh*sh + kh*dh - pt, ow*sw + kw*dw - pl] * w[c, kh, kw]  +  (b_q[c] - zp_u * sum w[c])
+    y_q[c, oh, ow] = epilogue(A)      (`ops.compiled.requant`: saturation if unproven, M/2^N, zp, clamp)
+
+u are the input codes as unsigned bytes (x_q, or x_q + 128 for int8, zp_u likewise: u - zp_u = x_q - zp_x), the
+padding holds zp_u (the real zero), w = w_q - zp_w must fit int8. The taps of a kernel row go four at a time
+into the four bytes of a 32-bit lane: each input row is loaded once as a row of quads,
+
+    quad[j, c] = u[c, j] | u[c, j + dw] << 8 | u[c, j + 2dw] << 16 | u[c, j + 3dw] << 24   (padded row, j >= 0)
+
+and one `vpdpbusd` adds taps 4q..4q+3 of kernel row kh for 16 channels (the weight's quads zero past KW), so
+a 3x3 kernel takes three instructions per 16 channels and pixel. |A - offset| <= 255 * sum |w[c]| < 2^31 for any
+kernel under 65,000 taps: int32 is exact. The channels run innermost (channels-last in and out, the layout
+of `ops.compiled.layout`), padded to a multiple of the vector's lanes with zero weights.
+The same integers as the numpy path (`ops.conv`), so its LSB bound holds unchanged.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+import numba
+import numpy as np
+
+from ops.compiled.int_dense import _requant_block
+from ops.compiled.layout import channels_first, channels_last
+from ops.compiled.requant import FAST, HI, LO, SUB, lane_params, requant_positions
+from ops.compiled.scratch import scratch
+from ops.compiled.vnni import LANES, QUAD, taps_kernel
+
+POSITIONS = 4  # output pixels per call of the tap kernel (their accumulators stay in registers)
+MAX_TAPS = 1 << 16  # 255 * 128 * taps < 2^31
+
+_taps_many = taps_kernel(POSITIONS)
+_taps_one = taps_kernel(1)
+
+_PACKED: dict = {}
+
+
+def pack_taps(weight: np.ndarray) -> Optional[np.ndarray]:
+    """A depthwise weight (C, KH, KW) of int8 values as int8 quads (G, KH, Q, LANES, 4), G = ceil(C / LANES),
+    Q = ceil(KW / 4): packed[g, kh, q, l, j] = weight[g * LANES + l, kh, 4q + j], zero past C and KW; None
+    when a value is outside int8 or the kernel has too many taps."""
+    if weight.min() < -128 or weight.max() > 127 or weight[0].size >= MAX_TAPS:
+        return None
+    channels, kh, kw = weight.shape
+    groups, quads = -(-channels // LANES), -(-kw // QUAD)
+    padded = np.zeros((groups * LANES, kh, quads * QUAD), dtype=np.int8)
+    padded[:channels, :, :kw] = weight
+    return np.ascontiguousarray(padded.reshape(groups, LANES, kh, quads, QUAD).transpose(0, 2, 3, 1, 4))
+
+
+def _packed(q, weight: np.ndarray) -> Optional[np.ndarray]:
+    key = id(q)
+    if key not in _PACKED:
+        _PACKED[key] = pack_taps(weight)
+        weakref.finalize(q, _PACKED.pop, key, None)
+    return _PACKED[key]
+
+
+@numba.njit(cache=True, nogil=True)
+def _load_quads(x, n, i, flip, pl, dw, line, quads):
+    """quads[j, c] = the quad of padded row i of image n at column j (module docstring): line holds the padded
+    row (its border already zp_u), row i's codes are written into its interior first."""
+    src = x[n, i]
+    for j in range(src.shape[0]):
+        s = src[j]
+        d = line[pl + j]
+        for c in range(s.shape[0]):
+            d[c] = s[c] ^ flip
+    for j in range(quads.shape[0]):
+        a = line[j]
+        b = line[j + dw]
+        e = line[j + 2 * dw]
+        f = line[j + 3 * dw]
+        o = quads[j]
+        for c in range(o.shape[0]):
+            o[c] = np.uint32(a[c]) | (np.uint32(b[c]) << 8) | (np.uint32(e[c]) << 16) | (np.uint32(f[c]) << 24)
+
+
+@numba.njit(cache=True, nogil=True)
+def depthwise_quads(x, flip, zp, w, kh_count, sh, sw, dh, dw, pt, pl, offset, prm, lim, line, ring8, ring32,
+                    acc, out) -> int:
+    """out (N, OH, OW, C) = epilogue(depthwise conv of the uint8 codes x (N, H, W, C) ^ flip, padded with zp,
+    with the packed weight quads w (flat: G, KH, Q, LANES, 4) + offset); returns the overflow count.
+    line (Lw, Cp) uint8, ring32 (R, Wq, Cp) uint32 with ring8 its bytes, acc (OW * Cp,) int32: scratch."""
+    height = x.shape[1]
+    width = x.shape[2]
+    channels = out.shape[3]
+    slots, wq, cp = ring32.shape
+    groups = cp // LANES
+    taps = w.size // (groups * kh_count * LANES * QUAD)
+    w_group = kh_count * taps * LANES * QUAD
+    slot_bytes = wq * cp * 4
+    x_step = QUAD * dw * cp * 4
+    x_stride = sw * cp * 4
+    ow_count = out.shape[2]
+    lanes = lane_params(offset, prm)
+    sub = prm[SUB]
+    line[:, :] = 0
+    for j in range(line.shape[0]):
+        if j < pl or j >= pl + width:
+            line[j, :channels] = zp
+    pad_quad = np.uint32(zp) * np.uint32(0x01010101)
+    held = np.empty(slots, dtype=np.int64)
+    rows = np.empty(kh_count, dtype=np.int64)
+    over = 0
+    for n in range(x.shape[0]):
+        held[:] = -1
+        flat = out[n].reshape(-1)
+        for oh in range(out.shape[1]):
+            for kh in range(kh_count):
+                ip = oh * sh + kh * dh
+                slot = ip % slots
+                rows[kh] = slot * slot_bytes
+                if held[slot] != ip:
+                    held[slot] = ip
+                    if pt <= ip < pt + height:
+                        _load_quads(x, n, ip - pt, flip, pl, dw, line, ring32[slot])
+                    else:
+                        ring32[slot, :, :channels] = pad_quad
+            for g in range(groups):
+                wg = w[g * w_group:(g + 1) * w_group]
+                ow = 0
+                while ow + POSITIONS <= ow_count:
+                    _taps_many(ring8, rows, x_step, taps, wg, acc, ow * cp + g * LANES, cp,
+                               ow * x_stride + g * LANES * 4, x_stride)
+                    ow += POSITIONS
+                while ow < ow_count:
+                    _taps_one(ring8, rows, x_step, taps, wg, acc, ow * cp + g * LANES, cp,
+                              ow * x_stride + g * LANES * 4, x_stride)
+                    ow += 1
+            if lim[FAST] != 0:
+                _requant_block(acc, cp, ow_count, channels, lanes, sub, lim[LO], lim[HI], flat,
+                               oh * ow_count * channels)
+            else:
+                over += requant_positions(acc.reshape(ow_count, cp)[:, :channels], offset, prm, lim, lanes,
+                                          out[n, oh])
+    return over
+
+
+def depthwise_int(x: np.ndarray, q, weight: np.ndarray, zx: int, strides, dilations, pads, packed_stage,
+                  out_hw) -> Optional[tuple[np.ndarray, int]]:
+    """(output codes (N, C, OH, OW), the view of channels-last data; overflow count) of a depthwise Conv (one
+    input channel per output channel; weight (C, KH, KW) centered) on 8-bit codes; None when this kernel
+    does not cover it (no VNNI, a 16-bit input, a weight outside int8)."""
+    if LANES == 0 or x.dtype.itemsize != 1 or x.shape[1] != weight.shape[0]:
+        return None
+    quads_w = _packed(q, weight)
+    if quads_w is None:
+        return None
+    channels, kh, kw = weight.shape
+    rows = channels_last(x)
+    if rows is None:
+        rows = np.ascontiguousarray(np.moveaxis(x, 1, -1))
+    signed = x.dtype == np.int8
+    zp_u = zx + 128 if signed else zx
+    offset = q.bias - zp_u * weight.reshape(channels, -1).sum(axis=1, dtype=np.int64)
+    taps = quads_w.shape[2]
+    cp = quads_w.shape[0] * LANES
+    wq = (out_hw[1] - 1) * strides[1] + QUAD * (taps - 1) * dilations[1] + 1
+    lw = max(wq + 3 * dilations[1], pads[1] + x.shape[3])
+    slots = (kh - 1) * dilations[0] + 1
+    ring = scratch("dw_quads", (slots * wq * cp,), np.uint32)
+    data = np.empty((x.shape[0], out_hw[0], out_hw[1], channels), dtype=q.stage.dtype)
+    over = depthwise_quads(rows.view(np.uint8), np.uint8(0x80 if signed else 0), np.uint8(zp_u), quads_w.reshape(-1),
+                           kh, strides[0], strides[1], dilations[0], dilations[1], pads[0], pads[1], offset,
+                           packed_stage[0], packed_stage[1], scratch("dw_line", (lw, cp), np.uint8),
+                           ring.view(np.uint8), ring.reshape(slots, wq, cp),
+                           scratch("dw_quad_acc", (out_hw[1] * cp,), np.int32), data)
+    return channels_first(data), int(over)
