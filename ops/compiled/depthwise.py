@@ -235,15 +235,16 @@ def conv2d_grouped(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[
     if packed is None:
         return None
     zx = int(q.in_qparams[0].zero_point[0])
+    done = depthwise_int(x, q, w[:, 0], zx, strides, dilations, pads, packed, out_hw) if w.shape[1] == 1 else None
+    if done is not None:
+        out, over = done
+        return (out[:, :, 0, :] if len(geom.kernel) == 1 else out), over
     info = np.iinfo(x.dtype)
     x_dev = max(int(info.max) - zx, zx - int(info.min))
     terms = math.prod(w.shape[1:])
     acc_dtype = np.int32 if terms * x_dev * q.weight_absmax < (1 << 31) else np.int64
     wk = np.ascontiguousarray(w, dtype=acc_dtype)
-    done = depthwise_int(x, q, w[:, 0], zx, strides, dilations, pads, packed, out_hw) if w.shape[1] == 1 else None
-    if done is not None:
-        out, over = done
-    elif w.shape[1] == 1:
+    if w.shape[1] == 1:
         out, over = _depthwise(x, wk, zx, strides, dilations, pads, q.bias, packed, out_hw, acc_dtype,
                                q.stage.dtype)
     else:

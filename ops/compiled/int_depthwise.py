@@ -53,10 +53,14 @@ def pack_taps(weight: np.ndarray) -> Optional[np.ndarray]:
     return np.ascontiguousarray(padded.reshape(groups, LANES, kh, quads, QUAD).transpose(0, 2, 3, 1, 4))
 
 
-def _packed(q, weight: np.ndarray) -> Optional[np.ndarray]:
-    key = id(q)
+def _packed(q, weight: np.ndarray, zp_u: int) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """(`pack_taps` of the weight, the int64 offset b_q - zp_u * sum w per channel) of the node q, cached
+    per node (dropped with it) and zp_u; None where `pack_taps` is."""
+    key = (id(q), zp_u)
     if key not in _PACKED:
-        _PACKED[key] = pack_taps(weight)
+        quads = pack_taps(weight)
+        offset = q.bias - zp_u * weight.reshape(weight.shape[0], -1).sum(axis=1, dtype=np.int64)
+        _PACKED[key] = None if quads is None else (quads, offset)
         weakref.finalize(q, _PACKED.pop, key, None)
     return _PACKED[key]
 
@@ -149,16 +153,16 @@ def depthwise_int(x: np.ndarray, q, weight: np.ndarray, zx: int, strides, dilati
     does not cover it (no VNNI, a 16-bit input, a weight outside int8)."""
     if LANES == 0 or x.dtype.itemsize != 1 or x.shape[1] != weight.shape[0]:
         return None
-    quads_w = _packed(q, weight)
-    if quads_w is None:
+    signed = x.dtype == np.int8
+    zp_u = zx + 128 if signed else zx
+    operands = _packed(q, weight, zp_u)
+    if operands is None:
         return None
+    quads_w, offset = operands
     channels, kh, kw = weight.shape
     rows = channels_last(x)
     if rows is None:
-        rows = np.ascontiguousarray(np.moveaxis(x, 1, -1))
-    signed = x.dtype == np.int8
-    zp_u = zx + 128 if signed else zx
-    offset = q.bias - zp_u * weight.reshape(channels, -1).sum(axis=1, dtype=np.int64)
+        rows = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     taps = quads_w.shape[2]
     cp = quads_w.shape[0] * LANES
     wq = (out_hw[1] - 1) * strides[1] + QUAD * (taps - 1) * dilations[1] + 1

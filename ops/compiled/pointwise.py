@@ -89,15 +89,17 @@ def conv_dense(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tupl
     if q.groups != 1 or x.dtype.kind not in "iu":
         return None
     channels = q.weight.shape[0]
-    bound = dtype_absmax(x) * _row_l1(q)
     packed = pack_stage(q.stage, channels, acc_bits)
-    if bound > FLOAT64_EXACT or packed is None:
+    if packed is None:
         return None
     zx = int(q.in_qparams[0].zero_point[0])
     n = x.shape[0]
     ops = dense_operands(q, q.weight.reshape(channels, -1)) if x.dtype.itemsize == 1 else None
     if ops is not None:
         return _conv_int(x, q, geom, ops, zx, packed)
+    bound = dtype_absmax(x) * _row_l1(q)
+    if bound > FLOAT64_EXACT:
+        return None
     ftype = np.float32 if bound <= FLOAT32_EXACT else np.float64
     weight_t, offset = _operands(q, ftype, zx)
     rows = channels_last(x) if geom.is_pointwise else None

@@ -284,7 +284,7 @@ class IntegerGraph:
             return step.control.run(node.all_inputs, args, runtime)
         if step.kind is NodeKind.INTEGER:
             for index, (name, value, qp) in enumerate(zip(node.inputs, args, step.in_qparams)):
-                if qp is not None and name not in self.graph.initializers and not np.issubdtype(value.dtype, np.integer):
+                if qp is not None and value.dtype.kind not in "iu" and name not in self.graph.initializers:
                     raise ExecutorError(f"{node_label(node)}: input {index} {name!r} must be integer codes, "
                                         f"got {value.dtype}")
             try:
