@@ -15,8 +15,8 @@ int64 by the epilogue, which is the numpy path's `finish_accumulator` on the sam
 
 Pixels run in blocks of `BLOCK` rows (their codes stay in L1), each block in tiles of `ROWS` rows x 32 output
 channels (two vectors of 16, 12 accumulators; a last group of 16 channels runs a one-vector tile); the rows
-of a last, partial tile are copied to a zeroed scratch row block first. The epilogue then runs along the
-block's channels.
+left after the last full tile run one by one (a Gemm's single row streams the weight once). The epilogue
+then runs along the block's channels.
 """
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ BLOCK = 8 * ROWS  # pixels per block (codes and accumulators in L1 while the epi
 
 _tile_two = tile_kernel(ROWS, 2)
 _tile_one = tile_kernel(ROWS, 1)
+_row_two = tile_kernel(1, 2)
+_row_one = tile_kernel(1, 1)
 
 
 @dataclass(frozen=True)
@@ -79,29 +81,33 @@ def _pack(weight_rows: np.ndarray) -> Optional[DenseOperands]:
 
 
 @numba.njit(cache=True, nogil=True)
-def _block_dot(x, x_stride, p0, count, flip, w, quads, groups, acc, width, pad):
+def _block_dot(x, x_stride, p0, count, flip, w, quads, groups, acc, width):
     """acc[r, :] (r < count <= BLOCK; a row of `width` int32) = the dot products of input row p0 + r with
-    every packed channel group."""
+    every packed channel group: tiles of ROWS rows, then the rows left one at a time."""
     w_stride = quads * LANES * QUAD
-    for t in range(0, count, ROWS):
-        src = x
+    t = 0
+    while t + ROWS <= count:
         at = (p0 + t) * x_stride
-        if t + ROWS > count:  # a partial tile: its rows, then zeros, in the scratch rows
-            left = (count - t) * x_stride
-            pad[:] = 0
-            pad[:left] = x[at:at + left]
-            src = pad
-            at = 0
         g = 0
         while g + 2 <= groups:
-            _tile_two(src, at, x_stride, flip, w, g * w_stride, w_stride, quads, acc, t * width + g * LANES, width)
+            _tile_two(x, at, x_stride, flip, w, g * w_stride, w_stride, quads, acc, t * width + g * LANES, width)
             g += 2
         if g < groups:
-            _tile_one(src, at, x_stride, flip, w, g * w_stride, w_stride, quads, acc, t * width + g * LANES, width)
+            _tile_one(x, at, x_stride, flip, w, g * w_stride, w_stride, quads, acc, t * width + g * LANES, width)
+        t += ROWS
+    while t < count:
+        at = (p0 + t) * x_stride
+        g = 0
+        while g + 2 <= groups:
+            _row_two(x, at, x_stride, flip, w, g * w_stride, w_stride, quads, acc, t * width + g * LANES, width)
+            g += 2
+        if g < groups:
+            _row_one(x, at, x_stride, flip, w, g * w_stride, w_stride, quads, acc, t * width + g * LANES, width)
+        t += 1
 
 
 @numba.njit(cache=True, nogil=True)
-def _dense_codes(x, x_stride, flip, w, quads, offset, prm, lim, acc, pad, out) -> int:
+def _dense_codes(x, x_stride, flip, w, quads, offset, prm, lim, acc, out) -> int:
     """out (P, M) = epilogue(dot products of the P rows of x with the packed weight + offset); overflows."""
     groups = w.size // (quads * LANES * QUAD)
     width = groups * LANES
@@ -112,7 +118,7 @@ def _dense_codes(x, x_stride, flip, w, quads, offset, prm, lim, acc, pad, out) -
     over = 0
     for p0 in range(0, out.shape[0], BLOCK):
         count = min(BLOCK, out.shape[0] - p0)
-        _block_dot(x, x_stride, p0, count, flip, w, quads, groups, acc, width, pad)
+        _block_dot(x, x_stride, p0, count, flip, w, quads, groups, acc, width)
         if lim[FAST] != 0:
             _requant_block(acc, width, count, channels, lanes, prm[SUB], lim[LO], lim[HI], flat, p0 * channels)
         else:
@@ -134,14 +140,14 @@ def _requant_block(acc, width, count, channels, lanes, sub, lo, hi, out, out_at)
 
 
 @numba.njit(cache=True, nogil=True)
-def _dense_acc(x, x_stride, flip, w, quads, acc, pad, out) -> None:
+def _dense_acc(x, x_stride, flip, w, quads, acc, out) -> None:
     """out (P, M) int32 = the dot products of the P rows of x with the packed weight."""
     groups = w.size // (quads * LANES * QUAD)
     width = groups * LANES
     grid = acc.reshape(-1, width)
     for p0 in range(0, out.shape[0], BLOCK):
         count = min(BLOCK, out.shape[0] - p0)
-        _block_dot(x, x_stride, p0, count, flip, w, quads, groups, acc, width, pad)
+        _block_dot(x, x_stride, p0, count, flip, w, quads, groups, acc, width)
         out[p0:p0 + count] = grid[:count, :out.shape[1]]
 
 
@@ -155,9 +161,8 @@ def _rows(codes: np.ndarray, quads: int) -> tuple[np.ndarray, int]:
     return padded.reshape(-1), stride
 
 
-def _buffers(ops: DenseOperands, stride: int) -> tuple[np.ndarray, np.ndarray]:
-    width = ops.packed.shape[0] * LANES
-    return scratch("int_dense_acc", (BLOCK * width,), np.int32), scratch("int_dense_pad", (ROWS * stride,), np.uint8)
+def _accumulators(ops: DenseOperands) -> np.ndarray:
+    return scratch("int_dense_acc", (BLOCK * ops.packed.shape[0] * LANES,), np.int32)
 
 
 def zero_point(codes: np.ndarray, zx: int) -> int:
@@ -171,9 +176,8 @@ def dense_codes(codes: np.ndarray, ops: DenseOperands, offset: np.ndarray, packe
     `zero_point`); returns the overflow count."""
     x, stride = _rows(codes, ops.quads)
     flip = FLIP_SIGN if codes.dtype == np.int8 else np.uint32(0)
-    acc, pad = _buffers(ops, stride)
     return int(_dense_codes(x, stride, flip, ops.packed.reshape(-1), ops.quads, offset, packed_stage[0],
-                            packed_stage[1], acc, pad, out))
+                            packed_stage[1], _accumulators(ops), out))
 
 
 def dense_acc(codes: np.ndarray, ops: DenseOperands) -> np.ndarray:
@@ -181,7 +185,6 @@ def dense_acc(codes: np.ndarray, ops: DenseOperands) -> np.ndarray:
     bytes u of the module docstring) with the layer's weight."""
     x, stride = _rows(codes, ops.quads)
     flip = FLIP_SIGN if codes.dtype == np.int8 else np.uint32(0)
-    acc, pad = _buffers(ops, stride)
     out = np.empty((codes.shape[0], ops.weight_sum.shape[0]), dtype=np.int32)
-    _dense_acc(x, stride, flip, ops.packed.reshape(-1), ops.quads, acc, pad, out)
+    _dense_acc(x, stride, flip, ops.packed.reshape(-1), ops.quads, _accumulators(ops), out)
     return out
