@@ -19,7 +19,9 @@ The same integers as the numpy path (`ops.conv`), so its LSB bound holds unchang
 """
 from __future__ import annotations
 
+import math
 import weakref
+from dataclasses import dataclass
 from typing import Optional
 
 import numba
@@ -146,12 +148,44 @@ def depthwise_quads(x, flip, zp, w, kh_count, sh, sw, dh, dw, pt, pl, offset, pr
     return over
 
 
-def depthwise_int(x: np.ndarray, q, weight: np.ndarray, zx: int, strides, dilations, pads, packed_stage,
-                  out_hw) -> Optional[tuple[np.ndarray, int]]:
-    """(output codes (N, C, OH, OW), the view of channels-last data; overflow count) of a depthwise Conv (one
-    input channel per output channel; weight (C, KH, KW) centered) on 8-bit codes; None when this kernel
-    does not cover it (no VNNI, a 16-bit input, a weight outside int8)."""
-    if LANES == 0 or x.dtype.itemsize != 1 or x.shape[1] != weight.shape[0]:
+@dataclass(frozen=True)
+class DepthwisePlan:
+    """`depthwise_quads` for one layer and input shape, its operands ready (`ops.compiled.conv_plan`)."""
+
+    weight: np.ndarray  # flat packed quads
+    kernel_rows: int
+    strides: tuple[int, int]
+    dilations: tuple[int, int]
+    pads: tuple[int, int]  # top, left
+    offset: np.ndarray
+    stage: tuple[np.ndarray, np.ndarray]
+    signed: bool
+    zp_u: int
+    out_shape: tuple[int, ...]  # (N, OH, OW, C)
+    out_dtype: np.dtype
+    line_shape: tuple[int, int]
+    ring_shape: tuple[int, int, int]
+
+    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, int]:
+        """Run on x (N, C, H, W), laid out channels-last (`ops.compiled.layout`)."""
+        rows = x.transpose(0, 2, 3, 1).view(np.uint8)
+        ring = scratch("dw_quads", (math.prod(self.ring_shape),), np.uint32)
+        data = np.empty(self.out_shape, dtype=self.out_dtype)
+        over = depthwise_quads(rows, np.uint8(0x80 if self.signed else 0), np.uint8(self.zp_u), self.weight,
+                               self.kernel_rows, self.strides[0], self.strides[1], self.dilations[0],
+                               self.dilations[1], self.pads[0], self.pads[1], self.offset, self.stage[0],
+                               self.stage[1], scratch("dw_line", self.line_shape, np.uint8), ring.view(np.uint8),
+                               ring.reshape(self.ring_shape),
+                               scratch("dw_quad_acc", (self.out_shape[2] * self.ring_shape[2],), np.int32), data)
+        return channels_first(data), int(over)
+
+
+def plan_depthwise(x: np.ndarray, q, weight: np.ndarray, zx: int, strides, dilations, pads, packed_stage,
+                   out_hw) -> Optional[DepthwisePlan]:
+    """The plan of a depthwise Conv (one input channel per output channel; weight (C, KH, KW) centered) on
+    8-bit codes shaped as x (N, C, H, W); None when this kernel does not cover it (no VNNI, a 16-bit input,
+    a weight outside int8). pads: (top, left, bottom, right)."""
+    if LANES == 0 or x.dtype.itemsize != 1 or x.dtype.kind not in "iu" or x.shape[1] != weight.shape[0]:
         return None
     signed = x.dtype == np.int8
     zp_u = zx + 128 if signed else zx
@@ -160,19 +194,24 @@ def depthwise_int(x: np.ndarray, q, weight: np.ndarray, zx: int, strides, dilati
         return None
     quads_w, offset = operands
     channels, kh, kw = weight.shape
-    rows = channels_last(x)
-    if rows is None:
-        rows = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     taps = quads_w.shape[2]
     cp = quads_w.shape[0] * LANES
     wq = (out_hw[1] - 1) * strides[1] + QUAD * (taps - 1) * dilations[1] + 1
     lw = max(wq + 3 * dilations[1], pads[1] + x.shape[3])
     slots = (kh - 1) * dilations[0] + 1
-    ring = scratch("dw_quads", (slots * wq * cp,), np.uint32)
-    data = np.empty((x.shape[0], out_hw[0], out_hw[1], channels), dtype=q.stage.dtype)
-    over = depthwise_quads(rows.view(np.uint8), np.uint8(0x80 if signed else 0), np.uint8(zp_u), quads_w.reshape(-1),
-                           kh, strides[0], strides[1], dilations[0], dilations[1], pads[0], pads[1], offset,
-                           packed_stage[0], packed_stage[1], scratch("dw_line", (lw, cp), np.uint8),
-                           ring.view(np.uint8), ring.reshape(slots, wq, cp),
-                           scratch("dw_quad_acc", (out_hw[1] * cp,), np.int32), data)
-    return channels_first(data), int(over)
+    return DepthwisePlan(quads_w.reshape(-1), kh, tuple(strides), tuple(dilations), (pads[0], pads[1]), offset,
+                         packed_stage, signed, zp_u, (x.shape[0], out_hw[0], out_hw[1], channels),
+                         q.stage.dtype, (lw, cp), (slots, wq, cp))
+
+
+def depthwise_int(x: np.ndarray, q, weight: np.ndarray, zx: int, strides, dilations, pads, packed_stage,
+                  out_hw) -> Optional[tuple[np.ndarray, int]]:
+    """(output codes (N, C, OH, OW), the view of channels-last data; overflow count) of a depthwise Conv
+    (`plan_depthwise`'s arguments) on x, read channels-last when it is laid out so (else copied so first);
+    None when the kernel does not cover it."""
+    plan = plan_depthwise(x, q, weight, zx, strides, dilations, pads, packed_stage, out_hw)
+    if plan is None:
+        return None
+    if channels_last(x) is None:
+        x = channels_first(np.ascontiguousarray(x.transpose(0, 2, 3, 1)))
+    return plan(x)
