@@ -234,3 +234,54 @@ def test_the_conv_cases_run_the_int_kernels():
     runs = [_ran_int_kernels(*_conv_case(seed, *case, spatial=(9, 8, 5)))
             for case in CONV_CASES for seed in (7, 9, 10)]
     assert sum(runs) >= 8
+
+
+def _fast_params(rng, channels, m_max=(1 << 15) - 1, n_range=(16, 47), k_max=(1 << 46) - 1):
+    """Packed FAST-case parameters (`ops.compiled.requant` rows) with M, N and the folded constant K drawn up
+    to the 32-bit lanes' limits; the offset is 0, K carries the rest."""
+    prm = np.zeros((8, channels), dtype=np.int64)
+    prm[M] = rng.integers(0, m_max + 1, channels)
+    prm[M, :2] = (0, m_max)
+    prm[N] = rng.integers(n_range[0], n_range[1] + 1, channels)
+    prm[N, :2] = n_range
+    prm[K] = rng.integers(-k_max, k_max + 1, channels)
+    prm[K, 2:4] = (-k_max, k_max)
+    prm[SUB] = np.int64(1) << (63 - prm[N])
+    return prm
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_epilogue_32_bit_lanes_equal_the_int64_formula(seed):
+    """The 32-bit epilogue (`ops.compiled.epilogue`) at its limits: floor((A * M + K) / 2^N) clamped, for
+    accumulators at the int32 extremes and M, N, K at the edges of its conditions, equals Python integers and
+    the 64-bit lanes."""
+    from ops.compiled.epilogue import _rows32, _rows64, params32
+    from ops.compiled.requant import lane_params
+
+    rng = np.random.default_rng(seed)
+    channels, rows = 37, 9
+    prm = _fast_params(rng, channels)
+    offset = np.zeros(channels, dtype=np.int64)
+    acc = rng.integers(INT32.min, INT32.max + 1, size=(rows, channels), dtype=np.int64).astype(np.int32)
+    acc[0], acc[1], acc[2, :4] = INT32.min, INT32.max, (0, -1, 1, -(1 << 16))
+    lanes32 = params32(offset, prm)
+    assert lanes32[0]
+    lo, hi = (-128, 127) if seed % 2 else (INT32.min, INT32.max)
+    want = [[min(max((int(a) * int(prm[M, c]) + int(prm[K, c])) >> int(prm[N, c]), lo), hi)
+             for c, a in enumerate(row)] for row in acc]
+    got32 = np.zeros(rows * channels, dtype=np.int64)
+    got64 = np.zeros(rows * channels, dtype=np.int64)
+    _rows32(acc.reshape(-1), channels, rows, channels, lanes32, lo, hi, got32, 0)
+    _rows64(acc.reshape(-1), channels, rows, channels, lane_params(offset, prm), prm[SUB], lo, hi, got64, 0)
+    np.testing.assert_array_equal(got32.reshape(rows, channels), np.array(want, dtype=np.int64))
+    np.testing.assert_array_equal(got64, got32)
+
+
+@pytest.mark.parametrize("m_max, n_range, k_max", [(1 << 15, (16, 47), 1 << 40), ((1 << 15) - 1, (15, 40), 1 << 40),
+                                                   ((1 << 15) - 1, (16, 48), 1 << 40),
+                                                   ((1 << 15) - 1, (16, 47), 1 << 46)])
+def test_epilogue_32_bit_lanes_refuse_parameters_past_their_limits(m_max, n_range, k_max):
+    from ops.compiled.epilogue import params32
+
+    prm = _fast_params(np.random.default_rng(0), 8, m_max, n_range, k_max)
+    assert not params32(np.zeros(8, dtype=np.int64), prm)[0]

@@ -27,7 +27,8 @@ from typing import Optional
 import numba
 import numpy as np
 
-from ops.compiled.requant import FAST, HI, LO, SIGN_BIT, SUB, lane_params, requant_positions
+from ops.compiled.epilogue import params32, requant_rows
+from ops.compiled.requant import lane_params
 from ops.compiled.scratch import scratch
 from ops.compiled.vnni import LANES, QUAD, pack_weight, tile_kernel
 
@@ -113,30 +114,15 @@ def _dense_codes(x, x_stride, flip, w, quads, offset, prm, lim, acc, out) -> int
     width = groups * LANES
     channels = out.shape[1]
     lanes = lane_params(offset, prm)
-    grid = acc.reshape(-1, width)
+    lanes32 = params32(offset, prm)
     flat = out.reshape(-1)
     over = 0
     for p0 in range(0, out.shape[0], BLOCK):
         count = min(BLOCK, out.shape[0] - p0)
         _block_dot(x, x_stride, p0, count, flip, w, quads, groups, acc, width)
-        if lim[FAST] != 0:
-            _requant_block(acc, width, count, channels, lanes, prm[SUB], lim[LO], lim[HI], flat, p0 * channels)
-        else:
-            over += requant_positions(grid[:count, :channels], offset, prm, lim, lanes, out[p0:p0 + count])
+        over += requant_rows(acc, width, count, channels, offset, prm, lim, lanes, lanes32, flat, p0 * channels,
+                             out[p0:p0 + count])
     return over
-
-
-@numba.njit(cache=True, nogil=True)
-def _requant_block(acc, width, count, channels, lanes, sub, lo, hi, out, out_at) -> None:
-    """`requant_positions`' common (FAST) case on flat arrays: out[out_at + r * channels + c] = the epilogue
-    of acc[r * width + c] (constant strides, so that the loop along the channels vectorizes)."""
-    m32, k_row, shift = lanes
-    for r in range(count):
-        row = acc[r * width:r * width + channels]
-        codes = out[out_at + r * channels:out_at + (r + 1) * channels]
-        for c in range(channels):
-            y = np.int64((np.uint64(np.int64(row[c]) * np.int64(m32[c]) + k_row[c]) ^ SIGN_BIT) >> shift[c])
-            codes[c] = min(max(y - sub[c], lo), hi)
 
 
 @numba.njit(cache=True, nogil=True)

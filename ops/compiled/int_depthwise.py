@@ -7,9 +7,10 @@ Per image, output channel c (input channel c: one channel per group), output pos
 
 u are the input codes as unsigned bytes (x_q, or x_q + 128 for int8, zp_u likewise: u - zp_u = x_q - zp_x), the
 padding holds zp_u (the real zero), w = w_q - zp_w must fit int8. The taps of a kernel row go four at a time
-into the four bytes of a 32-bit lane: each input row is loaded once as a row of quads,
+into the four bytes of a 32-bit lane: each input row is loaded once as the quads its output columns read,
 
-    quad[j, c] = u[c, j] | u[c, j + dw] << 8 | u[c, j + 2dw] << 16 | u[c, j + 3dw] << 24   (padded row, j >= 0)
+    quad[ow, q, c] = u[c, j] | u[c, j + dw] << 8 | u[c, j + 2dw] << 16 | u[c, j + 3dw] << 24,  j = ow*sw + 4q*dw
+                                                                                      (columns of the padded row)
 
 and one `vpdpbusd` adds taps 4q..4q+3 of kernel row kh for 16 channels (the weight's quads zero past KW), so
 a 3x3 kernel takes three instructions per 16 channels and pixel. |A - offset| <= 255 * sum |w[c]| < 2^31 for any
@@ -27,9 +28,9 @@ from typing import Optional
 import numba
 import numpy as np
 
-from ops.compiled.int_dense import _requant_block
+from ops.compiled.epilogue import params32, requant_rows
 from ops.compiled.layout import channels_first, channels_last
-from ops.compiled.requant import FAST, HI, LO, SUB, lane_params, requant_positions
+from ops.compiled.requant import lane_params
 from ops.compiled.scratch import scratch
 from ops.compiled.vnni import LANES, QUAD, taps_kernel
 
@@ -68,23 +69,26 @@ def _packed(q, weight: np.ndarray, zp_u: int) -> Optional[tuple[np.ndarray, np.n
 
 
 @numba.njit(cache=True, nogil=True)
-def _load_quads(x, n, i, flip, pl, dw, line, quads):
-    """quads[j, c] = the quad of padded row i of image n at column j (module docstring): line holds the padded
-    row (its border already zp_u), row i's codes are written into its interior first."""
+def _load_quads(x, n, i, flip, pl, sw, dw, line, quads):
+    """quads[ow, q, c] = the quad of padded row i of image n at column ow * sw + 4q * dw (module docstring),
+    for each output column ow and quad q of a kernel row: line holds the padded row (its border already
+    zp_u), row i's codes are written into its interior first."""
     src = x[n, i]
     for j in range(src.shape[0]):
         s = src[j]
         d = line[pl + j]
         for c in range(s.shape[0]):
             d[c] = s[c] ^ flip
-    for j in range(quads.shape[0]):
-        a = line[j]
-        b = line[j + dw]
-        e = line[j + 2 * dw]
-        f = line[j + 3 * dw]
-        o = quads[j]
-        for c in range(o.shape[0]):
-            o[c] = np.uint32(a[c]) | (np.uint32(b[c]) << 8) | (np.uint32(e[c]) << 16) | (np.uint32(f[c]) << 24)
+    for ow in range(quads.shape[0]):
+        for q in range(quads.shape[1]):
+            j = ow * sw + QUAD * q * dw
+            a = line[j]
+            b = line[j + dw]
+            e = line[j + 2 * dw]
+            f = line[j + 3 * dw]
+            o = quads[ow, q]
+            for c in range(o.shape[0]):
+                o[c] = np.uint32(a[c]) | (np.uint32(b[c]) << 8) | (np.uint32(e[c]) << 16) | (np.uint32(f[c]) << 24)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -92,20 +96,19 @@ def depthwise_quads(x, flip, zp, w, kh_count, sh, sw, dh, dw, pt, pl, offset, pr
                     acc, out) -> int:
     """out (N, OH, OW, C) = epilogue(depthwise conv of the uint8 codes x (N, H, W, C) ^ flip, padded with zp,
     with the packed weight quads w (flat: G, KH, Q, LANES, 4) + offset); returns the overflow count.
-    line (Lw, Cp) uint8, ring32 (R, Wq, Cp) uint32 with ring8 its bytes, acc (OW * Cp,) int32: scratch."""
+    line (Lw, Cp) uint8, ring32 (R, OW, Q, Cp) uint32 (`_load_quads`) with ring8 its bytes, acc (OW * Cp,)
+    int32: scratch."""
     height = x.shape[1]
     width = x.shape[2]
     channels = out.shape[3]
-    slots, wq, cp = ring32.shape
+    slots, ow_count, taps, cp = ring32.shape
     groups = cp // LANES
-    taps = w.size // (groups * kh_count * LANES * QUAD)
     w_group = kh_count * taps * LANES * QUAD
-    slot_bytes = wq * cp * 4
-    x_step = QUAD * dw * cp * 4
-    x_stride = sw * cp * 4
-    ow_count = out.shape[2]
+    slot_bytes = ow_count * taps * cp * 4
+    x_step = cp * 4
+    x_stride = taps * cp * 4
     lanes = lane_params(offset, prm)
-    sub = prm[SUB]
+    lanes32 = params32(offset, prm)
     line[:, :] = 0
     for j in range(line.shape[0]):
         if j < pl or j >= pl + width:
@@ -125,9 +128,9 @@ def depthwise_quads(x, flip, zp, w, kh_count, sh, sw, dh, dw, pt, pl, offset, pr
                 if held[slot] != ip:
                     held[slot] = ip
                     if pt <= ip < pt + height:
-                        _load_quads(x, n, ip - pt, flip, pl, dw, line, ring32[slot])
+                        _load_quads(x, n, ip - pt, flip, pl, sw, dw, line, ring32[slot])
                     else:
-                        ring32[slot, :, :channels] = pad_quad
+                        ring32[slot, :, :, :channels] = pad_quad
             for g in range(groups):
                 wg = w[g * w_group:(g + 1) * w_group]
                 ow = 0
@@ -139,12 +142,8 @@ def depthwise_quads(x, flip, zp, w, kh_count, sh, sw, dh, dw, pt, pl, offset, pr
                     _taps_one(ring8, rows, x_step, taps, wg, acc, ow * cp + g * LANES, cp,
                               ow * x_stride + g * LANES * 4, x_stride)
                     ow += 1
-            if lim[FAST] != 0:
-                _requant_block(acc, cp, ow_count, channels, lanes, sub, lim[LO], lim[HI], flat,
-                               oh * ow_count * channels)
-            else:
-                over += requant_positions(acc.reshape(ow_count, cp)[:, :channels], offset, prm, lim, lanes,
-                                          out[n, oh])
+            over += requant_rows(acc, cp, ow_count, channels, offset, prm, lim, lanes, lanes32, flat,
+                                 oh * ow_count * channels, out[n, oh])
     return over
 
 
@@ -164,7 +163,7 @@ class DepthwisePlan:
     out_shape: tuple[int, ...]  # (N, OH, OW, C)
     out_dtype: np.dtype
     line_shape: tuple[int, int]
-    ring_shape: tuple[int, int, int]
+    ring_shape: tuple[int, int, int, int]
 
     def __call__(self, x: np.ndarray) -> tuple[np.ndarray, int]:
         """Run on x (N, C, H, W), laid out channels-last (`ops.compiled.layout`)."""
@@ -176,7 +175,7 @@ class DepthwisePlan:
                                self.dilations[1], self.pads[0], self.pads[1], self.offset, self.stage[0],
                                self.stage[1], scratch("dw_line", self.line_shape, np.uint8), ring.view(np.uint8),
                                ring.reshape(self.ring_shape),
-                               scratch("dw_quad_acc", (self.out_shape[2] * self.ring_shape[2],), np.int32), data)
+                               scratch("dw_quad_acc", (self.out_shape[2] * self.ring_shape[3],), np.int32), data)
         return channels_first(data), int(over)
 
 
@@ -196,12 +195,11 @@ def plan_depthwise(x: np.ndarray, q, weight: np.ndarray, zx: int, strides, dilat
     channels, kh, kw = weight.shape
     taps = quads_w.shape[2]
     cp = quads_w.shape[0] * LANES
-    wq = (out_hw[1] - 1) * strides[1] + QUAD * (taps - 1) * dilations[1] + 1
-    lw = max(wq + 3 * dilations[1], pads[1] + x.shape[3])
+    lw = max((out_hw[1] - 1) * strides[1] + (QUAD * taps - 1) * dilations[1] + 1, pads[1] + x.shape[3])
     slots = (kh - 1) * dilations[0] + 1
     return DepthwisePlan(quads_w.reshape(-1), kh, tuple(strides), tuple(dilations), (pads[0], pads[1]), offset,
                          packed_stage, signed, zp_u, (x.shape[0], out_hw[0], out_hw[1], channels),
-                         q.stage.dtype, (lw, cp), (slots, wq, cp))
+                         q.stage.dtype, (lw, cp), (slots, out_hw[1], taps, cp))
 
 
 def depthwise_int(x: np.ndarray, q, weight: np.ndarray, zx: int, strides, dilations, pads, packed_stage,
