@@ -52,19 +52,22 @@ def params32(offset, prm):
     return valid, m, k_low, k_high, shift
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _rows64(acc, width, count, channels, lanes, sub, lo, hi, out, out_at) -> None:
-    """out[out_at + r * channels + c] = clamp(floor(T / 2^N), lo, hi) of acc[r * width + c], 64-bit lanes."""
+    """out[out_at + r * channels + c] = clamp(floor(T / 2^N), lo, hi) of acc[r * width + c], 64-bit lanes.
+    (Unsigned indices: no negative-index wrap-around, no array views per row, so the loop along the channels
+    vectorizes without reference counting.)"""
     m32, k_row, shift = lanes
     for r in range(count):
-        row = acc[r * width:r * width + channels]
-        codes = out[out_at + r * channels:out_at + (r + 1) * channels]
+        a0 = np.uint64(r * width)
+        o0 = np.uint64(out_at + r * channels)
         for c in range(channels):
-            y = np.int64((np.uint64(np.int64(row[c]) * np.int64(m32[c]) + k_row[c]) ^ SIGN_BIT) >> shift[c])
-            codes[c] = min(max(y - sub[c], lo), hi)
+            i = np.uint64(c)
+            y = np.int64((np.uint64(np.int64(acc[a0 + i]) * np.int64(m32[i]) + k_row[i]) ^ SIGN_BIT) >> shift[i])
+            out[o0 + i] = min(max(y - sub[i], lo), hi)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _rows32(acc, width, count, channels, lanes32, lo, hi, out, out_at) -> None:
     """`_rows64` in 32-bit lanes (module docstring; every intermediate cast back to int32 so that the loop
     stays in 32-bit vector lanes, the casts never wrap under its conditions)."""
@@ -72,17 +75,18 @@ def _rows32(acc, width, count, channels, lanes32, lo, hi, out, out_at) -> None:
     lo32 = np.int32(lo)
     hi32 = np.int32(hi)
     for r in range(count):
-        row = acc[r * width:r * width + channels]
-        codes = out[out_at + r * channels:out_at + (r + 1) * channels]
+        a0 = np.uint64(r * width)
+        o0 = np.uint64(out_at + r * channels)
         for c in range(channels):
-            a = row[c]
-            low = np.int32(np.int32(np.int32(a & 0xFFFF) * m[c]) + k_low[c])
-            high = np.int32(np.int32(np.int32(a >> 16) * m[c]) + k_high[c])
-            y = np.int32(np.int32(high + np.int32(low >> 16)) >> (shift[c] & 31))
-            codes[c] = min(max(y, lo32), hi32)
+            i = np.uint64(c)
+            a = acc[a0 + i]
+            low = np.int32(np.int32(np.int32(a & 0xFFFF) * m[i]) + k_low[i])
+            high = np.int32(np.int32(np.int32(a >> 16) * m[i]) + k_high[i])
+            y = np.int32(np.int32(high + np.int32(low >> 16)) >> (shift[i] & 31))
+            out[o0 + i] = min(max(y, lo32), hi32)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def requant_rows(acc, width, count, channels, offset, prm, lim, lanes, lanes32, out, out_at, rows) -> int:
     """The epilogue of accumulator rows acc[r * width + c] (r < count, c < channels) into the flat output codes
     out[out_at + r * channels + c], which `rows` (count, channels) also views; `lanes` =

@@ -81,7 +81,7 @@ def _pack(weight_rows: np.ndarray) -> Optional[DenseOperands]:
     return DenseOperands(pack_weight(w.astype(np.int8)), w.sum(axis=1), w.shape[1])
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _block_dot(x, x_stride, p0, count, flip, w, quads, groups, acc, width):
     """acc[r, :] (r < count <= BLOCK; a row of `width` int32) = the dot products of input row p0 + r with
     every packed channel group: tiles of ROWS rows, then the rows left one at a time."""

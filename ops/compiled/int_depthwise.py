@@ -68,27 +68,31 @@ def _packed(q, weight: np.ndarray, zp_u: int) -> Optional[tuple[np.ndarray, np.n
     return _PACKED[key]
 
 
-@numba.njit(cache=True, nogil=True)
-def _load_quads(x, n, i, flip, pl, sw, dw, line, quads):
-    """quads[ow, q, c] = the quad of padded row i of image n at column ow * sw + 4q * dw (module docstring),
-    for each output column ow and quad q of a kernel row: line holds the padded row (its border already
-    zp_u), row i's codes are written into its interior first."""
-    src = x[n, i]
-    for j in range(src.shape[0]):
-        s = src[j]
-        d = line[pl + j]
-        for c in range(s.shape[0]):
-            d[c] = s[c] ^ flip
-    for ow in range(quads.shape[0]):
-        for q in range(quads.shape[1]):
+@numba.njit(cache=True, nogil=True, inline="always")
+def _load_quads(x, row_at, width, channels, flip, pl, sw, dw, line, cp, quads, quads_at, ow_count, taps):
+    """quads[quads_at + (ow * taps + q) * cp + c] = the quad at column ow * sw + 4q * dw of a padded input row
+    (module docstring), for each output column ow and quad q of a kernel row. x (flat bytes) holds the row's
+    `width` x `channels` codes from row_at; line (flat, rows of cp bytes) the padded row, its border already
+    zp_u, the row's codes ^ flip written into its interior first. Flat unsigned indices: the loops along the
+    channels vectorize, with no array view (and no reference count) per column."""
+    for j in range(width):
+        s0 = np.uint64(row_at + j * channels)
+        d0 = np.uint64((pl + j) * cp)
+        for c in range(channels):
+            i = np.uint64(c)
+            line[d0 + i] = x[s0 + i] ^ flip
+    for ow in range(ow_count):
+        for q in range(taps):
             j = ow * sw + QUAD * q * dw
-            a = line[j]
-            b = line[j + dw]
-            e = line[j + 2 * dw]
-            f = line[j + 3 * dw]
-            o = quads[ow, q]
-            for c in range(o.shape[0]):
-                o[c] = np.uint32(a[c]) | (np.uint32(b[c]) << 8) | (np.uint32(e[c]) << 16) | (np.uint32(f[c]) << 24)
+            a0 = np.uint64(j * cp)
+            b0 = np.uint64((j + dw) * cp)
+            e0 = np.uint64((j + 2 * dw) * cp)
+            f0 = np.uint64((j + 3 * dw) * cp)
+            o0 = np.uint64(quads_at + (ow * taps + q) * cp)
+            for c in range(cp):
+                i = np.uint64(c)
+                quads[o0 + i] = (np.uint32(line[a0 + i]) | (np.uint32(line[b0 + i]) << 8)
+                                 | (np.uint32(line[e0 + i]) << 16) | (np.uint32(line[f0 + i]) << 24))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -104,7 +108,7 @@ def depthwise_quads(x, flip, zp, w, kh_count, sh, sw, dh, dw, pt, pl, offset, pr
     slots, ow_count, taps, cp = ring32.shape
     groups = cp // LANES
     w_group = kh_count * taps * LANES * QUAD
-    slot_bytes = ow_count * taps * cp * 4
+    slot_size = ow_count * taps * cp
     x_step = cp * 4
     x_stride = taps * cp * 4
     lanes = lane_params(offset, prm)
@@ -113,6 +117,9 @@ def depthwise_quads(x, flip, zp, w, kh_count, sh, sw, dh, dw, pt, pl, offset, pr
     for j in range(line.shape[0]):
         if j < pl or j >= pl + width:
             line[j, :channels] = zp
+    line_flat = line.reshape(-1)
+    ring_flat = ring32.reshape(-1)
+    x_flat = x.reshape(-1)
     pad_quad = np.uint32(zp) * np.uint32(0x01010101)
     held = np.empty(slots, dtype=np.int64)
     rows = np.empty(kh_count, dtype=np.int64)
@@ -124,22 +131,25 @@ def depthwise_quads(x, flip, zp, w, kh_count, sh, sw, dh, dw, pt, pl, offset, pr
             for kh in range(kh_count):
                 ip = oh * sh + kh * dh
                 slot = ip % slots
-                rows[kh] = slot * slot_bytes
+                rows[kh] = slot * slot_size * 4
                 if held[slot] != ip:
                     held[slot] = ip
                     if pt <= ip < pt + height:
-                        _load_quads(x, n, ip - pt, flip, pl, sw, dw, line, ring32[slot])
+                        _load_quads(x_flat, ((n * height) + ip - pt) * width * channels, width, channels, flip, pl,
+                                    sw, dw, line_flat, cp, ring_flat, slot * slot_size, ow_count, taps)
                     else:
-                        ring32[slot, :, :, :channels] = pad_quad
+                        for k in range(ow_count * taps):
+                            o0 = np.uint64(slot * slot_size + k * cp)
+                            for c in range(channels):
+                                ring_flat[o0 + np.uint64(c)] = pad_quad
             for g in range(groups):
-                wg = w[g * w_group:(g + 1) * w_group]
                 ow = 0
                 while ow + POSITIONS <= ow_count:
-                    _taps_many(ring8, rows, x_step, taps, wg, acc, ow * cp + g * LANES, cp,
+                    _taps_many(ring8, rows, x_step, taps, w, g * w_group, acc, ow * cp + g * LANES, cp,
                                ow * x_stride + g * LANES * 4, x_stride)
                     ow += POSITIONS
                 while ow < ow_count:
-                    _taps_one(ring8, rows, x_step, taps, wg, acc, ow * cp + g * LANES, cp,
+                    _taps_one(ring8, rows, x_step, taps, w, g * w_group, acc, ow * cp + g * LANES, cp,
                               ow * x_stride + g * LANES * 4, x_stride)
                     ow += 1
             over += requant_rows(acc, cp, ow_count, channels, offset, prm, lim, lanes, lanes32, flat,

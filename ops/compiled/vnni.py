@@ -163,10 +163,11 @@ def tile_kernel(rows: int, vectors: int):
 
 
 def taps_kernel(positions: int):
-    """The compiled depthwise step `taps(ring, rows, x_step, taps, w, acc, acc_at, acc_stride, x_at, x_stride)`:
+    """The compiled depthwise step `taps(ring, rows, x_step, taps, w, w_at, acc, acc_at, acc_stride, x_at,
+    x_stride)`:
 
         acc[acc_at + i * acc_stride + l] = sum_{r < len(rows), q < taps} dpbusd(ring bytes at rows[r] + x_at
-                                           + i * x_stride + q * x_step + 4l, w bytes at ((r * taps + q) * LANES + l) * 4)
+                          + i * x_stride + q * x_step + 4l, w bytes at w_at + ((r * taps + q) * LANES + l) * 4)
 
     for i < `positions`, l < LANES: one vector of LANES channels of `positions` output pixels, each the sum of
     len(rows) x taps quads (4 kernel taps of a channel per 32-bit lane; ring: flat uint8 rows of quads, rows:
@@ -175,14 +176,15 @@ def taps_kernel(positions: int):
     lanes = LANES
 
     @intrinsic
-    def taps(typingctx, ring, rows, x_step, count, w, acc, acc_at, acc_stride, x_at, x_stride):
+    def taps(typingctx, ring, rows, x_step, count, w, w_at, acc, acc_at, acc_stride, x_at, x_stride):
         if not (_is_flat(ring, types.uint8) and _is_flat(rows, types.int64) and _is_flat(w, types.int8)
                 and _is_flat(acc, types.int32)):
             return None
-        sig = types.none(ring, rows, types.intp, types.intp, w, acc, types.intp, types.intp, types.intp, types.intp)
+        sig = types.none(ring, rows, types.intp, types.intp, w, types.intp, acc, types.intp, types.intp, types.intp,
+                         types.intp)
 
         def codegen(context, builder, signature, args):
-            ring_arr, rows_arr, x_step, count, w_arr, acc_arr, acc_at, acc_stride, x_at, x_stride = args
+            ring_arr, rows_arr, x_step, count, w_arr, w_base, acc_arr, acc_at, acc_stride, x_at, x_stride = args
             i32 = ir.IntType(32)
             intp = context.get_value_type(types.intp)
             vec = ir.VectorType(i32, lanes)
@@ -190,8 +192,8 @@ def taps_kernel(positions: int):
                                                 _INTRINSIC[lanes])
             rows_ary = context.make_array(signature.args[1])(context, builder, rows_arr)
             ring_data = context.make_array(signature.args[0])(context, builder, ring_arr).data
-            w_data = context.make_array(signature.args[4])(context, builder, w_arr).data
-            acc_data = context.make_array(signature.args[5])(context, builder, acc_arr).data
+            w_data = builder.gep(context.make_array(signature.args[4])(context, builder, w_arr).data, [w_base])
+            acc_data = context.make_array(signature.args[6])(context, builder, acc_arr).data
             kernel_rows = builder.extract_value(rows_ary.shape, 0)
             one = ir.Constant(intp, 1)
             zero = ir.Constant(vec, [0] * lanes)
