@@ -12,6 +12,7 @@ import ops.compiled.int_dense as int_dense
 import ops.compiled.int_depthwise as int_depthwise
 from ops.backend import CompiledBackend
 from ops.compiled.requant import FAST, HI, K, LO, M, N, SUB
+from ops.compiled.vnni import WEIGHT_RANGE
 from ops.registry import IntRuntime
 from test_compiled_kernels import CONV_CASES, _both, _conv_case, _linear
 
@@ -33,11 +34,12 @@ def _codes(rng, shape, dtype, fill=None) -> np.ndarray:
 
 
 def _weight(rng, shape, fill=None) -> np.ndarray:
+    """Centered weights over the instruction's whole range (int8 for vpdpbusd, int16 for vpmaddwd)."""
     if fill == "max":
-        return np.full(shape, 127, dtype=np.int32)
+        return np.full(shape, WEIGHT_RANGE[1], dtype=np.int32)
     if fill == "min":
-        return np.full(shape, -128, dtype=np.int32)
-    return rng.integers(-128, 128, size=shape).astype(np.int32)
+        return np.full(shape, WEIGHT_RANGE[0], dtype=np.int32)
+    return rng.integers(WEIGHT_RANGE[0], WEIGHT_RANGE[1] + 1, size=shape).astype(np.int32)
 
 
 # pixels, depth, output channels: partial row tiles (6), partial channel groups (16, 32), depths not a multiple of 4
@@ -85,11 +87,15 @@ def test_dense_int32_bound_is_checked_at_packing():
     assert int_dense.dense_operands(_Node(), wider) is None
 
 
-@pytest.mark.parametrize("value", [128, -129, 300])
-def test_dense_weight_outside_int8_is_refused(value):
+@pytest.mark.parametrize("past", [1, -1, 100])
+def test_dense_weight_outside_the_instruction_range_is_refused(past):
+    """int8 weights for vpdpbusd, int16 for vpmaddwd: one value past the range and the layer keeps the float
+    path."""
     w = np.zeros((4, 8), dtype=np.int32)
-    w[2, 5] = value
+    w[2, 5] = WEIGHT_RANGE[1] + past if past > 0 else WEIGHT_RANGE[0] + past
     assert int_dense.dense_operands(_Node(), w) is None
+    w[2, 5] = WEIGHT_RANGE[1] if past > 0 else WEIGHT_RANGE[0]
+    assert int_dense.dense_operands(_Node(), w) is not None
 
 
 class _Node:
@@ -167,9 +173,9 @@ def test_depthwise_quads_equal_the_int64_convolution(channels, kernel, strides, 
     np.testing.assert_array_equal(got, want)
 
 
-def test_depthwise_weight_outside_int8_keeps_the_other_kernel():
+def test_depthwise_weight_outside_the_instruction_range_keeps_the_other_kernel():
     w = np.zeros((4, 3, 3), dtype=np.int32)
-    w[1, 2, 0] = 128
+    w[1, 2, 0] = WEIGHT_RANGE[1] + 1
     x = np.zeros((1, 4, 5, 5), dtype=np.uint8)
     assert int_depthwise.depthwise_int(x, _Node(4), w, 0, (1, 1), (1, 1), (1, 1, 1, 1), _identity_stage(4),
                                        [5, 5]) is None
@@ -202,7 +208,7 @@ def test_conv_codes_equal_numpy_with_and_without_the_int_kernels(case, monkeypat
     for seed, activation in ((7, None), (9, "Clip"), (10, None)):
         op, q, inputs = _conv_case(seed, *case, activation=activation, spatial=(9, 8, 5))
         groups, cin, cout = case[:3]
-        fits = -128 <= int(q.weight.min()) and int(q.weight.max()) <= 127
+        fits = WEIGHT_RANGE[0] <= int(q.weight.min()) and int(q.weight.max()) <= WEIGHT_RANGE[1]
         expected = fits and len(case[3]) <= 2 and (groups == 1 or (groups == cin == cout))
         assert _ran_int_kernels(op, q, inputs) == expected, case
         _both(op, q, inputs)
@@ -225,7 +231,7 @@ def test_gemm_codes_equal_numpy_with_the_int_kernels():
     for seed in range(4):
         op, q, inputs = _linear("Gemm", seed)
         _both(op, q, inputs)
-        fits = -128 <= int(q.weight.min()) and int(q.weight.max()) <= 127
+        fits = WEIGHT_RANGE[0] <= int(q.weight.min()) and int(q.weight.max()) <= WEIGHT_RANGE[1]
         assert _ran_int_kernels(op, q, inputs) == (fits and seed != 3)  # seed 3: a 2-D bias, the numpy path
 
 
@@ -285,3 +291,29 @@ def test_epilogue_32_bit_lanes_refuse_parameters_past_their_limits(m_max, n_rang
 
     prm = _fast_params(np.random.default_rng(0), 8, m_max, n_range, k_max)
     assert not params32(np.zeros(8, dtype=np.int64), prm)[0]
+
+
+AVX2_TARGET = {"NUMBA_CPU_NAME": "haswell",
+               "NUMBA_CPU_FEATURES": "+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+f16c,+fma,+lzcnt,+mmx,+movbe,+popcnt,"
+                                     "+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave"}
+
+
+def test_vpmaddwd_kernels_on_an_avx2_target():
+    """A CPU without VNNI (numba compiling for an AVX2 Haswell): the kernels take `vpmaddwd` on 16-bit pairs, and
+    the exactness tests above pass on them too (a child process: numba's target is fixed per process, and its
+    on-disk cache is keyed on it)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, **AVX2_TARGET}
+    chosen = subprocess.run([sys.executable, "-c", "import ops.compiled.vnni as v; print(v.INSTRUCTION, v.LANES)"],
+                            cwd=root, env=env, capture_output=True, text=True, check=True)
+    assert chosen.stdout.split() == ["llvm.x86.avx2.pmadd.wd", "8"]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                          "dense_tiles_equal or depthwise_quads_equal or int32_bound or conv_codes_equal"],
+                         cwd=root, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert " passed" in run.stdout and "failed" not in run.stdout

@@ -16,12 +16,12 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ops.compiled.int_dense import BLOCK, FLIP_SIGN, _dense_codes, dense_operands, zero_point
+from ops.compiled.int_dense import BLOCK, _dense_codes, dense_operands, kernel_rows, zero_point
 from ops.compiled.int_depthwise import plan_depthwise
 from ops.compiled.layout import channels_first, channels_last
 from ops.compiled.requant import pack_stage
 from ops.compiled.scratch import scratch
-from ops.compiled.vnni import LANES, QUAD
+from ops.compiled.vnni import LANES
 from ops.conv_kernels import conv_geometry
 
 _NO_PLAN = object()
@@ -55,11 +55,11 @@ def _make_plan(x: np.ndarray, q) -> Optional[Plan]:
     zx = int(q.in_qparams[0].zero_point[0])
     if q.groups == 1 and geom.is_pointwise:
         ops = dense_operands(q, q.weight.reshape(channels, -1))
-        if ops is None or ops.depth % QUAD:
+        if ops is None:
             return None
         return _PointwisePlan(ops.packed.reshape(-1), ops.quads, q.bias - zero_point(x, zx) * ops.weight_sum,
-                              packed, x.dtype == np.int8, (x.shape[0],) + x.shape[2:] + (channels,),
-                              q.stage.dtype, ops.packed.shape[0] * LANES)
+                              packed, (x.shape[0],) + x.shape[2:] + (channels,), q.stage.dtype,
+                              ops.packed.shape[0] * LANES)
     if q.groups == channels == x.shape[1] and q.weight.shape[1] == 1:
         return plan_depthwise(x, q, q.weight[:, 0], zx, geom.strides, geom.dilations,
                               geom.pads_begin + geom.pads_end, packed, geom.out_shape(x.shape[2:]))
@@ -68,26 +68,21 @@ def _make_plan(x: np.ndarray, q) -> Optional[Plan]:
 
 @dataclass(frozen=True)
 class _PointwisePlan:
-    """A pointwise convolution on channels-last 8-bit codes whose depth is a multiple of 4 (the rows are read
-    in place): `ops.compiled.int_dense`'s kernel with its operands ready."""
+    """A pointwise convolution on channels-last 8-bit codes: `ops.compiled.int_dense`'s kernel with its
+    operands ready (the rows read in place where the instruction set and the depth allow)."""
 
     weight: np.ndarray
     quads: int
     offset: np.ndarray
     stage: tuple[np.ndarray, np.ndarray]
-    signed: bool
     out_shape: tuple[int, ...]
     out_dtype: np.dtype
     width: int
 
     def __call__(self, x: np.ndarray) -> tuple[np.ndarray, int]:
-        rows = x.transpose(0, 2, 3, 1).reshape(-1).view(np.uint8)
+        rows, stride, flip = kernel_rows(x.transpose(0, 2, 3, 1).reshape(-1, x.shape[1]), self.quads)
         data = np.empty(self.out_shape, dtype=self.out_dtype)
-        over = _dense_codes(rows, self.quads * QUAD, FLIP_SIGN if self.signed else NO_FLIP, self.weight, self.quads,
-                            self.offset, self.stage[0], self.stage[1],
+        over = _dense_codes(rows, stride, flip, self.weight, self.quads, self.offset, self.stage[0], self.stage[1],
                             scratch("int_dense_acc", (BLOCK * self.width,), np.int32),
                             data.reshape(-1, self.out_shape[-1]))
         return channels_first(data), int(over)
-
-
-NO_FLIP = np.uint32(0)

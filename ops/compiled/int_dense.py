@@ -30,11 +30,12 @@ import numpy as np
 from ops.compiled.epilogue import params32, requant_rows
 from ops.compiled.requant import lane_params
 from ops.compiled.scratch import scratch
-from ops.compiled.vnni import LANES, QUAD, pack_weight, tile_kernel
+from ops.compiled.vnni import ELEMENTS, LANE_BYTES, LANES, WEIGHT_RANGE, pack_weight, tile_kernel
 
 INT32_LIMIT = 1 << 31
 U8_MAX = 255
 FLIP_SIGN = np.uint32(0x80808080)  # int8 bytes read as uint8 codes + 128
+NO_FLIP = np.uint32(0)
 ROWS = 6  # pixels per tile
 BLOCK = 8 * ROWS  # pixels per block (codes and accumulators in L1 while the epilogue reads them)
 
@@ -76,16 +77,18 @@ def _pack(weight_rows: np.ndarray) -> Optional[DenseOperands]:
     if LANES == 0 or weight_rows.size == 0:
         return None
     w = weight_rows.astype(np.int64)
-    if w.min() < -128 or w.max() > 127 or U8_MAX * int(np.abs(w).sum(axis=1).max()) >= INT32_LIMIT:
+    if w.min() < WEIGHT_RANGE[0] or w.max() > WEIGHT_RANGE[1]:
         return None
-    return DenseOperands(pack_weight(w.astype(np.int8)), w.sum(axis=1), w.shape[1])
+    if U8_MAX * int(np.abs(w).sum(axis=1).max()) >= INT32_LIMIT:
+        return None
+    return DenseOperands(pack_weight(w), w.sum(axis=1), w.shape[1])
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _block_dot(x, x_stride, p0, count, flip, w, quads, groups, acc, width):
     """acc[r, :] (r < count <= BLOCK; a row of `width` int32) = the dot products of input row p0 + r with
     every packed channel group: tiles of ROWS rows, then the rows left one at a time."""
-    w_stride = quads * LANES * QUAD
+    w_stride = quads * LANES * ELEMENTS
     t = 0
     while t + ROWS <= count:
         at = (p0 + t) * x_stride
@@ -110,7 +113,7 @@ def _block_dot(x, x_stride, p0, count, flip, w, quads, groups, acc, width):
 @numba.njit(cache=True, nogil=True)
 def _dense_codes(x, x_stride, flip, w, quads, offset, prm, lim, acc, out) -> int:
     """out (P, M) = epilogue(dot products of the P rows of x with the packed weight + offset); overflows."""
-    groups = w.size // (quads * LANES * QUAD)
+    groups = w.size // (quads * LANES * ELEMENTS)
     width = groups * LANES
     channels = out.shape[1]
     lanes = lane_params(offset, prm)
@@ -128,7 +131,7 @@ def _dense_codes(x, x_stride, flip, w, quads, offset, prm, lim, acc, out) -> int
 @numba.njit(cache=True, nogil=True)
 def _dense_acc(x, x_stride, flip, w, quads, acc, out) -> None:
     """out (P, M) int32 = the dot products of the P rows of x with the packed weight."""
-    groups = w.size // (quads * LANES * QUAD)
+    groups = w.size // (quads * LANES * ELEMENTS)
     width = groups * LANES
     grid = acc.reshape(-1, width)
     for p0 in range(0, out.shape[0], BLOCK):
@@ -137,14 +140,27 @@ def _dense_acc(x, x_stride, flip, w, quads, acc, out) -> None:
         out[p0:p0 + count] = grid[:count, :out.shape[1]]
 
 
-def _rows(codes: np.ndarray, quads: int) -> tuple[np.ndarray, int]:
-    """(flat uint8 bytes, row stride) of (P, K) 8-bit codes, rows padded to 4 * quads bytes when K is not."""
-    stride = quads * QUAD
-    if codes.shape[1] == stride and codes.flags.c_contiguous:
-        return codes.reshape(-1).view(np.uint8), stride
-    padded = np.zeros((codes.shape[0], stride), dtype=np.uint8)
-    padded[:, :codes.shape[1]] = codes.view(np.uint8)
-    return padded.reshape(-1), stride
+def kernel_rows(codes: np.ndarray, quads: int) -> tuple[np.ndarray, int, np.uint32]:
+    """(flat bytes, row stride in bytes, flip) the tiles read for (P, K) 8-bit codes: for `vpdpbusd` the codes
+    themselves (copied only when K is not a multiple of 4: rows padded with zeros), the sign bit flipped by the
+    kernel for int8 (flip); for `vpmaddwd` the unsigned codes (x, or x + 128 for int8) as uint16 rows of
+    2 * quads values, zero-padded (flip 0)."""
+    signed = codes.dtype == np.int8
+    stride = quads * LANE_BYTES
+    if ELEMENTS == 4:
+        flip = FLIP_SIGN if signed else NO_FLIP
+        if codes.shape[1] == stride and codes.flags.c_contiguous:
+            return codes.reshape(-1).view(np.uint8), stride, flip
+        padded = np.zeros((codes.shape[0], stride), dtype=np.uint8)
+        padded[:, :codes.shape[1]] = codes.view(np.uint8)
+        return padded.reshape(-1), stride, flip
+    wide = scratch("int_dense_rows16", (codes.shape[0], 2 * quads), np.uint16)
+    wide[:, codes.shape[1]:] = 0
+    if signed:
+        np.bitwise_xor(codes.view(np.uint8), np.uint8(0x80), out=wide[:, :codes.shape[1]], casting="unsafe")
+    else:
+        wide[:, :codes.shape[1]] = codes.view(np.uint8)
+    return wide.reshape(-1).view(np.uint8), stride, NO_FLIP
 
 
 def _accumulators(ops: DenseOperands) -> np.ndarray:
@@ -160,8 +176,7 @@ def dense_codes(codes: np.ndarray, ops: DenseOperands, offset: np.ndarray, packe
     """out (P, M) = the epilogue of the integer dot products of codes (P, K; int8 or uint8) with the layer's
     weight plus `offset` (int64 (M,), the zero point of the unsigned bytes already folded in:
     `zero_point`); returns the overflow count."""
-    x, stride = _rows(codes, ops.quads)
-    flip = FLIP_SIGN if codes.dtype == np.int8 else np.uint32(0)
+    x, stride, flip = kernel_rows(codes, ops.quads)
     return int(_dense_codes(x, stride, flip, ops.packed.reshape(-1), ops.quads, offset, packed_stage[0],
                             packed_stage[1], _accumulators(ops), out))
 
@@ -169,8 +184,7 @@ def dense_codes(codes: np.ndarray, ops: DenseOperands, offset: np.ndarray, packe
 def dense_acc(codes: np.ndarray, ops: DenseOperands) -> np.ndarray:
     """The int32 (P, M) dot products sum_k u[p, k] w[m, k] of codes (P, K; int8 or uint8, read as the unsigned
     bytes u of the module docstring) with the layer's weight."""
-    x, stride = _rows(codes, ops.quads)
-    flip = FLIP_SIGN if codes.dtype == np.int8 else np.uint32(0)
+    x, stride, flip = kernel_rows(codes, ops.quads)
     out = np.empty((codes.shape[0], ops.weight_sum.shape[0]), dtype=np.int32)
     _dense_acc(x, stride, flip, ops.packed.reshape(-1), ops.quads, _accumulators(ops), out)
     return out

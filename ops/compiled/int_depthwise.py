@@ -1,21 +1,23 @@
-"""Depthwise 2-D convolution on the 8-bit multiply-add instruction (`ops.compiled.vnni.taps_kernel`).
+"""Depthwise 2-D convolution on the CPU's multiply-add instructions (`ops.compiled.vnni.taps_kernel`).
 
 Per image, output channel c (input channel c: one channel per group), output position (oh, ow):
 
     A[c, oh, ow] = sum_{kh, kw} u[c, oh*sh + kh*dh - pt, ow*sw + kw*dw - pl] * w[c, kh, kw]  +  (b_q[c] - zp_u * sum w[c])
-    y_q[c, oh, ow] = epilogue(A)      (`ops.compiled.requant`: saturation if unproven, M/2^N, zp, clamp)
+    y_q[c, oh, ow] = epilogue(A)      (`ops.compiled.epilogue`: M/2^N, zp, clamp; saturation if unproven)
 
-u are the input codes as unsigned bytes (x_q, or x_q + 128 for int8, zp_u likewise: u - zp_u = x_q - zp_x), the
-padding holds zp_u (the real zero), w = w_q - zp_w must fit int8. The taps of a kernel row go four at a time
-into the four bytes of a 32-bit lane: each input row is loaded once as the quads its output columns read,
+u are the input codes as unsigned values (x_q, or x_q + 128 for int8, zp_u likewise: u - zp_u = x_q - zp_x), the
+padding holds zp_u (the real zero), w = w_q - zp_w must fit the instruction's weight type (int8 for
+`vpdpbusd`, int16 for `vpmaddwd`). The taps of a kernel row go E at a time (E = 4 bytes, or 2 16-bit values)
+into a 32-bit lane: each input row is loaded once as the groups its output columns read, j = ow*sw + E*q*dw,
 
-    quad[ow, q, c] = u[c, j] | u[c, j + dw] << 8 | u[c, j + 2dw] << 16 | u[c, j + 3dw] << 24,  j = ow*sw + 4q*dw
-                                                                                      (columns of the padded row)
+    vpdpbusd:  group[ow, q, c] = u[c, j] | u[c, j + dw] << 8 | u[c, j + 2dw] << 16 | u[c, j + 3dw] << 24
+    vpmaddwd:  group[ow, q, c] = u[c, j] | u[c, j + dw] << 16                       (columns of the padded row)
 
-and one `vpdpbusd` adds taps 4q..4q+3 of kernel row kh for 16 channels (the weight's quads zero past KW), so
-a 3x3 kernel takes three instructions per 16 channels and pixel. |A - offset| <= 255 * sum |w[c]| < 2^31 for any
-kernel under 65,000 taps: int32 is exact. The channels run innermost (channels-last in and out, the layout
-of `ops.compiled.layout`), padded to a multiple of the vector's lanes with zero weights.
+and one instruction adds taps E*q..E*q+E-1 of kernel row kh for a vector of channels (the weight's groups zero
+past KW): a 3x3 kernel takes three `vpdpbusd` (six `vpmaddwd`) per vector of channels and pixel.
+|A - offset| <= 255 * max_c sum |w[c]| < 2^31, checked when the weight is packed: int32 is exact. The
+channels run innermost (channels-last in and out, the layout of `ops.compiled.layout`), padded to a multiple
+of the vector's lanes with zero weights.
 The same integers as the numpy path (`ops.conv`), so its LSB bound holds unchanged.
 """
 from __future__ import annotations
@@ -32,10 +34,11 @@ from ops.compiled.epilogue import params32, requant_rows
 from ops.compiled.layout import channels_first, channels_last
 from ops.compiled.requant import lane_params
 from ops.compiled.scratch import scratch
-from ops.compiled.vnni import LANES, QUAD, taps_kernel
+from ops.compiled.vnni import ELEMENTS, LANES, WEIGHT_DTYPE, WEIGHT_RANGE, taps_kernel
 
 POSITIONS = 4  # output pixels per call of the tap kernel (their accumulators stay in registers)
-MAX_TAPS = 1 << 16  # 255 * 128 * taps < 2^31
+U8_MAX = 255
+INT32_LIMIT = 1 << 31
 
 _taps_many = taps_kernel(POSITIONS)
 _taps_one = taps_kernel(1)
@@ -44,16 +47,18 @@ _PACKED: dict = {}
 
 
 def pack_taps(weight: np.ndarray) -> Optional[np.ndarray]:
-    """A depthwise weight (C, KH, KW) of int8 values as int8 quads (G, KH, Q, LANES, 4), G = ceil(C / LANES),
-    Q = ceil(KW / 4): packed[g, kh, q, l, j] = weight[g * LANES + l, kh, 4q + j], zero past C and KW; None
-    when a value is outside int8 or the kernel has too many taps."""
-    if weight.min() < -128 or weight.max() > 127 or weight[0].size >= MAX_TAPS:
+    """A depthwise weight (C, KH, KW) as WEIGHT_DTYPE groups (G, KH, Q, LANES, E), G = ceil(C / LANES),
+    Q = ceil(KW / E): packed[g, kh, q, l, j] = weight[g * LANES + l, kh, E * q + j], zero past C and KW; None
+    when a value is outside the instruction's weight range or 255 * max_c sum |w[c]| >= 2^31."""
+    if weight.min() < WEIGHT_RANGE[0] or weight.max() > WEIGHT_RANGE[1]:
+        return None
+    if U8_MAX * int(np.abs(weight.astype(np.int64)).reshape(weight.shape[0], -1).sum(axis=1).max()) >= INT32_LIMIT:
         return None
     channels, kh, kw = weight.shape
-    groups, quads = -(-channels // LANES), -(-kw // QUAD)
-    padded = np.zeros((groups * LANES, kh, quads * QUAD), dtype=np.int8)
+    groups, quads = -(-channels // LANES), -(-kw // ELEMENTS)
+    padded = np.zeros((groups * LANES, kh, quads * ELEMENTS), dtype=WEIGHT_DTYPE)
     padded[:channels, :, :kw] = weight
-    return np.ascontiguousarray(padded.reshape(groups, LANES, kh, quads, QUAD).transpose(0, 2, 3, 1, 4))
+    return np.ascontiguousarray(padded.reshape(groups, LANES, kh, quads, ELEMENTS).transpose(0, 2, 3, 1, 4))
 
 
 def _packed(q, weight: np.ndarray, zp_u: int) -> Optional[tuple[np.ndarray, np.ndarray]]:
@@ -70,8 +75,8 @@ def _packed(q, weight: np.ndarray, zp_u: int) -> Optional[tuple[np.ndarray, np.n
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _load_quads(x, row_at, width, channels, flip, pl, sw, dw, line, cp, quads, quads_at, ow_count, taps):
-    """quads[quads_at + (ow * taps + q) * cp + c] = the quad at column ow * sw + 4q * dw of a padded input row
-    (module docstring), for each output column ow and quad q of a kernel row. x (flat bytes) holds the row's
+    """quads[quads_at + (ow * taps + q) * cp + c] = the group at column ow * sw + E * q * dw of a padded input row
+    (module docstring), for each output column ow and group q of a kernel row. x (flat bytes) holds the row's
     `width` x `channels` codes from row_at; line (flat, rows of cp bytes) the padded row, its border already
     zp_u, the row's codes ^ flip written into its interior first. Flat unsigned indices: the loops along the
     channels vectorize, with no array view (and no reference count) per column."""
@@ -83,16 +88,21 @@ def _load_quads(x, row_at, width, channels, flip, pl, sw, dw, line, cp, quads, q
             line[d0 + i] = x[s0 + i] ^ flip
     for ow in range(ow_count):
         for q in range(taps):
-            j = ow * sw + QUAD * q * dw
+            j = ow * sw + ELEMENTS * q * dw
             a0 = np.uint64(j * cp)
             b0 = np.uint64((j + dw) * cp)
-            e0 = np.uint64((j + 2 * dw) * cp)
-            f0 = np.uint64((j + 3 * dw) * cp)
             o0 = np.uint64(quads_at + (ow * taps + q) * cp)
-            for c in range(cp):
-                i = np.uint64(c)
-                quads[o0 + i] = (np.uint32(line[a0 + i]) | (np.uint32(line[b0 + i]) << 8)
-                                 | (np.uint32(line[e0 + i]) << 16) | (np.uint32(line[f0 + i]) << 24))
+            if ELEMENTS == 4:
+                e0 = np.uint64((j + 2 * dw) * cp)
+                f0 = np.uint64((j + 3 * dw) * cp)
+                for c in range(cp):
+                    i = np.uint64(c)
+                    quads[o0 + i] = (np.uint32(line[a0 + i]) | (np.uint32(line[b0 + i]) << 8)
+                                     | (np.uint32(line[e0 + i]) << 16) | (np.uint32(line[f0 + i]) << 24))
+            else:  # two taps as zero-extended 16-bit values
+                for c in range(cp):
+                    i = np.uint64(c)
+                    quads[o0 + i] = np.uint32(line[a0 + i]) | (np.uint32(line[b0 + i]) << 16)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -107,7 +117,7 @@ def depthwise_quads(x, flip, zp, w, kh_count, sh, sw, dh, dw, pt, pl, offset, pr
     channels = out.shape[3]
     slots, ow_count, taps, cp = ring32.shape
     groups = cp // LANES
-    w_group = kh_count * taps * LANES * QUAD
+    w_group = kh_count * taps * LANES * ELEMENTS
     slot_size = ow_count * taps * cp
     x_step = cp * 4
     x_stride = taps * cp * 4
@@ -120,7 +130,7 @@ def depthwise_quads(x, flip, zp, w, kh_count, sh, sw, dh, dw, pt, pl, offset, pr
     line_flat = line.reshape(-1)
     ring_flat = ring32.reshape(-1)
     x_flat = x.reshape(-1)
-    pad_quad = np.uint32(zp) * np.uint32(0x01010101)
+    pad_quad = np.uint32(zp) * np.uint32(0x01010101 if ELEMENTS == 4 else 0x00010001)
     held = np.empty(slots, dtype=np.int64)
     rows = np.empty(kh_count, dtype=np.int64)
     over = 0
@@ -205,7 +215,7 @@ def plan_depthwise(x: np.ndarray, q, weight: np.ndarray, zx: int, strides, dilat
     channels, kh, kw = weight.shape
     taps = quads_w.shape[2]
     cp = quads_w.shape[0] * LANES
-    lw = max((out_hw[1] - 1) * strides[1] + (QUAD * taps - 1) * dilations[1] + 1, pads[1] + x.shape[3])
+    lw = max((out_hw[1] - 1) * strides[1] + (ELEMENTS * taps - 1) * dilations[1] + 1, pads[1] + x.shape[3])
     slots = (kh - 1) * dilations[0] + 1
     return DepthwisePlan(quads_w.reshape(-1), kh, tuple(strides), tuple(dilations), (pads[0], pads[1]), offset,
                          packed_stage, signed, zp_u, (x.shape[0], out_hw[0], out_hw[1], channels),
