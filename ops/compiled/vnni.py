@@ -66,6 +66,11 @@ def _instruction_set(features: set[str]) -> tuple[str, int, int]:
 
 
 INSTRUCTION, LANES, ELEMENTS = _instruction_set(_target_features())
+# how a benchmark names it
+INSTRUCTION_NAME = {"llvm.x86.avx512.vpdpbusd.512": "vpdpbusd, AVX512-VNNI, 16 lanes",
+                    "llvm.x86.avx512.vpdpbusd.256": "vpdpbusd, AVX-VNNI, 8 lanes",
+                    "llvm.x86.avx512.pmaddw.d.512": "vpmaddwd, AVX-512BW, 16 lanes",
+                    "llvm.x86.avx2.pmadd.wd": "vpmaddwd, AVX2, 8 lanes"}.get(INSTRUCTION, "none")
 # the weight's dtype: signed bytes for vpdpbusd, int16 for vpmaddwd (ELEMENTS 0: no kernel)
 WEIGHT_DTYPE = np.dtype(np.int8 if ELEMENTS == 4 else np.int16)
 WEIGHT_RANGE = (int(np.iinfo(WEIGHT_DTYPE).min), int(np.iinfo(WEIGHT_DTYPE).max))
