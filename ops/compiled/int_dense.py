@@ -140,6 +140,30 @@ def _dense_acc(x, x_stride, flip, w, quads, acc, out) -> None:
         out[p0:p0 + count] = grid[:count, :out.shape[1]]
 
 
+@numba.njit(cache=True, nogil=True)
+def window_rows(x, zx, kh, kw, sh, sw, dh, dw, pt, pl, rows, oh_count, ow_count) -> None:
+    """rows[(n * OH + oh) * OW + ow, (c * KH + i) * KW + j] = x[n, c, oh * sh + i * dh - pt, ow * sw + j * dw - pl]
+    (the byte zx where that is in the padding): im2col of a 2-D convolution's codes x (N, C, H, W, any layout)
+    straight into the rows of the dense kernel, in the weight's (c, taps) order; columns past C * KH * KW are
+    left as they are (zeros)."""
+    n_count, channels, height, width = x.shape
+    for n in range(n_count):
+        for oh in range(oh_count):
+            base = (n * oh_count + oh) * ow_count
+            for c in range(channels):
+                for i in range(kh):
+                    ih = oh * sh + i * dh - pt
+                    inside = 0 <= ih < height
+                    for j in range(kw):
+                        k = (c * kh + i) * kw + j
+                        for ow in range(ow_count):
+                            iw = ow * sw + j * dw - pl
+                            if inside and 0 <= iw < width:
+                                rows[base + ow, k] = x[n, c, ih, iw]
+                            else:
+                                rows[base + ow, k] = zx
+
+
 def kernel_rows(codes: np.ndarray, quads: int) -> tuple[np.ndarray, int, np.uint32]:
     """(flat bytes, row stride in bytes, flip) the tiles read for (P, K) 8-bit codes: for `vpdpbusd` the codes
     themselves (copied only when K is not a multiple of 4: rows padded with zeros), the sign bit flipped by the

@@ -19,16 +19,18 @@ The same integers as the numpy path, so the LSB bound stated in `ops.conv`, `ops
 """
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Optional
 
 import numpy as np
 
 from ops.backend import dtype_absmax
-from ops.compiled.int_dense import dense_acc, dense_codes, dense_operands, zero_point
+from ops.compiled.int_dense import dense_acc, dense_codes, dense_operands, window_rows, zero_point
 from ops.compiled.layout import channels_first, channels_last
 from ops.compiled.requant import finish, finish_lanes, pack_stage
 from ops.compiled.scratch import scratch
+from ops.compiled.vnni import ELEMENTS
 from ops.conv_kernels import im2col, pad_input
 
 FLOAT32_EXACT = 1 << 24
@@ -135,6 +137,13 @@ def _conv_int(x: np.ndarray, q, geom, ops, zx: int, packed) -> tuple[np.ndarray,
         if rows is None:
             rows = np.ascontiguousarray(np.moveaxis(x, 1, -1))
         out_spatial = x.shape[2:]
+    elif x.ndim == 4:  # the windows gathered straight into rows, zero-padded to the kernel's groups
+        out_spatial = geom.out_shape(x.shape[2:])
+        rows = np.zeros((n * math.prod(out_spatial), ops.quads * ELEMENTS), dtype=np.uint8)
+        window_rows(x.view(np.uint8), np.uint8(zx & 0xFF), geom.kernel[0], geom.kernel[1], geom.strides[0],
+                    geom.strides[1], geom.dilations[0], geom.dilations[1], geom.pads_begin[0], geom.pads_begin[1],
+                    rows, out_spatial[0], out_spatial[1])
+        rows = rows.view(x.dtype)
     else:
         xp = pad_input(x, geom, zx)
         cols = im2col(xp, geom)  # (N, K, P)
