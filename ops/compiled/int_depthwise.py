@@ -42,6 +42,10 @@ INT32_LIMIT = 1 << 31
 
 _taps_many = taps_kernel(POSITIONS)
 _taps_one = taps_kernel(1)
+# a 3x3 kernel, the common one, straight-line: (3 rows, 1 group of 4 taps) or (3 rows, 2 groups of 2 taps)
+KERNEL3 = (3, 1 if ELEMENTS == 4 else 2)
+_taps3_many = taps_kernel(POSITIONS, KERNEL3)
+_taps3_one = taps_kernel(1, KERNEL3)
 
 _PACKED: dict = {}
 
@@ -123,6 +127,7 @@ def depthwise_quads(x, flip, zp, w, kh_count, sh, sw, dh, dw, pt, pl, offset, pr
     x_stride = taps * cp * 4
     lanes = lane_params(offset, prm)
     lanes32 = params32(offset, prm)
+    kernel3 = kh_count == KERNEL3[0] and taps == KERNEL3[1]
     line[:, :] = 0
     for j in range(line.shape[0]):
         if j < pl or j >= pl + width:
@@ -154,6 +159,15 @@ def depthwise_quads(x, flip, zp, w, kh_count, sh, sw, dh, dw, pt, pl, offset, pr
                                 ring_flat[o0 + np.uint64(c)] = pad_quad
             for g in range(groups):
                 ow = 0
+                if kernel3:
+                    while ow + POSITIONS <= ow_count:
+                        _taps3_many(ring8, rows, x_step, taps, w, g * w_group, acc, ow * cp + g * LANES, cp,
+                                    ow * x_stride + g * LANES * 4, x_stride)
+                        ow += POSITIONS
+                    while ow < ow_count:
+                        _taps3_one(ring8, rows, x_step, taps, w, g * w_group, acc, ow * cp + g * LANES, cp,
+                                   ow * x_stride + g * LANES * 4, x_stride)
+                        ow += 1
                 while ow + POSITIONS <= ow_count:
                     _taps_many(ring8, rows, x_step, taps, w, g * w_group, acc, ow * cp + g * LANES, cp,
                                ow * x_stride + g * LANES * 4, x_stride)

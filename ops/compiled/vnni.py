@@ -30,6 +30,8 @@ on that CPU, so a kernel compiled for one instruction set never runs on another.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numba
 import numpy as np
 from llvmlite import binding, ir
@@ -203,7 +205,7 @@ def tile_kernel(rows: int, vectors: int):
     return tile
 
 
-def taps_kernel(positions: int):
+def taps_kernel(positions: int, unrolled: Optional[tuple[int, int]] = None):
     """The compiled depthwise step `taps(ring, rows, x_step, taps, w, w_at, acc, acc_at, acc_stride, x_at,
     x_stride)`:
 
@@ -214,7 +216,8 @@ def taps_kernel(positions: int):
     for i < `positions`, l < LANES: one vector of LANES channels of `positions` output pixels, each the sum of
     len(rows) x taps groups (E kernel taps of a channel per 32-bit lane; ring: flat uint8, the bytes of the
     rows of groups, rows: int64 byte offsets of the kernel rows' group rows, w: the flat packed weight, acc:
-    flat int32; no bounds check)."""
+    flat int32; no bounds check). `unrolled` (kernel rows, groups per row): the loops straight-line for that
+    kernel size, which the caller then guarantees (3 x 1 for a 3x3 kernel on vpdpbusd)."""
     lanes = LANES
 
     @intrinsic
@@ -239,6 +242,24 @@ def taps_kernel(positions: int):
             one = ir.Constant(intp, 1)
             zero = ir.Constant(vec, [0] * lanes)
             starts = [builder.add(x_at, builder.mul(x_stride, ir.Constant(intp, i))) for i in range(positions)]
+            if unrolled is not None:
+                accs = [zero] * positions
+                for r in range(unrolled[0]):
+                    row_at = builder.load(builder.gep(rows_ary.data, [ir.Constant(intp, r)]))
+                    for q in range(unrolled[1]):
+                        w_at = ir.Constant(intp, (r * unrolled[1] + q) * lanes * ELEMENTS)
+                        weight = builder.load(builder.bitcast(builder.gep(w_data, [w_at]), vec.as_pointer()))
+                        weight.align = 1
+                        base = builder.add(row_at, builder.mul(ir.Constant(intp, q), x_step))
+                        for i in range(positions):
+                            xv = builder.load(builder.bitcast(builder.gep(ring_data, [builder.add(base, starts[i])]),
+                                                              vec.as_pointer()))
+                            xv.align = 1
+                            accs[i] = _multiply_add(builder, fn, accs[i], xv, weight)
+                for i in range(positions):
+                    at = builder.add(acc_at, builder.mul(acc_stride, ir.Constant(intp, i)))
+                    builder.store(accs[i], builder.bitcast(builder.gep(acc_data, [at]), vec.as_pointer())).align = 4
+                return context.get_dummy_value()
 
             entry = builder.block
             row_head = builder.append_basic_block("taps.row")
