@@ -317,3 +317,19 @@ def test_vpmaddwd_kernels_on_an_avx2_target():
                          cwd=root, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:]
     assert " passed" in run.stdout and "failed" not in run.stdout
+
+
+def test_scratch_views_share_one_growing_buffer_per_name():
+    """`ops.compiled.scratch` hands out its cached views: every view of a name shares one buffer, also after
+    a larger request grew it (the views of the smaller buffer are dropped)."""
+    from ops.compiled.scratch import scratch
+
+    small = scratch("test_scratch", (4,), np.int32)
+    assert scratch("test_scratch", (4,), np.int32) is small
+    square = scratch("test_scratch", (2, 2), np.int32)
+    assert square.shape == (2, 2) and np.shares_memory(small, square)
+    large = scratch("test_scratch", (64,), np.int32)
+    again = scratch("test_scratch", (4,), np.int32)
+    assert np.shares_memory(again, large) and not np.shares_memory(again, small)
+    assert np.shares_memory(scratch("test_scratch", (2, 2), np.int32), large)
+    assert not np.shares_memory(scratch("test_scratch", (4,), np.int64), large)
