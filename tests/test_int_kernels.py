@@ -333,3 +333,24 @@ def test_scratch_views_share_one_growing_buffer_per_name():
     assert np.shares_memory(again, large) and not np.shares_memory(again, small)
     assert np.shares_memory(scratch("test_scratch", (2, 2), np.int32), large)
     assert not np.shares_memory(scratch("test_scratch", (4,), np.int64), large)
+
+
+@pytest.mark.parametrize("bits, signed, zero_point", [(8, True, -3), (8, False, 131), (16, True, 7)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_input_quantization_equals_qparams_quantize(bits, signed, zero_point, dtype):
+    """The compiled quantization of a graph input (`ops.compiled.quantize`) gives `QParams.quantize`'s codes:
+    random values, exact halves (round half to even), values far past the range on both sides."""
+    from ops.compiled.quantize import quantize_per_tensor
+    from ptq.core.qparams import QParams
+
+    qp = QParams(scale=0.0173, zero_point=zero_point, bits=bits, signed=signed)
+    rng = np.random.default_rng(bits + zero_point)
+    x = rng.normal(0, 3, size=(2, 3, 17, 19))
+    x.flat[:40] = (np.arange(-20, 20) + 0.5) * 0.0173  # halves of a step
+    x.flat[40:44] = (-1e6, 1e6, -0.0, 0.0)
+    x = x.astype(dtype)
+    got = quantize_per_tensor(qp, x)
+    want = qp.quantize(x)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    assert quantize_per_tensor(qp, x.transpose(0, 1, 3, 2)) is None  # not C-contiguous: QParams.quantize

@@ -247,7 +247,7 @@ class IntegerGraph:
         kept: dict[str, np.ndarray] = {}
         for name in self.graph.inputs:
             qp = self.qparams.get(name)
-            values[name] = qp.quantize(inputs[name]) if qp is not None else inputs[name]
+            values[name] = self._quantize_input(qp, inputs[name]) if qp is not None else inputs[name]
             if on_tensor is not None:
                 on_tensor(name, values[name])
         if keep_all:
@@ -277,6 +277,16 @@ class IntegerGraph:
             float_out[name] = qp.dequantize(value) if qp is not None and name not in constants else value
             kept.setdefault(name, value)
         return IntRunResult(float_out, kept, dict(self.qparams), dict(runtime.overflows), self.float_nodes)
+
+    def _quantize_input(self, qp: QParams, x: np.ndarray) -> np.ndarray:
+        """`qp.quantize(x)`, in one compiled pass when the backend runs the compiled kernels (same codes)."""
+        if getattr(self.backend, "compiled", False) is True:
+            from ops.compiled.quantize import quantize_per_tensor  # numba: only for the compiled backend
+
+            codes = quantize_per_tensor(qp, x)
+            if codes is not None:
+                return codes
+        return qp.quantize(x)
 
     def _execute(self, step: Step, args: list, runtime: IntRuntime) -> list[np.ndarray]:
         node = step.node
