@@ -87,27 +87,29 @@ def _pack(weight_rows: np.ndarray) -> Optional[DenseOperands]:
 @numba.njit(cache=True, nogil=True, inline="always")
 def _block_dot(x, x_stride, p0, count, flip, w, quads, groups, acc, width):
     """acc[r, :] (r < count <= BLOCK; a row of `width` int32) = the dot products of input row p0 + r with
-    every packed channel group: tiles of ROWS rows, then the rows left one at a time."""
+    every packed channel group: per pair of groups (the last group alone when their count is odd), tiles of
+    ROWS rows, then the rows left one at a time. Groups outermost: a pair's weight panel (32 x K bytes) stays
+    in L1 while the block's rows pass over it."""
     w_stride = quads * LANES * ELEMENTS
-    t = 0
-    while t + ROWS <= count:
-        at = (p0 + t) * x_stride
-        g = 0
-        while g + 2 <= groups:
-            _tile_two(x, at, x_stride, flip, w, g * w_stride, w_stride, quads, acc, t * width + g * LANES, width)
-            g += 2
-        if g < groups:
-            _tile_one(x, at, x_stride, flip, w, g * w_stride, w_stride, quads, acc, t * width + g * LANES, width)
-        t += ROWS
-    while t < count:
-        at = (p0 + t) * x_stride
-        g = 0
-        while g + 2 <= groups:
-            _row_two(x, at, x_stride, flip, w, g * w_stride, w_stride, quads, acc, t * width + g * LANES, width)
-            g += 2
-        if g < groups:
-            _row_one(x, at, x_stride, flip, w, g * w_stride, w_stride, quads, acc, t * width + g * LANES, width)
-        t += 1
+    g = 0
+    while g < groups:
+        pair = g + 2 <= groups
+        t = 0
+        while t + ROWS <= count:
+            at = (p0 + t) * x_stride
+            if pair:
+                _tile_two(x, at, x_stride, flip, w, g * w_stride, w_stride, quads, acc, t * width + g * LANES, width)
+            else:
+                _tile_one(x, at, x_stride, flip, w, g * w_stride, w_stride, quads, acc, t * width + g * LANES, width)
+            t += ROWS
+        while t < count:
+            at = (p0 + t) * x_stride
+            if pair:
+                _row_two(x, at, x_stride, flip, w, g * w_stride, w_stride, quads, acc, t * width + g * LANES, width)
+            else:
+                _row_one(x, at, x_stride, flip, w, g * w_stride, w_stride, quads, acc, t * width + g * LANES, width)
+            t += 1
+        g += 2 if pair else 1
 
 
 @numba.njit(cache=True, nogil=True)
