@@ -73,7 +73,11 @@ def gemm_dense(a: np.ndarray, q, acc_bits: Optional[int]) -> Optional[tuple[np.n
     ops = dense_operands(q, q.weight.T) if a.dtype.itemsize == 1 else None
     if ops is not None:
         offset = _cached((id(q), "int", zero_point(a, za)), q, lambda: q.bias - zero_point(a, za) * ops.weight_sum)
-        return finish(dense_acc(a, ops), offset, q.stage, acc_bits)
+        packed = pack_stage(q.stage, ops.weight_sum.shape[0], acc_bits)
+        if packed is None:
+            return finish(dense_acc(a, ops), offset, q.stage, acc_bits)
+        out = np.empty((a.shape[0], ops.weight_sum.shape[0]), dtype=q.stage.dtype)
+        return out, dense_codes(a, ops, offset, packed, out)
     bound = dtype_absmax(a) * _column_l1(q)
     if bound > FLOAT64_EXACT:
         return None
