@@ -2,7 +2,8 @@
 
 Per image, output channel c (input channel c: one channel per group), output position (oh, ow):
 
-    A[c, oh, ow] = sum_{kh, kw} u[c, oh*sh + kh*dh - pt, ow*sw + kw*dw - pl] * w[c, kh, kw]  +  (b_q[c] - zp_u * sum w[c])
+    A[c, oh, ow] = sum_{kh, kw} u[c, oh*sh + kh*dh - pt, ow*sw + kw*dw - pl] * w[c, kh, kw]
+                   + (b_q[c] - zp_u * sum w[c])
     y_q[c, oh, ow] = epilogue(A)      (`ops.compiled.epilogue`: M/2^N, zp, clamp; saturation if unproven)
 
 u are the input codes as unsigned values (x_q, or x_q + 128 for int8, zp_u likewise: u - zp_u = x_q - zp_x), the
