@@ -16,12 +16,12 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ops.compiled.int_dense import BLOCK, _dense_codes, dense_operands, kernel_rows, zero_point
+from ops.compiled.int_dense import BLOCK, FLIP_SIGN, NO_FLIP, _dense_codes, dense_operands, kernel_rows, zero_point
 from ops.compiled.int_depthwise import plan_depthwise
 from ops.compiled.layout import channels_first, channels_last
 from ops.compiled.requant import pack_stage
 from ops.compiled.scratch import scratch
-from ops.compiled.vnni import LANES
+from ops.compiled.vnni import ELEMENTS, LANE_BYTES, LANES
 from ops.conv_kernels import conv_geometry
 
 _NO_PLAN = object()
@@ -57,9 +57,11 @@ def _make_plan(x: np.ndarray, q) -> Optional[Plan]:
         ops = dense_operands(q, q.weight.reshape(channels, -1))
         if ops is None:
             return None
+        in_place = ELEMENTS == 4 and ops.depth == ops.quads * LANE_BYTES  # the codes are the kernel's rows
+        flip = (FLIP_SIGN if x.dtype == np.int8 else NO_FLIP) if in_place else None
         return _PointwisePlan(ops.packed.reshape(-1), ops.quads, q.bias - zero_point(x, zx) * ops.weight_sum,
                               packed, (x.shape[0],) + x.shape[2:] + (channels,), q.stage.dtype,
-                              ops.packed.shape[0] * LANES)
+                              ops.packed.shape[0] * LANES, flip)
     if q.groups == channels == x.shape[1] and q.weight.shape[1] == 1:
         return plan_depthwise(x, q, q.weight[:, 0], zx, geom.strides, geom.dilations,
                               geom.pads_begin + geom.pads_end, packed, geom.out_shape(x.shape[2:]))
@@ -78,9 +80,13 @@ class _PointwisePlan:
     out_shape: tuple[int, ...]
     out_dtype: np.dtype
     width: int
+    flip: Optional[np.uint32]  # the kernel's flip when it reads the codes in place, else None (`kernel_rows`)
 
     def __call__(self, x: np.ndarray) -> tuple[np.ndarray, int]:
-        rows, stride, flip = kernel_rows(x.transpose(0, 2, 3, 1).reshape(-1, x.shape[1]), self.quads)
+        if self.flip is not None:
+            rows, stride, flip = x.transpose(0, 2, 3, 1).reshape(-1).view(np.uint8), self.quads * LANE_BYTES, self.flip
+        else:
+            rows, stride, flip = kernel_rows(x.transpose(0, 2, 3, 1).reshape(-1, x.shape[1]), self.quads)
         data = np.empty(self.out_shape, dtype=self.out_dtype)
         over = _dense_codes(rows, stride, flip, self.weight, self.quads, self.offset, self.stage[0], self.stage[1],
                             scratch("int_dense_acc", (BLOCK * self.width,), np.int32),
