@@ -27,6 +27,7 @@ from __future__ import annotations
 # imports inside functions: `ops.compiled`'s numba kernels, imported by the first run that takes the compiled path
 # (numba's import costs about half a second; `ops.compiled.enabled` decides)
 
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -135,6 +136,20 @@ def _quantize_conv_like(ctx: QuantizeContext, out_channel_axis: int, out_channel
     )
 
 
+# resolved geometry by (id(q), input spatial shape), dropped with the quantized node: resolving the attributes
+# on every call of a run costs more than a small layer's kernel
+_GEOMETRY: dict = {}
+
+
+def _geometry(q: QuantizedConv, spatial: tuple[int, ...]):
+    key = (id(q), spatial)
+    geom = _GEOMETRY.get(key)
+    if geom is None:
+        geom = _GEOMETRY[key] = conv_geometry(q.node.attrs, spatial, q.weight.shape[2:])
+        weakref.finalize(q, _GEOMETRY.pop, key, None)
+    return geom
+
+
 def _acc_dtype(terms: int, x_absmax: int, w_absmax: int):
     return np.int32 if terms * x_absmax * w_absmax < (1 << 31) else np.int64
 
@@ -188,9 +203,16 @@ class Conv(OpDef):
 
     def forward_int(self, q: QuantizedConv, inputs, runtime: IntRuntime):
         x = np.asarray(inputs[0])
+        if compiled.enabled(runtime):
+            from ops.compiled.conv_plan import planned_conv
+
+            done = planned_conv(x, q)  # the hot layouts, planned once per layer
+            if done is not None:
+                runtime.record_overflow(q.node, done[1])
+                return [done[0]]
         _check_rank(x, q.weight.ndim)
         zx = int(q.in_qparams[0].zero_point[0])
-        geom = conv_geometry(q.node.attrs, x.shape[2:], q.weight.shape[2:])
+        geom = _geometry(q, x.shape[2:])
         if compiled.enabled(runtime):
             from ops.compiled.depthwise import conv2d_grouped
             from ops.compiled.pointwise import conv_dense

@@ -54,8 +54,12 @@ class ReduceMean(OpDef):
 
     def forward_int(self, q: QuantizedMean, inputs, runtime: IntRuntime):
         node = q.node
-        xc = centered(inputs[0], q.in_qparams[0])
-        axes = reduce_axes(node, inputs, xc.ndim)
-        acc = xc.sum(axis=axes, keepdims=bool(node.attr("keepdims", 1))) if axes else xc
-        count = int(np.prod([xc.shape[a] for a in axes], dtype=np.int64))
+        x = np.asarray(inputs[0])
+        axes = reduce_axes(node, inputs, x.ndim)
+        if not axes:
+            return [q.mean.apply(centered(x, q.in_qparams[0]), 1, partial(runtime.record_overflow, node))]
+        count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+        # sum (x_q - zp) = sum x_q - zp * count, in int64: no centered copy of the input
+        acc = x.sum(axis=axes, keepdims=bool(node.attr("keepdims", 1)), dtype=np.int64)
+        acc -= int(q.in_qparams[0].zero_point[0]) * count
         return [q.mean.apply(acc, count, partial(runtime.record_overflow, node))]

@@ -388,14 +388,18 @@ def test_the_compiled_kernels_cover_the_cases_they_claim():
 
 
 @pytest.mark.parametrize("nonzero, want", [(1032, np.float32), (1100, np.float64)])
-def test_dense_conv_at_the_float_exactness_bound(nonzero, want):
+def test_dense_conv_at_the_float_exactness_bound(nonzero, want, monkeypatch):
     """A 2000-deep pointwise convolution whose weight rows have `nonzero` taps of 127 (the rest 0) on inputs
     of -127: the dot product is -127 * 127 * nonzero, next to 2^24 (odd products: partial sums past 2^24
-    would round in float32). The compiled GEMM picks float32 while 128 (the int8 bound) * row L1 norm
-    <= 2^24, float64 above; the bias cancels the sum and the requant factor is exactly 1, so an accumulator
-    one unit off would change the output code."""
+    would round in float32). The compiled GEMM (the path without the integer multiply-add kernels, turned
+    off here as on a CPU without them) picks float32 while 128 (the int8 bound) * row L1 norm <= 2^24, float64
+    above; the bias cancels the sum and the requant factor is exactly 1, so an accumulator one unit off would
+    change the output code."""
+    import ops.compiled.int_dense as int_dense
     from ops.compiled.pointwise import FLOAT32_EXACT, _row_l1, conv_dense
     from ops.conv_kernels import conv_geometry
+
+    monkeypatch.setattr(int_dense, "LANES", 0)
 
     depth = 2000
     w_f = np.zeros((2, depth, 1, 1), dtype=np.float32)
@@ -414,6 +418,7 @@ def test_dense_conv_at_the_float_exactness_bound(nonzero, want):
     assert (128 * _row_l1(q) <= FLOAT32_EXACT) == (want is np.float32)
     geom = conv_geometry(q.node.attrs, x.shape[2:], q.weight.shape[2:])
     assert conv_dense(x, q, geom, None if q.acc.safe else q.acc.bits) is not None
+    assert int_dense.dense_operands(q, q.weight.reshape(2, -1)) is None  # the float GEMM ran
     y = _both(op, q, [x, w_f, b_f.astype(np.float32)])[0]
     acc = -127 * 127 * nonzero + q.bias.reshape(1, 2, 1, 1)
     assert np.abs(acc).max() < 1000  # the sums land near zero, where every unit shows

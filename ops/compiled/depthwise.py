@@ -23,6 +23,7 @@ from typing import Optional
 import numba
 import numpy as np
 
+from ops.compiled.int_depthwise import depthwise_int
 from ops.compiled.layout import channels_first, channels_last
 from ops.compiled.requant import lane_params, pack_stage, requant_positions, requant_row
 from ops.compiled.scratch import scratch
@@ -234,6 +235,10 @@ def conv2d_grouped(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[
     if packed is None:
         return None
     zx = int(q.in_qparams[0].zero_point[0])
+    done = depthwise_int(x, q, w[:, 0], zx, strides, dilations, pads, packed, out_hw) if w.shape[1] == 1 else None
+    if done is not None:
+        out, over = done
+        return (out[:, :, 0, :] if len(geom.kernel) == 1 else out), over
     info = np.iinfo(x.dtype)
     x_dev = max(int(info.max) - zx, zx - int(info.min))
     terms = math.prod(w.shape[1:])

@@ -19,15 +19,18 @@ The same integers as the numpy path, so the LSB bound stated in `ops.conv`, `ops
 """
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Optional
 
 import numpy as np
 
 from ops.backend import dtype_absmax
+from ops.compiled.int_dense import dense_acc, dense_codes, dense_operands, window_rows, zero_point
 from ops.compiled.layout import channels_first, channels_last
 from ops.compiled.requant import finish, finish_lanes, pack_stage
 from ops.compiled.scratch import scratch
+from ops.compiled.vnni import ELEMENTS
 from ops.conv_kernels import im2col, pad_input
 
 FLOAT32_EXACT = 1 << 24
@@ -66,11 +69,19 @@ def gemm_dense(a: np.ndarray, q, acc_bits: Optional[int]) -> Optional[tuple[np.n
     the bound needs int64 or the bias is not one value per output column."""
     if a.ndim != 2 or a.dtype.kind not in "iu" or np.ndim(q.bias) > 1:
         return None
+    za = int(q.in_qparams[0].zero_point[0])
+    ops = dense_operands(q, q.weight.T) if a.dtype.itemsize == 1 else None
+    if ops is not None:
+        offset = _cached((id(q), "int", zero_point(a, za)), q, lambda: q.bias - zero_point(a, za) * ops.weight_sum)
+        packed = pack_stage(q.stage, ops.weight_sum.shape[0], acc_bits)
+        if packed is None:
+            return finish(dense_acc(a, ops), offset, q.stage, acc_bits)
+        out = np.empty((a.shape[0], ops.weight_sum.shape[0]), dtype=q.stage.dtype)
+        return out, dense_codes(a, ops, offset, packed, out)
     bound = dtype_absmax(a) * _column_l1(q)
     if bound > FLOAT64_EXACT:
         return None
     ftype = np.float32 if bound <= FLOAT32_EXACT else np.float64
-    za = int(q.in_qparams[0].zero_point[0])
     weight = _cached((id(q), ftype), q, lambda: np.ascontiguousarray(q.weight, dtype=ftype))
     operand = scratch("gemm_operand", a.shape, ftype)
     np.copyto(operand, a, casting="unsafe")
@@ -84,14 +95,19 @@ def conv_dense(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tupl
     if q.groups != 1 or x.dtype.kind not in "iu":
         return None
     channels = q.weight.shape[0]
-    bound = dtype_absmax(x) * _row_l1(q)
     packed = pack_stage(q.stage, channels, acc_bits)
-    if bound > FLOAT64_EXACT or packed is None:
+    if packed is None:
+        return None
+    zx = int(q.in_qparams[0].zero_point[0])
+    n = x.shape[0]
+    ops = dense_operands(q, q.weight.reshape(channels, -1)) if x.dtype.itemsize == 1 else None
+    if ops is not None:
+        return _conv_int(x, q, geom, ops, zx, packed)
+    bound = dtype_absmax(x) * _row_l1(q)
+    if bound > FLOAT64_EXACT:
         return None
     ftype = np.float32 if bound <= FLOAT32_EXACT else np.float64
-    zx = int(q.in_qparams[0].zero_point[0])
     weight_t, offset = _operands(q, ftype, zx)
-    n = x.shape[0]
     rows = channels_last(x) if geom.is_pointwise else None
     if rows is not None:  # channels-last codes: (N, P, K) as they are
         rows = rows.reshape(n, -1, x.shape[1])
@@ -112,4 +128,31 @@ def conv_dense(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tupl
     acc = np.matmul(operand, weight_t, out=scratch("gemm_result", (n, operand.shape[1], channels), ftype))
     data = np.empty((n,) + tuple(out_spatial) + (channels,), dtype=q.stage.dtype)
     over = finish_lanes(acc, offset, packed, data.reshape(acc.shape))
+    return channels_first(data), over
+
+
+def _conv_int(x: np.ndarray, q, geom, ops, zx: int, packed) -> tuple[np.ndarray, int]:
+    """`conv_dense` on the integer dot products of `ops.compiled.int_dense` (8-bit codes, an int8 weight)."""
+    n, channels = x.shape[0], q.weight.shape[0]
+    zp_u = zero_point(x, zx)
+    offset = _cached((id(q), "int", zp_u), q, lambda: q.bias - zp_u * ops.weight_sum)
+    if geom.is_pointwise:
+        rows = channels_last(x)
+        if rows is None:
+            rows = np.ascontiguousarray(np.moveaxis(x, 1, -1))
+        out_spatial = x.shape[2:]
+    elif x.ndim == 4:  # the windows gathered straight into rows, zero-padded to the kernel's groups
+        out_spatial = geom.out_shape(x.shape[2:])
+        rows = np.zeros((n * math.prod(out_spatial), ops.quads * ELEMENTS), dtype=np.uint8)
+        window_rows(x.view(np.uint8), np.uint8(zx & 0xFF), geom.kernel[0], geom.kernel[1], geom.strides[0],
+                    geom.strides[1], geom.dilations[0], geom.dilations[1], geom.pads_begin[0], geom.pads_begin[1],
+                    rows, out_spatial[0], out_spatial[1])
+        rows = rows.view(x.dtype)
+    else:
+        xp = pad_input(x, geom, zx)
+        cols = im2col(xp, geom)  # (N, K, P)
+        rows = np.ascontiguousarray(cols.transpose(0, 2, 1))
+        out_spatial = geom.padded_out_shape(xp.shape[2:])
+    data = np.empty((n,) + tuple(out_spatial) + (channels,), dtype=q.stage.dtype)
+    over = dense_codes(rows.reshape(-1, rows.shape[-1]), ops, offset, packed, data.reshape(-1, channels))
     return channels_first(data), over

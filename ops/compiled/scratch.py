@@ -17,13 +17,26 @@ _LOCAL = threading.local()
 
 def scratch(name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
     """An uninitialized C-contiguous array of `shape` and `dtype`, the same memory on every call with this
-    `name` in this thread (grown when too small): valid until the next call with the same name."""
-    pool = _LOCAL.__dict__.setdefault("pool", {})
-    dtype = np.dtype(dtype)
+    `name` in this thread (grown when too small): valid until the next call with the same name. A view
+    already made for this name, shape and dtype is returned as it is (a run asks for the same few views
+    image after image)."""
+    local = _LOCAL.__dict__
+    views = local.get("views")
+    if views is None:
+        views = local["views"] = {}
+        local["pool"] = {}
+    view = views.get((name, shape, dtype))
+    if view is not None:
+        return view
+    pool = local["pool"]
+    kind = np.dtype(dtype)
     size = math.prod(shape)
-    key = (name, dtype)
+    key = (name, kind)
     buf = pool.get(key)
     if buf is None or buf.size < size:
-        buf = np.empty(size, dtype=dtype)
+        buf = np.empty(size, dtype=kind)
         pool[key] = buf
-    return buf[:size].reshape(shape)
+        for stale in [k for k in views if k[0] == name and np.dtype(k[2]) == kind]:
+            del views[stale]  # views of the smaller buffer: every view of a name shares one buffer
+    view = views[(name, shape, dtype)] = buf[:size].reshape(shape)
+    return view

@@ -245,7 +245,7 @@ class IntegerGraph:
         kept: dict[str, np.ndarray] = {}
         for name in self.graph.inputs:
             qp = self.qparams.get(name)
-            values[name] = qp.quantize(inputs[name]) if qp is not None else inputs[name]
+            values[name] = self._quantize_input(qp, inputs[name]) if qp is not None else inputs[name]
             if on_tensor is not None:
                 on_tensor(name, values[name])
         if keep_all:
@@ -279,7 +279,8 @@ class IntegerGraph:
     def quantized_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The graph inputs as the first step reads them (codes of quantized inputs), after `check_inputs`."""
         self.check_inputs(inputs)
-        return {name: (qp.quantize(inputs[name]) if (qp := self.qparams.get(name)) is not None else inputs[name])
+        return {name: (self._quantize_input(qp, inputs[name]) if (qp := self.qparams.get(name)) is not None
+                       else inputs[name])
                 for name in self.graph.inputs}
 
     def run_from(self, values: dict[str, np.ndarray], start: int,
@@ -309,13 +310,23 @@ class IntegerGraph:
             float_out[name] = qp.dequantize(value) if qp is not None and name not in constants else value
         return float_out
 
+    def _quantize_input(self, qp: QParams, x: np.ndarray) -> np.ndarray:
+        """`qp.quantize(x)`, in one compiled pass when the backend runs the compiled kernels (same codes)."""
+        if getattr(self.backend, "compiled", False) is True:
+            from ops.compiled.quantize import quantize_per_tensor  # numba: only for the compiled backend
+
+            codes = quantize_per_tensor(qp, x)
+            if codes is not None:
+                return codes
+        return qp.quantize(x)
+
     def _execute(self, step: Step, args: list, runtime: IntRuntime) -> list[np.ndarray]:
         node = step.node
         if step.kind is NodeKind.CONTROL:
             return step.control.run(node.all_inputs, args, runtime)
         if step.kind is NodeKind.INTEGER:
             for index, (name, value, qp) in enumerate(zip(node.inputs, args, step.in_qparams)):
-                if qp is not None and name not in self.graph.initializers and not np.issubdtype(value.dtype, np.integer):
+                if qp is not None and value.dtype.kind not in "iu" and name not in self.graph.initializers:
                     raise ExecutorError(f"{node_label(node)}: input {index} {name!r} must be integer codes, "
                                         f"got {value.dtype}")
             try:
