@@ -71,6 +71,12 @@ class Calibrator(ABC):
         """This calibrator for a symmetric or an asymmetric quantization grid (only KLD scores the grid)."""
         return self
 
+    def within(self, lo: float, hi: float) -> "Calibrator":
+        """This calibrator for a tensor every consumer clamps to [lo, hi] (`OpDef.clip_range`; the caller
+        intersects the range with it afterwards). Only a calibrator that scores ranges by their error (`auto`)
+        needs to know: values beyond the clamp cost nothing more than the clamp itself."""
+        return self
+
     @abstractmethod
     def _compute(self, stats: TensorStatistics, bits: int, signed: bool) -> tuple:
         """(rmin, rmax) per channel from collectors that `compute` has checked are present."""

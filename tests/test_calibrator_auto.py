@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 
 from calibrators import TensorStatistics, get_calibrator
@@ -100,3 +102,56 @@ def test_a_named_calibrator_is_the_one_used():
                        calibrator="kld", write_qdq=False)
     assert {e.calibrator for e in result.table.tensors.values() if e.kind == "activation"} == {"kld"}
     assert "(kld, 8-bit)" in result.summary()
+
+
+def test_a_clamped_tensor_is_scored_as_its_consumer_sees_it():
+    """A ReLU6's input, N(2, 4): a quarter of it is above 6, where the consumer saturates it. Scored within
+    [0, 6], every candidate's range is folded to [0, 6] or below and the error is that of the clamped values,
+    so cutting the spike at 6 is what costs; unclamped, the label named a choice and an E ratio for values the
+    folded range never holds (before `within`: `auto:mse (E 0.44 of extrema's ...)`, range then folded to
+    [0, 6] all the same)."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(2.0, 4.0, 200_000)
+    stats = statistics(x)
+    clamped = np.clip(x, 0.0, 6.0)
+    auto = get_calibrator("auto").within(0.0, 6.0)
+    ranges, errors = auto.scores(stats, 8, True)
+    for (lo, hi), error in zip(ranges, errors[:, 0]):
+        assert 0.0 <= lo[0] <= hi[0] <= 6.0
+        # the clamped values sit exactly on 6, E spreads them over the bin holding it (+13% here)
+        assert error == pytest.approx(true_error(clamped, lo, hi), rel=0.2)
+    rmin, rmax, label = auto.compute_explained(stats, 8)
+    assert (rmin[0], rmax[0]) == (0.0, pytest.approx(6.0))
+    assert "E 1 of extrema's" in label
+    assert "E 1 of extrema's" not in get_calibrator("auto").compute_explained(stats, 8)[2]
+
+
+def test_a_one_sided_clamp_keeps_the_other_side():
+    """HardSwish's input: flat below -3 only. The tail below -3 costs nothing beyond the clamp; the top is
+    scored (and clipped) as before, on a grid that no longer spends steps below -3."""
+    rng = np.random.default_rng(6)
+    x = rng.normal(0.0, 3.0, 100_000)
+    stats = statistics(x)
+    auto = get_calibrator("auto").within(-3.0, np.inf)
+    ranges, errors = auto.scores(stats, 8, True)
+    for (lo, hi), error in zip(ranges, errors[:, 0]):
+        assert lo[0] >= -3.0
+        assert error == pytest.approx(true_error(np.maximum(x, -3.0), lo, hi), rel=0.2)
+    rmin, rmax = auto.compute(stats, 8)
+    assert rmin[0] == pytest.approx(-3.0) and 3.0 < rmax[0] <= x.max()
+
+
+def test_calibrate_scores_a_clamped_input_within_its_clamp():
+    """The pipeline passes each folded tensor's clamp to the calibrator: the Conv output feeding Clip(0, 6)
+    records the choice and E that `within(0, 6)` gives on its values (onnxruntime's, one histogram pass)."""
+    rng = np.random.default_rng(4)
+    x = rng.uniform(0, 1, (16, 3, 8, 8)).astype(np.float32)
+    model = conv_relu_gemm(batch=None)
+    model.graph.output.append(onnx.helper.make_tensor_value_info("conv", onnx.TensorProto.FLOAT, None))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    conv = session.run(["conv"], {"input": x})[0]
+    del model.graph.output[-1]
+    entry = calibrate(model, x, calibrator="auto", write_qdq=False).table.tensors["conv"]
+    rmin, rmax, label = get_calibrator("auto").within(0.0, 6.0).compute_explained(statistics(conv.ravel()), 8)
+    assert entry.calibrator == label and (entry.min[0], entry.max[0]) == (rmin[0], rmax[0])
+    assert label != get_calibrator("auto").compute_explained(statistics(conv.ravel()), 8)[2]

@@ -41,7 +41,8 @@ def activation_entries(
         if name in inner and (name not in stats or stats[name].empty):
             continue  # a branch no sample took: no entry, and the executor runs that branch in float
         try:
-            rmin, rmax, label = calibrator.compute_explained(stats[name], bits=options.bits)
+            chooser = calibrator.within(*bounds[name]) if name in bounds else calibrator
+            rmin, rmax, label = chooser.compute_explained(stats[name], bits=options.bits)
         except ValueError as exc:
             raise ValueError(f"calibrating tensor {name!r}: {exc}") from exc
         if name in bounds:
