@@ -25,7 +25,7 @@ def _names(**options) -> list[str]:
 
 def test_the_options_choose_the_steps_in_order():
     assert _names() == ["range statistics", "ranges", "input grid", "align with the integer graph"]
-    assert _names(bits=16) == ["range statistics", "ranges", "align with the integer graph"]
+    assert _names(bits=16) == _names(bits=6) == ["range statistics", "ranges", "align with the integer graph"]
     assert _names(equalize=True, bias_correction=True) == [
         "fold BatchNorm", "equalize", "range statistics", "ranges", "input grid", "bias correction",
         "align with the integer graph"]

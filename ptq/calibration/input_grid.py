@@ -9,8 +9,8 @@ recognizer (continuous glyph lines, `bench/detectors.py`) the greedy CTC decode 
 frame within 0.25 in logit of a tie differs from float's on 13 with an 8-bit input, on 10 with a 16-bit one, as
 many as with every activation at 16 bits.
 
-So, by default, each graph input whose calibration samples take more than 2^bits distinct values in some
-channel (axis 1, or the whole tensor below rank 2) takes 16 bits over the same calibrated range (whitepaper
+So, by default (8-bit tables), each graph input whose calibration samples take more than 256 distinct values in
+some channel (axis 1, or the whole tensor below rank 2) takes 16 bits over the same calibrated range (whitepaper
 5.1.3 allows int16 activations). The input is where the model's data enter; its first consumer usually has few
 input channels (3 colours, a few features), so the wider products cost little. The check reads the first
 MAX_SAMPLES samples again (no model run). The entry's `why` says so.
@@ -30,6 +30,7 @@ from ptq.engine.float_run import sample_input
 from ptq.table.quant_table import CalibrationOptions, TensorEntry
 
 WIDE_BITS = 16
+EIGHT_BIT_DATA = 8  # the tables the rule applies to (a lower width is the user's deliberate choice)
 MAX_SAMPLES = 8  # samples read for the check
 
 
@@ -77,8 +78,9 @@ def widen_fine_inputs(graph: Graph, entries: dict[str, TensorEntry], batches: It
                       options: CalibrationOptions, max_samples: int = MAX_SAMPLES) -> list[FineInput]:
     """Give each graph input whose samples are finer than its grid 16 bits (module docstring), in place on
     `entries`; `batches`: the calibration samples as the statistics read them. Returns what changed."""
-    checked = {name: DistinctValues(2 ** entries[name].qparams.bits) for name in graph.inputs
-               if name in entries and entries[name].kind == "activation" and entries[name].qparams.bits < WIDE_BITS
+    checked = {name: DistinctValues(2 ** EIGHT_BIT_DATA) for name in graph.inputs
+               if name in entries and entries[name].kind == "activation"
+               and entries[name].qparams.bits == EIGHT_BIT_DATA
                and not entries[name].qparams.per_channel and not entries[name].run_in_float}
     seen = 0
     for batch in batches if checked else ():

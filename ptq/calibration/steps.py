@@ -30,7 +30,7 @@ from calibrators import TensorStatistics, required_stats
 from ptq.adjust.batchnorm_stats import ChannelStats
 from ptq.calibration import adjustments, int4_dsp
 from ptq.calibration.entries import build_table
-from ptq.calibration.input_grid import widen_fine_inputs
+from ptq.calibration.input_grid import EIGHT_BIT_DATA, widen_fine_inputs
 from ptq.calibration.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
 from ptq.calibration.range_search import candidate_entries, search_ranges
 from ptq.calibration.shards import sharded_statistics
@@ -314,7 +314,7 @@ def calibration_steps(options: CalibrationOptions, *, align: bool = True,
     steps += [statistics, Ranges()]
     if options.range_search:
         steps.append(RangeSearch())
-    if options.scheme != int4_dsp.SCHEME and options.bits < 16:
+    if options.scheme != int4_dsp.SCHEME and options.bits == EIGHT_BIT_DATA:
         steps.append(InputGrid())
     if options.analytic_bias_correction:
         steps.append(AnalyticBiasCorrection())
