@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import onnx
 
 from ptq.calibration.input_grid import DistinctValues, widen_fine_inputs
 from ptq.calibration.pipeline import calibrate
+from ptq.cli import main
 from ptq.core.graph import load_model
 from ptq.engine.executor import prepare
-from ptq.table.quant_table import CalibrationOptions
+from ptq.table.quant_table import CalibrationOptions, load_quant_table
 from tiny_models import conv_relu_gemm
 
 MEAN, STD = np.array([0.4, 0.5, 0.6]), np.array([0.2, 0.25, 0.3])
@@ -83,3 +85,15 @@ def test_an_input_whose_entry_is_already_wide_or_absent_is_left_alone():
     entries = dict(result.table.tensors)
     assert widen_fine_inputs(graph, entries, iter([_continuous(8)]), result.table.options) == []
     assert widen_fine_inputs(graph, {}, iter([_continuous(8)]), result.table.options) == []
+
+
+def test_cli_calibrate_on_data_files_gives_the_input_16_bits(tmp_path):
+    model = tmp_path / "net.onnx"
+    onnx.save(conv_relu_gemm(), model)
+    data = tmp_path / "data"
+    data.mkdir()
+    for k, x in enumerate(_continuous(6)):
+        np.save(data / f"s{k}.npy", x[None])
+    assert main(["calibrate", str(model), "--data", str(data), "--out", str(tmp_path / "o"), "-q"]) == 0
+    entry = load_quant_table(tmp_path / "o" / "net.quant.json").tensors["input"]
+    assert entry.qparams.bits == 16 and "finer than 8-bit data" in entry.why

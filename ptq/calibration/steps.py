@@ -30,14 +30,14 @@ from calibrators import TensorStatistics, required_stats
 from ptq.adjust.batchnorm_stats import ChannelStats
 from ptq.calibration import adjustments, int4_dsp
 from ptq.calibration.entries import build_table
-from ptq.calibration.input_grid import EIGHT_BIT_DATA, widen_fine_inputs
+from ptq.calibration.input_grid import EIGHT_BIT_DATA, MAX_SAMPLES, widen_fine_inputs
 from ptq.calibration.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
 from ptq.calibration.range_search import candidate_entries, search_ranges
 from ptq.calibration.shards import sharded_statistics
 from ptq.calibration.statistics import collect_image_statistics, sample_batches
 from ptq.core.graph import Graph
 from ptq.data.images import ImageLog
-from ptq.data.samples import SampleSource
+from ptq.data.samples import SampleSource, iter_samples
 from ptq.engine.clip_ranges import folded_ranges
 from ptq.engine.executor import prepare
 from ptq.data.input_warnings import warn_few_images
@@ -212,10 +212,20 @@ class InputGrid:
         if state.samples is None:
             return state
         tensors = dict(state.table.tensors)
-        batches = state.samples.batches(state.graph, state.options.batch_size)
-        for wide in widen_fine_inputs(state.graph, tensors, batches, state.options):
+        for wide in widen_fine_inputs(state.graph, tensors, self.first_samples(state), state.options):
             logger.info("%s: %s", wide.tensor, wide.why)
         return dataclasses.replace(state, table=dataclasses.replace(state.table, tensors=tensors))
+
+    @staticmethod
+    def first_samples(state: CalibrationState) -> Iterable:
+        """The first samples the statistics used: of image or `--data` files only those read then, so a file
+        skipped there is not read (nor reported) again."""
+        samples = state.samples
+        if isinstance(samples, CalibrationSamples) and isinstance(samples.source, SampleSource) \
+                and state.image_log is not None:
+            reader = samples.source.format.reader(state.graph)
+            return (feeds for _, feeds in iter_samples(state.image_log.used[:MAX_SAMPLES], reader, ImageLog()))
+        return samples.batches(state.graph, state.options.batch_size)
 
 
 @dataclass(frozen=True)
