@@ -36,10 +36,10 @@ MAX_SAMPLES = 8  # samples read for the check
 
 @dataclass(frozen=True)
 class FineInput:
-    """A graph input given 16 bits because its samples are finer than its grid."""
+    """A graph input given 16 bits because its samples are finer than 8-bit data."""
 
     tensor: str
-    distinct: int  # the most distinct values one channel took (counting stops past 2^bits)
+    distinct: int  # the most distinct values one channel took (counting stops past 256)
     why: str
 
 
