@@ -10,7 +10,7 @@ import pytest
 
 from ptq.calibration.pipeline import calibrate
 from ptq.calibration.steps import (
-    AdaRound, AlignWithIntegerGraph, BiasCorrection, CalibrationSamples, CalibrationState, FoldBatchNorm,
+    AdaRound, AlignWithIntegerGraph, BiasCorrection, CalibrationSamples, CalibrationState, FoldBatchNorm, InputGrid,
     RangeSearch, RangeStatistics, Ranges, calibration_steps, run_steps,
 )
 from ptq.core.graph import load_model
@@ -24,11 +24,13 @@ def _names(**options) -> list[str]:
 
 
 def test_the_options_choose_the_steps_in_order():
-    assert _names() == ["range statistics", "ranges", "align with the integer graph"]
+    assert _names() == ["range statistics", "ranges", "input grid", "align with the integer graph"]
+    assert _names(bits=16) == _names(bits=6) == ["range statistics", "ranges", "align with the integer graph"]
     assert _names(equalize=True, bias_correction=True) == [
-        "fold BatchNorm", "equalize", "range statistics", "ranges", "bias correction", "align with the integer graph"]
+        "fold BatchNorm", "equalize", "range statistics", "ranges", "input grid", "bias correction",
+        "align with the integer graph"]
     assert _names(adaround=True, bias_correction=True, range_search=True) == [
-        "fold BatchNorm", "range statistics", "ranges", "range search", "AdaRound", "bias correction",
+        "fold BatchNorm", "range statistics", "ranges", "range search", "input grid", "AdaRound", "bias correction",
         "align with the integer graph"]
     assert _names(analytic_bias_correction=True, scheme="int4-dsp") == [
         "fold BatchNorm", "int4-dsp Requantize nodes", "range statistics", "ranges", "analytic bias correction",
@@ -57,7 +59,7 @@ def test_steps_return_a_new_state_and_adaround_hands_its_weights_to_bias_correct
     folded = FoldBatchNorm().apply(start)
     assert start.graph is graph and start.batchnorm == {} and [n.name for n in graph.nodes][1] == "bn"
     assert "bn" not in [n.name for n in folded.graph.nodes] and set(folded.batchnorm) == {"bn"}
-    ranged = Ranges().apply(RangeStatistics().apply(folded))
+    ranged = InputGrid().apply(Ranges().apply(RangeStatistics().apply(folded)))
     assert folded.table is None and ranged.table is not None and ranged.image_log.used
     rounded = AdaRound(defer_write=True).apply(ranged)
     assert rounded.graph is ranged.graph and set(rounded.rounded_weights) == {"W0", "W1"}

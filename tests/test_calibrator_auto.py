@@ -98,8 +98,8 @@ def test_calibrate_records_each_choice_and_the_summary_counts_them():
 
 def test_a_named_calibrator_is_the_one_used():
     rng = np.random.default_rng(4)
-    result = calibrate(conv_relu_gemm(batch=None), rng.uniform(0, 1, (16, 3, 8, 8)).astype(np.float32),
-                       calibrator="kld", write_qdq=False)
+    pixels = np.round(rng.uniform(0, 1, (16, 3, 8, 8)) * 255) / 255  # 8-bit data: the input keeps 8 bits
+    result = calibrate(conv_relu_gemm(batch=None), pixels.astype(np.float32), calibrator="kld", write_qdq=False)
     assert {e.calibrator for e in result.table.tensors.values() if e.kind == "activation"} == {"kld"}
     assert "(kld, 8-bit)" in result.summary()
 

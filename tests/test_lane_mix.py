@@ -103,9 +103,21 @@ def test_mixed_graph_requantizes_only_the_inputs_of_4_bit_layers(setup):
             assert entry_w.qparams.bits == 4 and entry_w.qparams.axis == 0
             assert all(math.frexp(float(s))[0] == 0.5 for s in entry_w.qparams.scale)  # WP521: powers of two
         else:
-            assert node.inputs[0] in graph.tensors and entry_x == table.tensors[node.inputs[0]]
+            assert node.inputs[0] in graph.tensors and entry_x == mix.table.tensors[node.inputs[0]]
             assert entry_w == table.tensors[node.inputs[1]]
     assert t.tensors["a1"] == table.tensors["a1"]  # the Add's output keeps its 8-bit grid for its other readers
+
+
+def test_a_16_bit_layer_operand_takes_8_bits_for_the_lanes(setup):
+    # the samples are continuous: calibration gives the graph input 16 bits (ptq.calibration.input_grid); a DSP
+    # lane multiplies 8- or 4-bit operands, so the mix reads it on the 8-bit grid of the same range
+    graph, table, mix = setup
+    wide, lanes = table.tensors["input"], mix.table.tensors["input"]
+    assert wide.qparams.bits == 16 and lanes.qparams.bits == 8 and "8 bits for the DSP lanes" in lanes.why
+    assert float(lanes.min[0]) == float(wide.min[0]) and float(lanes.max[0]) == float(wide.max[0])
+    assert all(mix.table.tensors[n] == e for n, e in table.tensors.items() if n != "input")
+    g, t = mix.build([])
+    assert t.tensors["input"].qparams.bits == 8
 
 
 def test_every_edge_graph_runs_the_same_integers(setup, arrays):

@@ -89,7 +89,9 @@ def test_a_sigmoid_map_at_the_output_and_its_conv_output_take_16_bits():
     graph = helper.make_graph(nodes, "text_map", [helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 4, 8, 8])],
                               [helper.make_tensor_value_info("map", TensorProto.FLOAT, [1, 1, 8, 8])], [w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    table = calibrate(model, rng.normal(0, 1, (8, 4, 8, 8)).astype(np.float32), write_qdq=False).table
+    # 8-bit data (steps of 1/32 over [-4, 4)), so the input keeps 8 bits (`ptq.calibration.input_grid`)
+    feat = np.clip(np.round(rng.normal(0, 1, (8, 4, 8, 8)) * 32), -128, 127) / 32
+    table = calibrate(model, feat.astype(np.float32), write_qdq=False).table
     assert table.tensors["logit"].qparams.bits == table.tensors["map"].qparams.bits == 16
     assert "Sigmoid 'sigmoid' gives the scores of output 'map'" in table.tensors["map"].why
     assert table.tensors["feat"].qparams.bits == 8

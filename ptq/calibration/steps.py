@@ -4,7 +4,8 @@ explicit list of algorithms and PPQ chains its passes).
 `calibration_steps(options)` builds the list the options ask for, in this order:
 
     fold BatchNorm -> equalize -> [int4-dsp Requantize nodes] -> range statistics -> ranges (the table)
-    -> range search -> analytic bias correction -> AdaRound -> bias correction -> align with the integer graph
+    -> range search -> input grid -> analytic bias correction -> AdaRound -> bias correction
+    -> align with the integer graph
 
 and `run_steps` runs it on a `CalibrationState`: each step's `apply` takes the state and returns the next one
 (a new `CalibrationState`; the steps change only what their docstring names). BatchNorm folding runs whenever
@@ -29,13 +30,14 @@ from calibrators import TensorStatistics, required_stats
 from ptq.adjust.batchnorm_stats import ChannelStats
 from ptq.calibration import adjustments, int4_dsp
 from ptq.calibration.entries import build_table
+from ptq.calibration.input_grid import EIGHT_BIT_DATA, MAX_SAMPLES, widen_fine_inputs
 from ptq.calibration.range_search import DEFAULT_CANDIDATES as RANGE_SEARCH_CANDIDATES
 from ptq.calibration.range_search import candidate_entries, search_ranges
 from ptq.calibration.shards import sharded_statistics
 from ptq.calibration.statistics import collect_image_statistics, sample_batches
 from ptq.core.graph import Graph
 from ptq.data.images import ImageLog
-from ptq.data.samples import SampleSource
+from ptq.data.samples import SampleSource, iter_samples
 from ptq.engine.clip_ranges import folded_ranges
 from ptq.engine.executor import prepare
 from ptq.data.input_warnings import warn_few_images
@@ -200,6 +202,33 @@ class RangeSearch:
 
 
 @dataclass(frozen=True)
+class InputGrid:
+    """Graph inputs whose calibration samples are finer than 8-bit data at 16 bits
+    (`ptq.calibration.input_grid`)."""
+
+    name: ClassVar[str] = "input grid"
+
+    def apply(self, state: CalibrationState) -> CalibrationState:
+        if state.samples is None:
+            return state
+        tensors = dict(state.table.tensors)
+        for wide in widen_fine_inputs(state.graph, tensors, self.first_samples(state), state.options):
+            logger.info("%s: %s", wide.tensor, wide.why)
+        return dataclasses.replace(state, table=dataclasses.replace(state.table, tensors=tensors))
+
+    @staticmethod
+    def first_samples(state: CalibrationState) -> Iterable:
+        """The first samples the statistics used: of image or `--data` files only those read then, so a file
+        skipped there is not read (nor reported) again."""
+        samples = state.samples
+        if isinstance(samples, CalibrationSamples) and isinstance(samples.source, SampleSource) \
+                and state.image_log is not None:
+            reader = samples.source.format.reader(state.graph)
+            return (feeds for _, feeds in iter_samples(state.image_log.used[:MAX_SAMPLES], reader, ImageLog()))
+        return samples.batches(state.graph, state.options.batch_size)
+
+
+@dataclass(frozen=True)
 class AnalyticBiasCorrection:
     """Biases corrected for the table's weight rounding from the BatchNorm statistics
     (`ptq.adjust.analytic_bias_correction`)."""
@@ -295,6 +324,8 @@ def calibration_steps(options: CalibrationOptions, *, align: bool = True,
     steps += [statistics, Ranges()]
     if options.range_search:
         steps.append(RangeSearch())
+    if options.scheme != int4_dsp.SCHEME and options.bits == EIGHT_BIT_DATA:
+        steps.append(InputGrid())
     if options.analytic_bias_correction:
         steps.append(AnalyticBiasCorrection())
     if options.adaround:

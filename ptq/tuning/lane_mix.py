@@ -185,6 +185,21 @@ def activation_entry(stats: TensorStatistics, wide: TensorEntry, grid: Int4Grid)
     return TensorEntry("activation", calibrator.spelling, lo, hi, qp, why="4-bit lanes")
 
 
+def lane_operands(table: QuantTable, layers: Sequence[Layer]) -> QuantTable:
+    """`table` with each layer's activation operand wider than 8 bits on the 8-bit grid of its range: DSP lanes
+    multiply 8- or 4-bit operands, and the default calibration gives a few activations 16 bits for accuracy (a
+    graph input finer than 8-bit data, outlier channels: `ptq.calibration`)."""
+    tensors = dict(table.tensors)
+    for layer in layers:
+        entry = tensors[layer.data]
+        if entry.kind == "activation" and entry.qparams.bits > 8:
+            qp = table.options.derive_qparams("activation", entry.min, entry.max, 8, entry.qparams.axis)
+            tensors[layer.data] = TensorEntry("activation", entry.calibrator, entry.min, entry.max, qp,
+                                              entry.run_in_float, f"8 bits for the DSP lanes (calibrated at "
+                                                                  f"{entry.qparams.bits}: {entry.why})")
+    return dataclasses.replace(table, tensors=tensors)
+
+
 class LaneMix:
     """Builds the graph and table of any lane assignment of `graph`'s layers from the 8-bit `table`.
 
@@ -193,6 +208,7 @@ class LaneMix:
 
     def __init__(self, graph: Graph, table: QuantTable, stats: dict[str, TensorStatistics], grid: Int4Grid,
                  fit_batches: Optional[Iterable] = None):
+        table = lane_operands(table, layers_of(graph, table))
         self.graph, self.table, self.grid = graph, table, grid
         self.layers = layers_of(graph, table)
         for layer in self.layers:
