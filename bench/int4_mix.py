@@ -72,7 +72,8 @@ def compare_grids(graph, table, samples, fraction: float) -> None:
              "pow2, mse, mse, bias corr.": Int4Grid(pow2=True),
              "free, mse, mse, no bias corr.": Int4Grid(bias_correction=False),
              "free, mse, mse, bias corr. (default)": Int4Grid(),
-             "free, mse, mse, AdaRound, bias corr.": Int4Grid(adaround=True)}
+             "free, mse, mse, AdaRound, bias corr.": Int4Grid(rounding="adaround"),
+             "free, mse, mse, GPTQ, bias corr.": Int4Grid(rounding="gptq")}
     print(f"4-bit grids (scales, weight fit, activation calibrator, rounding, bias correction) on {len(feeds)} "
           "validation photos: mean cosine vs onnxruntime float")
     order = None
@@ -105,7 +106,8 @@ def main() -> int:
     parser.add_argument("--num-eval", type=int, default=20)
     parser.add_argument("--exact-photos", type=int, default=1)
     parser.add_argument("--pow2", action="store_true", help="power-of-two 4-bit scales (WP521)")
-    parser.add_argument("--adaround", action="store_true", help="AdaRound the 4-bit weights")
+    parser.add_argument("--rounding", choices=["nearest", "adaround", "gptq"], default="nearest",
+                        help="how the 4-bit weights are rounded (Int4Grid.rounding)")
     parser.add_argument("--bias-correction", action="store_true", help="calibrate the 8-bit table with bias correction")
     parser.add_argument("--grids", action="store_true", help="compare the 4-bit grid variants first")
     parser.add_argument("--data", action="store_true", help="--calib and --eval are .npy sample files")
@@ -129,7 +131,7 @@ def main() -> int:
     if not record_path.exists():
         ptq.tune(args.model, quant=table_path, target_cosine=args.target, scheme="int4-dsp", views=[], z=args.z,
                  validation_fraction=args.validation_fraction, quiet=True, no_check=True,
-                 int4_grid=Int4Grid(pow2=args.pow2, adaround=args.adaround), **source)
+                 int4_grid=Int4Grid(pow2=args.pow2, rounding=args.rounding), **source)
         print(f"tuned in {time.time() - start:.0f} s")
     record = json.loads(record_path.read_text())
     lanes = record["lanes"]

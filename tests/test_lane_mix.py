@@ -219,11 +219,12 @@ def test_tune_lanes_keeps_the_target_and_records_the_points(arrays):
     assert not impossible.reached and impossible.lanes.chosen.four == []
 
 
-def test_adaround_puts_the_4_bit_weights_on_their_grid_rounded_for_the_output(setup, arrays):
+@pytest.mark.parametrize("rounding", ["adaround", "gptq"])
+def test_learned_rounding_puts_the_4_bit_weights_on_their_grid_rounded_for_the_output(setup, arrays, rounding):
     graph, table, _ = setup
     fit = ArraySamples(arrays[:8])
     stats = fit_statistics(graph, fit, ["mse"])
-    learned = LaneMix(graph, table, stats, Int4Grid(adaround=True, bias_correction=False),
+    learned = LaneMix(graph, table, stats, Int4Grid(rounding=rounding, bias_correction=False),
                       (x for _, x, _ in fit.samples(graph)))
     g, t = learned.build(["conv_e1"])
     w, w4 = graph.initializers["W1"], g.initializers["W1"]
@@ -233,6 +234,11 @@ def test_adaround_puts_the_4_bit_weights_on_their_grid_rounded_for_the_output(se
     nearest = np.clip(np.round(w / qp.scale.reshape(-1, 1, 1, 1)), -8, 7)
     assert np.any(np.round(codes) != nearest)  # some weights rounded the other way
     assert np.array_equal(g.initializers["W2"], graph.initializers["W2"])  # an 8-bit layer keeps its weight
+
+
+def test_an_unknown_rounding_is_a_one_line_error():
+    with pytest.raises(ValueError, match="rounding must be one of nearest, adaround, gptq, got 'up'"):
+        Int4Grid(rounding="up")
 
 
 def test_a_table_that_is_not_8_bit_is_a_one_line_error(arrays):

@@ -63,6 +63,17 @@ def test_cli_tune_int4_dsp_then_dsp_report_lists_lanes_and_draws_the_front(tmp_p
     assert svg.count('<circle class="point"') == len(lanes["points"])
     report = json.loads((tmp_path / "rep" / "dsp_report.json").read_text())
     assert {layer["node"] for layer in report["layers"] if layer["lanes"] == "int4"} == four
+    assert main(["report", str(model), "--quant", str(tmp_path / "net.tuned.quant.json"), "--data", str(data),
+                 "--num-images", "2", "--out", str(tmp_path / "html"), "--tune", str(tmp_path / "net.tune.json")]) == 0
+    page = (tmp_path / "html" / "report.html").read_text()
+    section = page[page.index("<h2>DSP lanes"):page.index("<h2>Cosine along the graph")]
+    assert section.count('<circle class="point"') == len(lanes["points"]) and 'class="chosen"' in section
+    layer_rows = re.search(r'<table id="lane-layers">.*?</table>', section).group(0)
+    for row in lanes["layers"]:
+        assert re.search(rf"<td class=\"t\">{row['node']}</td><td>{row['lanes']}-bit</td><td>{row['macs']:,}</td>",
+                         layer_rows), row["node"]
+    assert re.search(r'<table id="lane-points">.*?</table>', section).group(0).count("<tr>") + \
+        section.count('<tr class="suspect">') == len(lanes["points"]) + 1  # + the header row
     dumps = {}
     for backend in ("numpy", "dsp:lanes"):  # the check: `ptq debug --dump`, plain against DSP lanes
         folder = tmp_path / backend.replace(":", "_")
@@ -77,6 +88,9 @@ def test_cli_tune_int4_dsp_then_dsp_report_lists_lanes_and_draws_the_front(tmp_p
     capsys.readouterr()
     assert main(["dsp-report", str(model), "--quant", str(table), "--tune", str(table)]) == 2
     assert "has no lanes" in capsys.readouterr().err
+    assert main(["report", str(model), "--quant", str(table), "--data", str(data), "--out", str(tmp_path / "bad"),
+                 "--tune", str(table)]) == 2
+    assert "has no lanes" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 
 
 def test_cli_int4_dsp_refuses_the_16_bit_and_float_options(tmp_path, capsys):

@@ -19,8 +19,10 @@ The 4-bit grids (`Int4Grid`):
   range to the histogram, `extrema` takes the extrema), within the 8-bit entry's range; `pow2=True`: WP521's
   scale 2^ceil(log2 max(|lo|, |hi|)) / 16 (unsigned) or / 8 with zero point 8 (offset binary, signed);
   `pow2=False`: the asymmetric grid s = (hi - lo) / 15, zp = round(-lo / s);
-- AdaRound (`adaround=True`, `ptq.adjust.adaround` on the fit samples): each 4-bit weight rounded up or down to
-  minimize the layer's output error on the float inputs, instead of to nearest;
+- the rounding of the 4-bit weights (`rounding`): to nearest; AdaRound (`"adaround"`, `ptq.adjust.adaround` on the
+  fit samples: each weight rounded up or down to minimize the layer's output error on the float inputs); or
+  GPTQ (`"gptq"`, `ptq.adjust.gptq`: column by column, each rounding error spread over the columns not yet
+  rounded by the inverse Hessian of the layer's output error; only the layers 4-bit lanes speed up);
 - bias correction (`bias_correction=True`): the float bias of each 4-bit layer is lowered by the mean shift the
   4-bit rounding of its weight *and of its input* causes on the fit samples,
   b'_c = b_c - (sum W4[c] P4 - sum W[c] P) (`ptq.adjust.bias_correction`: P the mean input patch of the float
@@ -42,6 +44,7 @@ import numpy as np
 from calibrators import TensorStatistics, get_calibrator
 from ops.registry import weight_role
 from ptq.adjust.adaround import adaround
+from ptq.adjust.gptq import gptq
 from ptq.adjust.bias_correction import (BiasCorrectionLog, bias_target, conv_geometry, layer_shift, mean_patch,
                                         rounding_delta, weighted_layers)
 from ptq.calibration.adjustments import with_initializers
@@ -59,6 +62,7 @@ LANES = {4: "int4", 8: "int8"}  # bits of a layer's operands -> the DSP packing 
 COPY_SUFFIX = "_lanes4"
 POW2_EXPONENTS = range(-2, 3)  # around round(log2(max|w| / 7)): the weight grids `fit="mse"` tries
 CLIP_RATIOS = np.linspace(0.30, 1.0, 36)
+ROUNDINGS = ("nearest", "adaround", "gptq")
 
 
 @dataclass(frozen=True)
@@ -69,11 +73,13 @@ class Int4Grid:
     weight_fit: str = "mse"  # "mse" or "max"
     activation_calibrator: str = "mse"
     bias_correction: bool = True
-    adaround: bool = False  # learned rounding of the 4-bit weights (`ptq.adjust.adaround`) instead of nearest
+    rounding: str = "nearest"  # of the 4-bit weights: "nearest", "adaround" or "gptq" (module docstring)
 
     def __post_init__(self):
         if self.weight_fit not in ("mse", "max"):
             raise ValueError(f"weight_fit must be mse or max, got {self.weight_fit!r}")
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {', '.join(ROUNDINGS)}, got {self.rounding!r}")
         get_calibrator(self.activation_calibrator)  # an unknown name raises here, listing the known ones
 
 
@@ -217,11 +223,16 @@ class LaneMix:
         self.inputs4 = {layer.node: activation_entry(stats[layer.data], table.tensors[layer.data], grid)
                         for layer in self.layers}
         batches = list(fit_batches) if fit_batches is not None else []
-        self.rounded4: dict[str, np.ndarray] = {}  # weight -> its AdaRound value (on the 4-bit grid)
-        if grid.adaround and batches:
+        self.rounded4: dict[str, np.ndarray] = {}  # weight -> its AdaRound or GPTQ value (on the 4-bit grid)
+        if grid.rounding == "adaround" and batches:
             four = dataclasses.replace(table, tensors={**table.tensors, **{
                 layer.weight: self.weights4[layer.node] for layer in self.layers}})
             self.rounded4, _ = adaround(graph, four, batches)
+        elif grid.rounding == "gptq" and batches:
+            speeding = {layer.node for layer in self.layers if layer.ops_at(4) < layer.ops_at(8)}
+            nodes = [n for n in weighted_layers(graph, table, BiasCorrectionLog()) if n.name in speeding]
+            self.rounded4, _ = gptq(graph, nodes, {layer.weight: self.weights4[layer.node].qparams
+                                                   for layer in self.layers}, batches)
         self.biases4: dict[str, tuple[str, np.ndarray]] = {}
         if grid.bias_correction and batches:
             self.biases4 = self._corrected_biases(batches)
