@@ -23,6 +23,9 @@ The 4-bit grids (`Int4Grid`):
   fit samples: each weight rounded up or down to minimize the layer's output error on the float inputs); or
   GPTQ (`"gptq"`, `ptq.adjust.gptq`: column by column, each rounding error spread over the columns not yet
   rounded by the inverse Hessian of the layer's output error; only the layers 4-bit lanes speed up);
+- output fit (`output_fit=True`, free grids only; `ptq.tuning.lane_fit`): then each speeding layer's weight
+  thresholds and input range are refitted to the layer's output error on the fit samples (the tensor fits above
+  are among the candidates);
 - bias correction (`bias_correction=True`): the float bias of each 4-bit layer is lowered by the mean shift the
   4-bit rounding of its weight *and of its input* causes on the fit samples,
   b'_c = b_c - (sum W4[c] P4 - sum W[c] P) (`ptq.adjust.bias_correction`: P the mean input patch of the float
@@ -55,6 +58,7 @@ from ptq.engine.float_run import layer_inputs
 from ptq.engine.weight_scale_floor import floor_weight_scales
 from ptq.engine.weight_tensors import weight_tensors
 from ptq.table.quant_table import QuantTable, TensorEntry
+from ptq.tuning.lane_fit import fitted_grids, uint4_qparams
 from reports.dsp_resources import dsp_report
 
 NARROW_BITS = 4
@@ -74,6 +78,7 @@ class Int4Grid:
     activation_calibrator: str = "mse"
     bias_correction: bool = True
     rounding: str = "nearest"  # of the 4-bit weights: "nearest", "adaround" or "gptq" (module docstring)
+    output_fit: bool = True  # free grids refitted to the layer's output error (`ptq.tuning.lane_fit`)
 
     def __post_init__(self):
         if self.weight_fit not in ("mse", "max"):
@@ -183,11 +188,7 @@ def activation_entry(stats: TensorStatistics, wide: TensorEntry, grid: Int4Grid)
     lo = max(float(np.min(rmin)), float(np.min(wide.min)))
     hi = min(float(np.max(rmax)), float(np.max(wide.max)))
     lo, hi = min(lo, 0.0), max(hi, 0.0)
-    if grid.pow2:
-        qp = tqt_qparams(lo, hi, NARROW_BITS, offset_binary=True)
-    else:
-        scale = (hi - lo) / 15 if hi > lo else 1.0
-        qp = QParams(scale=scale, zero_point=int(np.clip(round(-lo / scale), 0, 15)), bits=NARROW_BITS, signed=False)
+    qp = tqt_qparams(lo, hi, NARROW_BITS, offset_binary=True) if grid.pow2 else uint4_qparams(lo, hi)
     return TensorEntry("activation", calibrator.spelling, lo, hi, qp, why="4-bit lanes")
 
 
@@ -223,16 +224,22 @@ class LaneMix:
         self.inputs4 = {layer.node: activation_entry(stats[layer.data], table.tensors[layer.data], grid)
                         for layer in self.layers}
         batches = list(fit_batches) if fit_batches is not None else []
+        speeding = {layer.node for layer in self.layers if layer.ops_at(4) < layer.ops_at(8)}
+        adjusted = [n for n in weighted_layers(graph, table, BiasCorrectionLog()) if n.name in speeding]
+        if grid.output_fit and not grid.pow2 and batches:
+            weights, copies = fitted_grids(graph, adjusted, self.weights4, self.inputs4,
+                                           {n.name: table.tensors[self.by_node[n.name].data] for n in adjusted},
+                                           batches)
+            self.weights4.update(weights)
+            self.inputs4.update(copies)
         self.rounded4: dict[str, np.ndarray] = {}  # weight -> its AdaRound or GPTQ value (on the 4-bit grid)
         if grid.rounding == "adaround" and batches:
             four = dataclasses.replace(table, tensors={**table.tensors, **{
                 layer.weight: self.weights4[layer.node] for layer in self.layers}})
             self.rounded4, _ = adaround(graph, four, batches)
         elif grid.rounding == "gptq" and batches:
-            speeding = {layer.node for layer in self.layers if layer.ops_at(4) < layer.ops_at(8)}
-            nodes = [n for n in weighted_layers(graph, table, BiasCorrectionLog()) if n.name in speeding]
-            self.rounded4, _ = gptq(graph, nodes, {layer.weight: self.weights4[layer.node].qparams
-                                                   for layer in self.layers}, batches)
+            self.rounded4, _ = gptq(graph, adjusted, {layer.weight: self.weights4[layer.node].qparams
+                                                      for layer in self.layers}, batches)
         self.biases4: dict[str, tuple[str, np.ndarray]] = {}
         if grid.bias_correction and batches:
             self.biases4 = self._corrected_biases(batches)
