@@ -53,6 +53,7 @@ from ptq.table.quant_table import load_quant_table  # noqa: E402
 from ptq.tuning.data import split_samples  # noqa: E402
 from ptq.tuning.lane_mix import Int4Grid, LaneMix  # noqa: E402
 from ptq.tuning.tuner import fit_statistics  # noqa: E402
+from reports.lane_pareto import pareto_svg  # noqa: E402
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -112,6 +113,7 @@ def main() -> int:
     parser.add_argument("--grids", action="store_true", help="compare the 4-bit grid variants first")
     parser.add_argument("--data", action="store_true", help="--calib and --eval are .npy sample files")
     parser.add_argument("--out", default="/tmp/int4_mix")
+    parser.add_argument("--svg", help="draw every point's held-out cosine against its throughput here")
     args = parser.parse_args()
     graph_path = Path(args.model)
     out = Path(args.out)
@@ -145,7 +147,10 @@ def main() -> int:
 
     eval_opts = DataOptions(**({"data": args.eval} if args.data else {"images": args.eval}))
     photos = ImageSet.from_source(eval_opts.source(table.options.preprocess), None, args.num_eval, 0)
-    feeds = [x for _, x, _ in photos.samples(graph)]
+    read = list(photos.samples(graph))
+    feeds = [x for _, x, _ in read]
+    labels = [label for _, _, label in read]
+    labelled = all(label is not None for label in labels)
     session = ort.InferenceSession(str(graph_path), providers=["CPUExecutionProvider"])
     ref = [session.run(None, x)[0] for x in feeds]
     fit, _ = split_samples(ImageSet.from_source(DataOptions(**source).source(table.options.preprocess), None, None, 0),
@@ -155,16 +160,28 @@ def main() -> int:
                   (x for _, x, _ in fit.samples(graph)))
     print(f"\ntrade-off points ({len(lanes['points'])} measured by the tuner on {record['validation_samples']} "
           f"validation photos) and on {len(feeds)} held-out photos, ptq integer logits vs onnxruntime float:")
+    if labelled:
+        print(f"top-1 of onnxruntime float against the labels: "
+              f"{np.mean([int(np.argmax(r)) == int(label) for r, label in zip(ref, labels)]):.0%}")
     print(f"{'point':<34} {'4-bit MACs':>10} {'MACs/DSP/cyc':>12} {'val cos':>8} {'eval cos':>8} {'eval min':>8} "
-          f"{'top-1 agree':>11}")
+          f"{'top-1 agree':>11}" + (f" {'top-1':>6}" if labelled else ""))
     chosen = lanes["chosen"]
+    drawn = []
     for point in lanes["points"] + [dict(chosen, label="TUNED: " + chosen["label"])]:
         prepared = prepare(*mix.build(point["four"]))
         ys = [prepared.run(x).outputs[graph.outputs[0]] for x in feeds]
         cos = [cosine(r, y) for r, y in zip(ref, ys)]
         agree = np.mean([int(np.argmax(r)) == int(np.argmax(y)) for r, y in zip(ref, ys)])
+        top1 = np.mean([int(np.argmax(y)) == int(label) for y, label in zip(ys, labels)]) if labelled else None
         print(f"{point['label'][:34]:<34} {point['four_bit_macs']:>10.1%} {point['throughput']:>12.3f} "
-              f"{point['cosine']:>8.5f} {np.mean(cos):>8.5f} {np.min(cos):>8.5f} {agree:>11.0%}")
+              f"{point['cosine']:>8.5f} {np.mean(cos):>8.5f} {np.min(cos):>8.5f} {agree:>11.0%}"
+              + (f" {top1:>6.0%}" if labelled else ""))
+        drawn.append(dict(point, cosine=float(np.mean(cos))))
+    if args.svg:
+        svg = pareto_svg(drawn[:-1], drawn[-1], args.target,
+                         f"{graph_path.name}: cosine on {len(feeds)} held-out samples against DSP throughput")
+        Path(args.svg).write_text(svg + "\n", encoding="utf-8")
+        print(f"wrote {args.svg}")
     same = prepare(tuned_graph, tuned_table).run(feeds[0]).outputs[graph.outputs[0]]
     rebuilt = prepare(*mix.build(chosen["four"])).run(feeds[0]).outputs[graph.outputs[0]]
     print("\nthe written tuned model and table give the same logits as the rebuilt mix:", np.array_equal(same, rebuilt))

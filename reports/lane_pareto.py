@@ -5,8 +5,8 @@ A point is (MACs per DSP per cycle, validation cosine); it is on the Pareto fron
 least its throughput and at least its cosine with one of them strictly more. The SVG draws every point
 (grey), the front as a line through its points (blue), the target cosine as a dashed line and the chosen
 assignment ringed; axes in data units, the cosine axis from the lowest point, or from 1 - 2 (1 - target) when
-points lie further below (those are drawn hollow on the axis, their values in their tooltips). `lanes_html` is the same figure with the
-points and layers as tables, for report.html (`ptq report --tune`).
+points lie further below (those are drawn hollow on the axis, their values in their tooltips). `lanes_html` is the same figure with
+the points and layers as tables, for report.html (`ptq report --tune`).
 """
 from __future__ import annotations
 

@@ -58,6 +58,7 @@ from ptq.engine.float_run import layer_inputs
 from ptq.engine.weight_scale_floor import floor_weight_scales
 from ptq.engine.weight_tensors import weight_tensors
 from ptq.table.quant_table import QuantTable, TensorEntry
+from ptq.tuning.defaults import INT4_ROUNDINGS
 from ptq.tuning.lane_fit import fitted_grids, uint4_qparams
 from reports.dsp_resources import dsp_report
 
@@ -66,7 +67,6 @@ LANES = {4: "int4", 8: "int8"}  # bits of a layer's operands -> the DSP packing 
 COPY_SUFFIX = "_lanes4"
 POW2_EXPONENTS = range(-2, 3)  # around round(log2(max|w| / 7)): the weight grids `fit="mse"` tries
 CLIP_RATIOS = np.linspace(0.30, 1.0, 36)
-ROUNDINGS = ("nearest", "adaround", "gptq")
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,8 @@ class Int4Grid:
     def __post_init__(self):
         if self.weight_fit not in ("mse", "max"):
             raise ValueError(f"weight_fit must be mse or max, got {self.weight_fit!r}")
-        if self.rounding not in ROUNDINGS:
-            raise ValueError(f"rounding must be one of {', '.join(ROUNDINGS)}, got {self.rounding!r}")
+        if self.rounding not in INT4_ROUNDINGS:
+            raise ValueError(f"rounding must be one of {', '.join(INT4_ROUNDINGS)}, got {self.rounding!r}")
         get_calibrator(self.activation_calibrator)  # an unknown name raises here, listing the known ones
 
 
