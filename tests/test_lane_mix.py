@@ -121,11 +121,21 @@ def test_every_edge_graph_runs_the_same_integers(setup, arrays):
         assert not np.array_equal(few["logits"], _int_run(*mix.build([]), x, "numpy")["logits"])
 
 
+@pytest.fixture(scope="module")
+def default_mix(setup, arrays):
+    """The default 4-bit grids (free scales fitted to the output error, bias correction) and GPTQ rounding."""
+    graph, table, _ = setup
+    fit = ArraySamples(arrays[:8])
+    return LaneMix(graph, table, fit_statistics(graph, fit, ["mse"]), Int4Grid(rounding="gptq"),
+                   (x for _, x, _ in fit.samples(graph)))
+
+
+@pytest.mark.parametrize("grid", ["pow2", "default"])
 @pytest.mark.parametrize("four", [[], ["conv_e1", "conv_c3"], LAYERS])
-def test_every_tensor_bit_exact_through_dsp_lanes(setup, arrays, four):
+def test_every_tensor_bit_exact_through_dsp_lanes(setup, default_mix, arrays, four, grid):
     """Every integer tensor of the mixed model identical between the plain backend and `dsp:lanes`, each
     4-bit layer on int4 lanes and each 8-bit one on int8 lanes."""
-    graph, table, mix = setup
+    mix = setup[2] if grid == "pow2" else default_mix
     g, t = mix.build(four)
     for x in arrays[8:10]:
         lanes = DspLanesBackend()

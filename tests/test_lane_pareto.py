@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 
 from ptq.cli import main
+from ptq.table.quant_table import load_quant_table
 from reports.lane_pareto import pareto_front, pareto_svg
 from test_lane_mix import residual_net
 
@@ -105,3 +106,25 @@ def test_cli_int4_dsp_refuses_the_16_bit_and_float_options(tmp_path, capsys):
                "--target-cosine", "0.9", "--scheme", "int4-dsp", "--allow-float", "1", "-q"])
     assert rc == 2 and "do not apply to --scheme int4-dsp" in capsys.readouterr().err
     assert not (tmp_path / "net.tuned.quant.json").exists()
+
+
+def test_cli_tune_int4_dsp_default_grids_write_a_table_that_loads_and_runs(tmp_path, capsys):
+    model = tmp_path / "net.onnx"
+    onnx.save(residual_net(), model)
+    data = tmp_path / "data"
+    data.mkdir()
+    for k, x in enumerate(np.random.default_rng(1).normal(0, 1, (12, 3, 8, 8)).astype(np.float32)):
+        np.save(data / f"s{k:02d}.npy", x)
+    assert main(["calibrate", str(model), "--data", str(data), "--out", str(tmp_path), "-q"]) == 0
+    rc = main(["tune", str(model), "--quant", str(tmp_path / "net.quant.json"), "--data", str(data), "--target-cosine",
+               "0.5", "--scheme", "int4-dsp", "--int4-rounding", "gptq", "--views", "none", "--z", "0", "--no-check",
+               "-q"])
+    assert rc == 0
+    lanes = json.loads((tmp_path / "net.tune.json").read_text())["lanes"]
+    assert lanes["int4_grid"]["rounding"] == "gptq" and lanes["int4_grid"]["output_fit"] is True
+    tuned = load_quant_table(tmp_path / "net.tuned.quant.json")
+    fitted = {name for name, entry in tuned.tensors.items() if entry.calibrator == "int4-output"}
+    assert {"W0", "input_lanes4"} <= fitted  # conv_c0's weight and input copy, fitted to its output error
+    capsys.readouterr()
+    assert main(["run", str(model), "--quant", str(tmp_path / "net.tuned.quant.json"), "--data", str(data),
+                 "--num-images", "1", "--backend", "dsp:lanes"]) == 0

@@ -40,11 +40,7 @@ POSITIONS = 2048  # output positions sampled per image and layer
 @dataclass
 class GptqLog:
     layers: dict[str, tuple[float, float]] = field(default_factory=dict)  # node -> (E nearest, E GPTQ)
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-
-    def summary(self) -> str:
-        better = sum(1 for a, b in self.layers.values() if b < a)
-        return f"gptq: {len(self.layers)} layers, {better} with a lower output error than round-to-nearest"
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (node, why it kept round-to-nearest)
 
 
 def grouped_patches(x: np.ndarray, node: Node, w: np.ndarray, positions: int, rng: np.random.Generator) -> np.ndarray:
