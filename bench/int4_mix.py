@@ -22,12 +22,16 @@ Measured (2-core shared machine, Lite0 with examples/calib: 16 fit photos, 7 val
     pow2, mse, mse, bias corr.             0.337 / 0.827      + AdaRound                      0.606 / 0.883
     bias correction of the input's rounding as well as the weight's: 0.866 -> 0.868 at 40 %
 
-So free (non power-of-two) scales, MSE-fitted weight and activation grids and bias correction are the
-defaults; AdaRound (`--adaround`) helps the fixed 40 % assignment a little but not the tuned mix (27.3 % of
-the MACs at 4 bits with it, 28.8 % without, on the bias-corrected 8-bit base) and costs ~4 minutes: off.
-Tuned (`--bias-correction`, target 0.98, z = 2): 10 of 50 layers, 28.8 % of the MACs on 4-bit lanes, 2.334
-MACs/DSP/cycle, eval cosine 0.9828 (min 0.961, top-1 agreement with float 95 %); all-int8 1.999 / 0.9957,
-all-int4 3.637 / 0.646; the assignment with 35.2 % (2.424) scores 0.9788 on the eval photos.
+On the bias-corrected 8-bit base (0.9944), the 14 layers of 40 % of the MACs (sensitivity order): tensor fits
+0.9746 (eval photos 0.9756), GPTQ rounding 0.9745 (0.9741), GPTQ towards W A H^-1 0.9706, weights fitted to the
+output error 0.9784, input ranges fitted to it 0.9774, both 0.9800 (0.9769): the grids fitted to the output
+error (`ptq.tuning.lane_fit`) are the default, AdaRound and GPTQ options (`--rounding`).
+Tuned (`--bias-correction`, target 0.98, z = 2): 12 of 50 layers, 33.5 % of the MACs on 4-bit lanes, 2.400
+MACs/DSP/cycle, validation 0.9838, eval cosine 0.9785 (min 0.960, top-1 agreement with float 95 %, top-1 75 %
+against float's 80 %); all-int8 1.999 / 0.9957 (75 %), all-int4 3.637 / 0.681 (55 %); 28.8 % (2.334) scores
+0.9821, 38.7 % (2.475) 0.9723 on the eval photos. Mini ResNet (`--model bench/models/mini_resnet.onnx --calib
+bench/models/mini_resnet_data/calib --eval bench/models/mini_resnet_data/eval --data`): target 0.998 -> 71.3 %
+(3.108) at 0.99884, target 0.98 -> 100 % (4.000) at 0.99289; all-int8 0.99994.
 """
 from __future__ import annotations
 
@@ -53,6 +57,7 @@ from ptq.table.quant_table import load_quant_table  # noqa: E402
 from ptq.tuning.data import split_samples  # noqa: E402
 from ptq.tuning.lane_mix import Int4Grid, LaneMix  # noqa: E402
 from ptq.tuning.tuner import fit_statistics  # noqa: E402
+from reports.lane_pareto import pareto_svg  # noqa: E402
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -72,7 +77,8 @@ def compare_grids(graph, table, samples, fraction: float) -> None:
              "pow2, mse, mse, bias corr.": Int4Grid(pow2=True),
              "free, mse, mse, no bias corr.": Int4Grid(bias_correction=False),
              "free, mse, mse, bias corr. (default)": Int4Grid(),
-             "free, mse, mse, AdaRound, bias corr.": Int4Grid(adaround=True)}
+             "free, mse, mse, AdaRound, bias corr.": Int4Grid(rounding="adaround"),
+             "free, mse, mse, GPTQ, bias corr.": Int4Grid(rounding="gptq")}
     print(f"4-bit grids (scales, weight fit, activation calibrator, rounding, bias correction) on {len(feeds)} "
           "validation photos: mean cosine vs onnxruntime float")
     order = None
@@ -105,11 +111,13 @@ def main() -> int:
     parser.add_argument("--num-eval", type=int, default=20)
     parser.add_argument("--exact-photos", type=int, default=1)
     parser.add_argument("--pow2", action="store_true", help="power-of-two 4-bit scales (WP521)")
-    parser.add_argument("--adaround", action="store_true", help="AdaRound the 4-bit weights")
+    parser.add_argument("--rounding", choices=["nearest", "adaround", "gptq"], default="nearest",
+                        help="how the 4-bit weights are rounded (Int4Grid.rounding)")
     parser.add_argument("--bias-correction", action="store_true", help="calibrate the 8-bit table with bias correction")
     parser.add_argument("--grids", action="store_true", help="compare the 4-bit grid variants first")
     parser.add_argument("--data", action="store_true", help="--calib and --eval are .npy sample files")
     parser.add_argument("--out", default="/tmp/int4_mix")
+    parser.add_argument("--svg", help="draw every point's held-out cosine against its throughput here")
     args = parser.parse_args()
     graph_path = Path(args.model)
     out = Path(args.out)
@@ -129,7 +137,7 @@ def main() -> int:
     if not record_path.exists():
         ptq.tune(args.model, quant=table_path, target_cosine=args.target, scheme="int4-dsp", views=[], z=args.z,
                  validation_fraction=args.validation_fraction, quiet=True, no_check=True,
-                 int4_grid=Int4Grid(pow2=args.pow2, adaround=args.adaround), **source)
+                 int4_grid=Int4Grid(pow2=args.pow2, rounding=args.rounding), **source)
         print(f"tuned in {time.time() - start:.0f} s")
     record = json.loads(record_path.read_text())
     lanes = record["lanes"]
@@ -143,7 +151,10 @@ def main() -> int:
 
     eval_opts = DataOptions(**({"data": args.eval} if args.data else {"images": args.eval}))
     photos = ImageSet.from_source(eval_opts.source(table.options.preprocess), None, args.num_eval, 0)
-    feeds = [x for _, x, _ in photos.samples(graph)]
+    read = list(photos.samples(graph))
+    feeds = [x for _, x, _ in read]
+    labels = [label for _, _, label in read]
+    labelled = all(label is not None for label in labels)
     session = ort.InferenceSession(str(graph_path), providers=["CPUExecutionProvider"])
     ref = [session.run(None, x)[0] for x in feeds]
     fit, _ = split_samples(ImageSet.from_source(DataOptions(**source).source(table.options.preprocess), None, None, 0),
@@ -153,16 +164,28 @@ def main() -> int:
                   (x for _, x, _ in fit.samples(graph)))
     print(f"\ntrade-off points ({len(lanes['points'])} measured by the tuner on {record['validation_samples']} "
           f"validation photos) and on {len(feeds)} held-out photos, ptq integer logits vs onnxruntime float:")
+    if labelled:
+        print(f"top-1 of onnxruntime float against the labels: "
+              f"{np.mean([int(np.argmax(r)) == int(label) for r, label in zip(ref, labels)]):.0%}")
     print(f"{'point':<34} {'4-bit MACs':>10} {'MACs/DSP/cyc':>12} {'val cos':>8} {'eval cos':>8} {'eval min':>8} "
-          f"{'top-1 agree':>11}")
+          f"{'top-1 agree':>11}" + (f" {'top-1':>6}" if labelled else ""))
     chosen = lanes["chosen"]
+    drawn = []
     for point in lanes["points"] + [dict(chosen, label="TUNED: " + chosen["label"])]:
         prepared = prepare(*mix.build(point["four"]))
         ys = [prepared.run(x).outputs[graph.outputs[0]] for x in feeds]
         cos = [cosine(r, y) for r, y in zip(ref, ys)]
         agree = np.mean([int(np.argmax(r)) == int(np.argmax(y)) for r, y in zip(ref, ys)])
+        top1 = np.mean([int(np.argmax(y)) == int(label) for y, label in zip(ys, labels)]) if labelled else None
         print(f"{point['label'][:34]:<34} {point['four_bit_macs']:>10.1%} {point['throughput']:>12.3f} "
-              f"{point['cosine']:>8.5f} {np.mean(cos):>8.5f} {np.min(cos):>8.5f} {agree:>11.0%}")
+              f"{point['cosine']:>8.5f} {np.mean(cos):>8.5f} {np.min(cos):>8.5f} {agree:>11.0%}"
+              + (f" {top1:>6.0%}" if labelled else ""))
+        drawn.append(dict(point, cosine=float(np.mean(cos))))
+    if args.svg:
+        svg = pareto_svg(drawn[:-1], drawn[-1], args.target,
+                         f"{graph_path.name}: cosine on {len(feeds)} held-out samples against DSP throughput")
+        Path(args.svg).write_text(svg + "\n", encoding="utf-8")
+        print(f"wrote {args.svg}")
     same = prepare(tuned_graph, tuned_table).run(feeds[0]).outputs[graph.outputs[0]]
     rebuilt = prepare(*mix.build(chosen["four"])).run(feeds[0]).outputs[graph.outputs[0]]
     print("\nthe written tuned model and table give the same logits as the rebuilt mix:", np.array_equal(same, rebuilt))

@@ -370,14 +370,15 @@ class ReportResult:
 REPORT_FILES = ("report.json", "report.csv", "report.html")
 
 
-def write_report(report: Report, out_dir: Path) -> list[Path]:
+def write_report(report: Report, out_dir: Path, lanes: Optional[dict] = None) -> list[Path]:
+    """report.json, .csv and .html in `out_dir`; `lanes`: a tune record whose lane trade-off report.html shows."""
     from reports.html import write_html
     from reports.writers import write_csv, write_json
 
     out_dir.mkdir(parents=True, exist_ok=True)
     json_name, csv_name, html_name = REPORT_FILES
     return [write_json(report, out_dir / json_name), write_csv(report, out_dir / csv_name),
-            write_html(report, out_dir / html_name)]
+            write_html(report, out_dir / html_name, lanes=lanes)]
 
 
 def report(
@@ -392,13 +393,16 @@ def report(
     task: Optional[str] = None,
     score_threshold: float = DEFAULT_SCORE_THRESHOLD,
     match_iou: float = DEFAULT_MATCH_IOU,
+    tune: Optional[PathLike] = None,
     **options,
 ) -> ReportResult:
     """`ptq report`: the integer graph against the float model, layer by layer; with `out`, report.json, .csv
     and .html there. `isolated_images=None` computes the isolated metrics on every sample.
     `task="detect"`: the integer run's detections matched to float's (score >= `score_threshold`, IoU >=
     `match_iou`, same class; `reports.detections`): recall and precision in `result.report.detections`; None
-    or "auto" does so when the graph has one NonMaxSuppression node; "classify" never.
+    or "auto" does so when the graph has one NonMaxSuppression node; "classify" never. `tune`: the
+    `<stem>.tune.json` of `ptq tune --scheme int4-dsp`, whose accuracy-throughput trade-off (the Pareto figure,
+    the assignments and each layer's lanes) report.html then shows.
 
     Examples:
         >>> import tempfile, ptq
@@ -416,6 +420,11 @@ def report(
     from reports.evaluate import evaluate
 
     opts = _options("report", options)
+    lanes = None
+    if tune is not None:
+        from reports.lane_pareto import lanes_record
+
+        lanes = lanes_record(tune)
     if out is not None:
         check_outputs(out, REPORT_FILES + (("dsp_report.json",) if backend.startswith("dsp:") else ()),
                       note=not opts.quiet)
@@ -444,7 +453,7 @@ def report(
     built.inputs = loaded.inputs
     if detection is not None:
         built.notes.append(f"detections decoded from {detection.describe()}")
-    result = ReportResult(built, write_report(built, Path(out)) if out is not None else [])
+    result = ReportResult(built, write_report(built, Path(out), lanes) if out is not None else [])
     if backend.startswith("dsp:"):
         from reports.dsp_resources import dsp_report
 

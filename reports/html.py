@@ -16,6 +16,7 @@ from ptq.core.atomic import atomic_write_text
 from reports.diagnosis import next_step_lines
 from reports.html_histogram import histogram_caption, histogram_svg
 from reports.detections import detection_line
+from reports.lane_pareto import lanes_html
 from reports.layers import Report
 from reports.writers import suspect_line
 from reports.output_breakdown import DEAD_CODES
@@ -316,9 +317,13 @@ def _table(report: Report) -> str:
     return f'<table class="sortable" id="layers"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
-def render_html(report: Report, histograms: int = HISTOGRAM_SUSPECTS) -> str:
-    """The page; `histograms`: how many of the top suspects get a value histogram."""
+def render_html(report: Report, histograms: int = HISTOGRAM_SUSPECTS, lanes: Optional[dict] = None) -> str:
+    """The page; `histograms`: how many of the top suspects get a value histogram; `lanes`: the record of
+    `ptq tune --scheme int4-dsp` whose trade-off (`reports.lane_pareto.lanes_html`) the page shows."""
     title = f"ptq report: {Path(report.model).name}"
+    lane_section = (f"<h2>DSP lanes: accuracy against throughput</h2>"
+                    f"{lanes_html(lanes, f'{Path(report.model).name}: validation cosine against DSP throughput')}"
+                    if lanes is not None else "")
     return (
         "<!DOCTYPE html>\n"
         f'<html lang="en"><head><meta charset="utf-8"/><title>{escape(title)}</title>'
@@ -327,6 +332,7 @@ def render_html(report: Report, histograms: int = HISTOGRAM_SUSPECTS) -> str:
         f"{_warnings(report)}"
         f"<h2>Summary</h2>{_summary(report)}"
         f"{_output_groups(report)}"
+        f"{lane_section}"
         f"<h2>Cosine along the graph</h2>{_plot(report)}"
         f"<h2>Values of the top suspects</h2>{_histograms(report, histograms)}"
         f"<h2>Layers</h2><p>Click a column header to sort.</p>{_table(report)}"
@@ -335,5 +341,6 @@ def render_html(report: Report, histograms: int = HISTOGRAM_SUSPECTS) -> str:
     )
 
 
-def write_html(report: Report, path: Union[str, Path], histograms: int = HISTOGRAM_SUSPECTS) -> Path:
-    return atomic_write_text(path, render_html(report, histograms))
+def write_html(report: Report, path: Union[str, Path], histograms: int = HISTOGRAM_SUSPECTS,
+               lanes: Optional[dict] = None) -> Path:
+    return atomic_write_text(path, render_html(report, histograms, lanes))

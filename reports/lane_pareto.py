@@ -5,11 +5,14 @@ A point is (MACs per DSP per cycle, validation cosine); it is on the Pareto fron
 least its throughput and at least its cosine with one of them strictly more. The SVG draws every point
 (grey), the front as a line through its points (blue), the target cosine as a dashed line and the chosen
 assignment ringed; axes in data units, the cosine axis from the lowest point, or from 1 - 2 (1 - target) when
-points lie further below (those are drawn hollow on the axis, their values in their tooltips).
+points lie further below (those are drawn hollow on the axis, their values in their tooltips). `lanes_html` is the same figure with
+the points and layers as tables, for report.html (`ptq report --tune`).
 """
 from __future__ import annotations
 
+import json
 from html import escape
+from pathlib import Path
 from typing import Optional, Sequence
 
 W, H = 560, 320
@@ -117,3 +120,42 @@ def lanes_text(record: dict) -> str:
         lines.append(f"  {r['node']:<{width}} {r['lanes']:>4}b {r['macs']:>11,} {r['ops_int8']:>10,} "
                      f"{r['ops_int4']:>10,} {r['sensitivity']:>11.6f}")
     return "\n".join(lines)
+
+
+def lanes_html(record: dict, title: str = "") -> str:
+    """The report.html section of a tune record's `lanes` (`ptq report --tune`): the Pareto figure, the
+    assignments measured and each layer's lanes, MACs, DSP operations and sensitivity."""
+    lanes = record["lanes"]
+    front = {id(p) for p in pareto_front(lanes["points"])}
+    chosen = lanes["chosen"]
+    head = "".join(f"<th>{h}</th>" for h in ("front", "assignment", "4-bit layers", "4-bit MACs", "MACs/DSP/cycle",
+                                             "cosine", "± sem", "reached"))
+    rows = []
+    for p in sorted(lanes["points"], key=lambda p: p["throughput"]):
+        cls = ' class="suspect"' if p is chosen or p["label"] == chosen["label"] else ""
+        cells = ["*" if id(p) in front else "", escape(p["label"]), str(len(p["four"])), f"{p['four_bit_macs']:.1%}",
+                 f"{p['throughput']:.3f}", f"{p['cosine']:.5f}", f"{p['sem']:.5f}", "yes" if p["reached"] else "no"]
+        rows.append(f"<tr{cls}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    layer_head = "".join(f"<th>{h}</th>" for h in ("layer", "lanes", "MACs", "int8 DSP ops", "int4 DSP ops",
+                                                   "sensitivity"))
+    layer_rows = [f"<tr><td class=\"t\">{escape(r['node'])}</td><td>{r['lanes']}-bit</td><td>{r['macs']:,}</td>"
+                  f"<td>{r['ops_int8']:,}</td><td>{r['ops_int4']:,}</td><td>{r['sensitivity']:.6f}</td></tr>"
+                  for r in lanes["layers"]]
+    return (f"<p>{len(chosen['four'])} of {len(lanes['layers'])} layers on 4-bit lanes, "
+            f"{chosen['four_bit_macs']:.1%} of the MACs, {chosen['throughput']:.3f} MACs per DSP per cycle; validation "
+            f"cosine {chosen['cosine']:.5f} (target {record['target_cosine']}). Every assignment the tuner measured; "
+            f"* marks the Pareto front.</p>"
+            + pareto_svg(lanes["points"], chosen, record["target_cosine"], title)
+            + f'<table id="lane-points"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            + f'<p>Layers, in graph order (sensitivity: the validation cosine lost with the layer alone on 4-bit '
+              f'lanes).</p><table id="lane-layers"><thead><tr>{layer_head}</tr></thead>'
+              f'<tbody>{"".join(layer_rows)}</tbody></table>')
+
+
+def lanes_record(path) -> dict:
+    """The tune record at `path` (`<stem>.tune.json`), which must hold the `lanes` of `ptq tune --scheme
+    int4-dsp`."""
+    record = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(record, dict) or not record.get("lanes"):
+        raise ValueError(f"{path} is not the record of `ptq tune --scheme int4-dsp` (it has no lanes)")
+    return record

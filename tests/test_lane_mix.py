@@ -16,6 +16,7 @@ from ptq.core.graph import load_model
 from ptq.data.image_source import ArraySamples
 from ptq.engine.backends import get_backend
 from ptq.engine.executor import prepare
+from ptq.engine.float_run import layer_inputs
 from ptq.tuning.lane_mix import Int4Grid, LaneMix, four_bit_macs, lane_throughput, weight_scales
 from ptq.tuning.lane_tuner import tune_lanes
 from ptq.tuning.tuner import fit_statistics
@@ -132,11 +133,21 @@ def test_every_edge_graph_runs_the_same_integers(setup, arrays):
         assert not np.array_equal(few["logits"], _int_run(*mix.build([]), x, "numpy")["logits"])
 
 
+@pytest.fixture(scope="module")
+def default_mix(setup, arrays):
+    """The default 4-bit grids (free scales fitted to the output error, bias correction) and GPTQ rounding."""
+    graph, table, _ = setup
+    fit = ArraySamples(arrays[:8])
+    return LaneMix(graph, table, fit_statistics(graph, fit, ["mse"]), Int4Grid(rounding="gptq"),
+                   (x for _, x, _ in fit.samples(graph)))
+
+
+@pytest.mark.parametrize("grid", ["pow2", "default"])
 @pytest.mark.parametrize("four", [[], ["conv_e1", "conv_c3"], LAYERS])
-def test_every_tensor_bit_exact_through_dsp_lanes(setup, arrays, four):
+def test_every_tensor_bit_exact_through_dsp_lanes(setup, default_mix, arrays, four, grid):
     """Every integer tensor of the mixed model identical between the plain backend and `dsp:lanes`, each
     4-bit layer on int4 lanes and each 8-bit one on int8 lanes."""
-    graph, table, mix = setup
+    mix = setup[2] if grid == "pow2" else default_mix
     g, t = mix.build(four)
     for x in arrays[8:10]:
         lanes = DspLanesBackend()
@@ -231,11 +242,12 @@ def test_tune_lanes_keeps_the_target_and_records_the_points(arrays):
     assert not impossible.reached and impossible.lanes.chosen.four == []
 
 
-def test_adaround_puts_the_4_bit_weights_on_their_grid_rounded_for_the_output(setup, arrays):
+@pytest.mark.parametrize("rounding", ["adaround", "gptq"])
+def test_learned_rounding_puts_the_4_bit_weights_on_their_grid_rounded_for_the_output(setup, arrays, rounding):
     graph, table, _ = setup
     fit = ArraySamples(arrays[:8])
     stats = fit_statistics(graph, fit, ["mse"])
-    learned = LaneMix(graph, table, stats, Int4Grid(adaround=True, bias_correction=False),
+    learned = LaneMix(graph, table, stats, Int4Grid(rounding=rounding, bias_correction=False),
                       (x for _, x, _ in fit.samples(graph)))
     g, t = learned.build(["conv_e1"])
     w, w4 = graph.initializers["W1"], g.initializers["W1"]
@@ -247,8 +259,47 @@ def test_adaround_puts_the_4_bit_weights_on_their_grid_rounded_for_the_output(se
     assert np.array_equal(g.initializers["W2"], graph.initializers["W2"])  # an 8-bit layer keeps its weight
 
 
+def test_an_unknown_rounding_is_a_one_line_error():
+    with pytest.raises(ValueError, match="rounding must be one of nearest, adaround, gptq, got 'up'"):
+        Int4Grid(rounding="up")
+
+
 def test_a_table_that_is_not_8_bit_is_a_one_line_error(arrays):
     graph = load_model(residual_net())
     table = calibrate(residual_net(), arrays[:8], scheme="int4-dsp", write_qdq=False).table
     with pytest.raises(ValueError, match=r"tunes from an 8-bit table .*layer conv_c0 reads 'input' at 4 bits"):
         tune_lanes(graph, table, ArraySamples(arrays), 0.9, reference=graph)
+
+
+def _output_errors(graph, node, w4, copy, batches):
+    """The layer's output error from its weight's rounding, sum (Q(W) - W) H (Q(W) - W)^T, and from its input's,
+    sum ||W (Q(x) - x)||^2, over every output position of `batches` (float inputs)."""
+    w = graph.initializers[node.inputs[1]].astype(np.float64)
+    rows = w.reshape(w.shape[0], -1)
+    qw = w4.qparams.dequantize(w4.qparams.quantize(w)).reshape(rows.shape) - rows
+    weight_err = input_err = 0.0
+    for _, x in layer_inputs(graph, [node], batches):  # a 1x1 convolution: a patch is one pixel's channels
+        patches = x.astype(np.float64).reshape(x.shape[1], -1).T
+        weight_err += float(np.sum((patches @ qw.T) ** 2))
+        qp = copy.qparams
+        input_err += float(np.sum(((qp.dequantize(qp.quantize(patches)) - patches) @ rows.T) ** 2))
+    return weight_err, input_err
+
+
+def test_output_fit_lowers_both_output_errors_of_a_4_bit_layer(arrays):
+    graph = load_model(residual_net())
+    table = calibrate(residual_net(), arrays[:8], write_qdq=False).table
+    fit = ArraySamples(arrays[:8])
+    stats = fit_statistics(graph, fit, ["mse"])
+    tensor = LaneMix(graph, table, stats, Int4Grid(output_fit=False, bias_correction=False),
+                     (x for _, x, _ in fit.samples(graph)))
+    output = LaneMix(graph, table, stats, Int4Grid(bias_correction=False), (x for _, x, _ in fit.samples(graph)))
+    node = next(n for n in graph.nodes if n.name == "conv_e1")  # 1x1 on 8x8: 64 positions, all sampled
+    batches = [x for _, x, _ in fit.samples(graph)]
+    before = _output_errors(graph, node, tensor.weights4["conv_e1"], tensor.inputs4["conv_e1"], batches)
+    after = _output_errors(graph, node, output.weights4["conv_e1"], output.inputs4["conv_e1"], batches)
+    assert after[0] < before[0] and after[1] < before[1]
+    assert output.weights4["conv_e1"].calibrator == output.inputs4["conv_e1"].calibrator == "int4-output"
+    assert output.weights4["fc"] == tensor.weights4["fc"]  # a one-row Gemm saves no DSP operation: not refitted
+    g, t = output.build(["conv_e1"])
+    assert t.tensors["W1"] is output.weights4["conv_e1"]

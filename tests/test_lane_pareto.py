@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 
 from ptq.cli import main
+from ptq.table.quant_table import load_quant_table
 from reports.lane_pareto import pareto_front, pareto_svg
 from test_lane_mix import residual_net
 
@@ -63,6 +64,17 @@ def test_cli_tune_int4_dsp_then_dsp_report_lists_lanes_and_draws_the_front(tmp_p
     assert svg.count('<circle class="point"') == len(lanes["points"])
     report = json.loads((tmp_path / "rep" / "dsp_report.json").read_text())
     assert {layer["node"] for layer in report["layers"] if layer["lanes"] == "int4"} == four
+    assert main(["report", str(model), "--quant", str(tmp_path / "net.tuned.quant.json"), "--data", str(data),
+                 "--num-images", "2", "--out", str(tmp_path / "html"), "--tune", str(tmp_path / "net.tune.json")]) == 0
+    page = (tmp_path / "html" / "report.html").read_text()
+    section = page[page.index("<h2>DSP lanes"):page.index("<h2>Cosine along the graph")]
+    assert section.count('<circle class="point"') == len(lanes["points"]) and 'class="chosen"' in section
+    layer_rows = re.search(r'<table id="lane-layers">.*?</table>', section).group(0)
+    for row in lanes["layers"]:
+        assert re.search(rf"<td class=\"t\">{row['node']}</td><td>{row['lanes']}-bit</td><td>{row['macs']:,}</td>",
+                         layer_rows), row["node"]
+    assert re.search(r'<table id="lane-points">.*?</table>', section).group(0).count("<tr>") + \
+        section.count('<tr class="suspect">') == len(lanes["points"]) + 1  # + the header row
     dumps = {}
     for backend in ("numpy", "dsp:lanes"):  # the issue's check: `ptq debug --dump`, plain against DSP lanes
         folder = tmp_path / backend.replace(":", "_")
@@ -77,6 +89,9 @@ def test_cli_tune_int4_dsp_then_dsp_report_lists_lanes_and_draws_the_front(tmp_p
     capsys.readouterr()
     assert main(["dsp-report", str(model), "--quant", str(table), "--tune", str(table)]) == 2
     assert "has no lanes" in capsys.readouterr().err
+    assert main(["report", str(model), "--quant", str(table), "--data", str(data), "--out", str(tmp_path / "bad"),
+                 "--tune", str(table)]) == 2
+    assert "has no lanes" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 
 
 def test_cli_int4_dsp_refuses_the_16_bit_and_float_options(tmp_path, capsys):
@@ -91,3 +106,25 @@ def test_cli_int4_dsp_refuses_the_16_bit_and_float_options(tmp_path, capsys):
                "--target-cosine", "0.9", "--scheme", "int4-dsp", "--allow-float", "1", "-q"])
     assert rc == 2 and "do not apply to --scheme int4-dsp" in capsys.readouterr().err
     assert not (tmp_path / "net.tuned.quant.json").exists()
+
+
+def test_cli_tune_int4_dsp_default_grids_write_a_table_that_loads_and_runs(tmp_path, capsys):
+    model = tmp_path / "net.onnx"
+    onnx.save(residual_net(), model)
+    data = tmp_path / "data"
+    data.mkdir()
+    for k, x in enumerate(np.random.default_rng(1).normal(0, 1, (12, 3, 8, 8)).astype(np.float32)):
+        np.save(data / f"s{k:02d}.npy", x)
+    assert main(["calibrate", str(model), "--data", str(data), "--out", str(tmp_path), "-q"]) == 0
+    rc = main(["tune", str(model), "--quant", str(tmp_path / "net.quant.json"), "--data", str(data), "--target-cosine",
+               "0.5", "--scheme", "int4-dsp", "--int4-rounding", "gptq", "--views", "none", "--z", "0", "--no-check",
+               "-q"])
+    assert rc == 0
+    lanes = json.loads((tmp_path / "net.tune.json").read_text())["lanes"]
+    assert lanes["int4_grid"]["rounding"] == "gptq" and lanes["int4_grid"]["output_fit"] is True
+    tuned = load_quant_table(tmp_path / "net.tuned.quant.json")
+    fitted = {name for name, entry in tuned.tensors.items() if entry.calibrator == "int4-output"}
+    assert {"W0", "input_lanes4"} <= fitted  # conv_c0's weight and input copy, fitted to its output error
+    capsys.readouterr()
+    assert main(["run", str(model), "--quant", str(tmp_path / "net.tuned.quant.json"), "--data", str(data),
+                 "--num-images", "1", "--backend", "dsp:lanes"]) == 0

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from ptq.table.quant_table import load_quant_table
     from ptq.core.atomic import atomic_write_text
     from reports.dsp_resources import DspArray, accuracy_ranks, dsp_report, report_text
-    from reports.lane_pareto import lanes_text, pareto_svg
+    from reports.lane_pareto import lanes_record, lanes_text, pareto_svg
 
     if args.top <= 0:
         raise ValueError(f"--top must be positive, got {args.top}")
@@ -52,11 +52,7 @@ def run(args: argparse.Namespace) -> int:
     graph = load_model_for_table(args.model, table, args.quant)
     report = dsp_report(graph, table, DspArray(args.dsps, args.clock_mhz))
     accuracy = accuracy_ranks(json.loads(Path(args.accuracy).read_text(encoding="utf-8"))) if args.accuracy else None
-    record = None
-    if args.tune:
-        record = json.loads(Path(args.tune).read_text(encoding="utf-8"))
-        if not record.get("lanes"):
-            raise ValueError(f"{args.tune} is not the record of `ptq tune --scheme int4-dsp` (it has no lanes)")
+    record = lanes_record(args.tune) if args.tune else None
     print(report_text(report, args.top, accuracy))
     if record is not None:
         print("\n" + lanes_text(record))

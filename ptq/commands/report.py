@@ -85,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--match-iou", type=float, default=DEFAULT_MATCH_IOU,
                         help=f"--task detect: IoU at which an integer detection matches a float one of its class "
                         f"(default {DEFAULT_MATCH_IOU})")
+    parser.add_argument("--tune", metavar="TUNE.json",
+                        help="the <stem>.tune.json of `ptq tune --scheme int4-dsp`: report.html also draws its "
+                        "accuracy against DSP throughput (Pareto front) and lists each layer's lanes")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--top must be positive, got {args.top}")
     result = report(args.model, quant=args.quant, out=args.out, isolated_images=args.isolated_images,
                     float_nodes=args.float_nodes, strict=args.strict, backend=args.backend, task=args.task,
-                    score_threshold=args.score_threshold, match_iou=args.match_iou, **data_kwargs(args))
+                    score_threshold=args.score_threshold, match_iou=args.match_iou, tune=args.tune,
+                    **data_kwargs(args))
     print(summary_text(result.report, top=args.top))
     if result.dsp is not None:  # with a DSP backend: the resource report beside the accuracy ranks
         from reports.dsp_resources import accuracy_ranks, report_text

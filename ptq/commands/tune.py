@@ -18,7 +18,7 @@ import logging
 from ptq.commands.data_options import add_data_arguments, data_kwargs
 from ptq.commands.qdq_options import add_qdq_arguments, qdq_targets_epilog
 from ptq.core.option_defaults import DEFAULT_SCHEME, SCHEMES
-from ptq.tuning.defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z
+from ptq.tuning.defaults import DEFAULT_MARGIN, DEFAULT_VALIDATION_FRACTION, DEFAULT_VIEWS, DEFAULT_Z, INT4_ROUNDINGS
 
 HELP = ("reach a target logits cosine or top-1 accuracy drop: per-channel weights, better ranges, 16-bit tensors, "
         "float as a last resort; write <stem>.tuned.quant.json, <stem>.tuned.qdq.onnx and <stem>.tune.json")
@@ -58,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --scheme int4-dsp: power-of-two 4-bit scales (WP521's grid; default: free scales)")
     parser.add_argument("--int4-no-bias-correction", action="store_true",
                         help="with --scheme int4-dsp: leave the 4-bit layers' biases uncorrected")
+    parser.add_argument("--int4-rounding", choices=INT4_ROUNDINGS, default="nearest",
+                        help="with --scheme int4-dsp: how the 4-bit weights are rounded: to nearest (default), "
+                             "AdaRound, or GPTQ's second-order rounding (neither helped on the bundled model)")
+    parser.add_argument("--int4-tensor-fit", action="store_true",
+                        help="with --scheme int4-dsp: fit the 4-bit grids to their tensors only, not to the layer's "
+                             "output error")
     parser.add_argument("--out", help="output folder (default: the table's folder)")
     add_qdq_arguments(parser, check_help="do not judge the QDQ model written in onnxruntime (optimizations off and "
                                          "on) on the validation samples: 'reached' is then the integer graph's alone "
@@ -77,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
                   validation_fraction=args.validation_fraction, margin=args.margin, z=args.z, out=args.out,
                   views=[] if args.views.strip().lower() == "none" else [v.strip() for v in args.views.split(",")],
                   qdq_target=args.target, no_check=args.no_check, scheme=args.scheme,
-                  int4_grid=Int4Grid(pow2=args.int4_pow2, bias_correction=not args.int4_no_bias_correction),
+                  int4_grid=Int4Grid(pow2=args.int4_pow2, bias_correction=not args.int4_no_bias_correction,
+                                     rounding=args.int4_rounding, output_fit=not args.int4_tensor_fit),
                   **data_kwargs(args))
     print(result.summary())
     if result.float_nodes:

@@ -19,8 +19,13 @@ The 4-bit grids (`Int4Grid`):
   range to the histogram, `extrema` takes the extrema), within the 8-bit entry's range; `pow2=True`: WP521's
   scale 2^ceil(log2 max(|lo|, |hi|)) / 16 (unsigned) or / 8 with zero point 8 (offset binary, signed);
   `pow2=False`: the asymmetric grid s = (hi - lo) / 15, zp = round(-lo / s);
-- AdaRound (`adaround=True`, `ptq.adjust.adaround` on the fit samples): each 4-bit weight rounded up or down to
-  minimize the layer's output error on the float inputs, instead of to nearest;
+- the rounding of the 4-bit weights (`rounding`): to nearest; AdaRound (`"adaround"`, `ptq.adjust.adaround` on the
+  fit samples: each weight rounded up or down to minimize the layer's output error on the float inputs); or
+  GPTQ (`"gptq"`, `ptq.adjust.gptq`: column by column, each rounding error spread over the columns not yet
+  rounded by the inverse Hessian of the layer's output error; only the layers 4-bit lanes speed up);
+- output fit (`output_fit=True`, free grids only; `ptq.tuning.lane_fit`): then each speeding layer's weight
+  thresholds and input range are refitted to the layer's output error on the fit samples (the tensor fits above
+  are among the candidates);
 - bias correction (`bias_correction=True`): the float bias of each 4-bit layer is lowered by the mean shift the
   4-bit rounding of its weight *and of its input* causes on the fit samples,
   b'_c = b_c - (sum W4[c] P4 - sum W[c] P) (`ptq.adjust.bias_correction`: P the mean input patch of the float
@@ -42,6 +47,7 @@ import numpy as np
 from calibrators import TensorStatistics, get_calibrator
 from ops.registry import weight_role
 from ptq.adjust.adaround import adaround
+from ptq.adjust.gptq import gptq
 from ptq.adjust.bias_correction import (BiasCorrectionLog, bias_target, conv_geometry, layer_shift, mean_patch,
                                         rounding_delta, weighted_layers)
 from ptq.calibration.adjustments import with_initializers
@@ -52,6 +58,8 @@ from ptq.engine.float_run import layer_inputs
 from ptq.engine.weight_scale_floor import floor_weight_scales
 from ptq.engine.weight_tensors import weight_tensors
 from ptq.table.quant_table import QuantTable, TensorEntry
+from ptq.tuning.defaults import INT4_ROUNDINGS
+from ptq.tuning.lane_fit import fitted_grids, uint4_qparams
 from reports.dsp_resources import dsp_report
 
 NARROW_BITS = 4
@@ -69,11 +77,14 @@ class Int4Grid:
     weight_fit: str = "mse"  # "mse" or "max"
     activation_calibrator: str = "mse"
     bias_correction: bool = True
-    adaround: bool = False  # learned rounding of the 4-bit weights (`ptq.adjust.adaround`) instead of nearest
+    rounding: str = "nearest"  # of the 4-bit weights: "nearest", "adaround" or "gptq" (module docstring)
+    output_fit: bool = True  # free grids refitted to the layer's output error (`ptq.tuning.lane_fit`)
 
     def __post_init__(self):
         if self.weight_fit not in ("mse", "max"):
             raise ValueError(f"weight_fit must be mse or max, got {self.weight_fit!r}")
+        if self.rounding not in INT4_ROUNDINGS:
+            raise ValueError(f"rounding must be one of {', '.join(INT4_ROUNDINGS)}, got {self.rounding!r}")
         get_calibrator(self.activation_calibrator)  # an unknown name raises here, listing the known ones
 
 
@@ -177,11 +188,7 @@ def activation_entry(stats: TensorStatistics, wide: TensorEntry, grid: Int4Grid)
     lo = max(float(np.min(rmin)), float(np.min(wide.min)))
     hi = min(float(np.max(rmax)), float(np.max(wide.max)))
     lo, hi = min(lo, 0.0), max(hi, 0.0)
-    if grid.pow2:
-        qp = tqt_qparams(lo, hi, NARROW_BITS, offset_binary=True)
-    else:
-        scale = (hi - lo) / 15 if hi > lo else 1.0
-        qp = QParams(scale=scale, zero_point=int(np.clip(round(-lo / scale), 0, 15)), bits=NARROW_BITS, signed=False)
+    qp = tqt_qparams(lo, hi, NARROW_BITS, offset_binary=True) if grid.pow2 else uint4_qparams(lo, hi)
     return TensorEntry("activation", calibrator.spelling, lo, hi, qp, why="4-bit lanes")
 
 
@@ -233,11 +240,22 @@ class LaneMix:
         self.inputs4 = {layer.node: activation_entry(stats[layer.data], table.tensors[layer.data], grid)
                         for layer in self.layers}
         batches = list(fit_batches) if fit_batches is not None else []
-        self.rounded4: dict[str, np.ndarray] = {}  # weight -> its AdaRound value (on the 4-bit grid)
-        if grid.adaround and batches:
+        speeding = {layer.node for layer in self.layers if layer.ops_at(4) < layer.ops_at(8)}
+        adjusted = [n for n in weighted_layers(graph, table, BiasCorrectionLog()) if n.name in speeding]
+        if grid.output_fit and not grid.pow2 and batches:
+            weights, copies = fitted_grids(graph, adjusted, self.weights4, self.inputs4,
+                                           {n.name: table.tensors[self.by_node[n.name].data] for n in adjusted},
+                                           batches)
+            self.weights4.update(weights)
+            self.inputs4.update(copies)
+        self.rounded4: dict[str, np.ndarray] = {}  # weight -> its AdaRound or GPTQ value (on the 4-bit grid)
+        if grid.rounding == "adaround" and batches:
             four = dataclasses.replace(table, tensors={**table.tensors, **{
                 layer.weight: self.weights4[layer.node] for layer in self.layers}})
             self.rounded4, _ = adaround(graph, four, batches)
+        elif grid.rounding == "gptq" and batches:
+            self.rounded4, _ = gptq(graph, adjusted, {layer.weight: self.weights4[layer.node].qparams
+                                                      for layer in self.layers}, batches)
         self.biases4: dict[str, tuple[str, np.ndarray]] = {}
         if grid.bias_correction and batches:
             self.biases4 = self._corrected_biases(batches)
