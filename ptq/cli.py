@@ -147,5 +147,5 @@ def entry() -> None:
     leave(main())
 
 
-if __name__ == "__main__":
-    entry()
+if __name__ == "__main__":  # `python -m ptq.cli`: a plain exit, so that wrappers (`python -m cProfile -m ptq.cli`) finish
+    sys.exit(main())

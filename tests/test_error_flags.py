@@ -24,6 +24,7 @@ MODULE_COMMANDS = {
     "ptq/commands/debug.py": ("debug",),
     "ptq/commands/dsp_report.py": ("dsp-report",),
     "ptq/tuning/lane_mix.py": ("tune",),
+    "ptq/tuning/goal.py": ("tune",),
     "ptq/commands/ops.py": ("ops",),
     "ptq/core/graph.py:parse_input_shapes": ("calibrate",),
     "ptq/parallel/workers.py": POOLED,
@@ -36,7 +37,8 @@ MODULE_COMMANDS = {
 # its data options (`ptq.data_options.DataOptions`) keep the default
 VALUE_CHECKS = {("ptq/data_options.py", "--workers")}
 API_FUNCTIONS = {"calibrate": ("calibrate",), "run": ("run",), "report": ("report",), "debug": ("debug",),
-                 "tune": ("tune",), "export_table": ("table export",)}
+                 "tune": ("tune",), "_metric_target": ("tune",), "_trusted_labels": ("tune",),
+                 "export_table": ("table export",)}
 
 
 def command_flags() -> dict[str, set[str]]:
