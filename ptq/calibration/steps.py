@@ -40,6 +40,7 @@ from ptq.data.images import ImageLog
 from ptq.data.samples import SampleSource, iter_samples
 from ptq.engine.clip_ranges import folded_ranges
 from ptq.engine.executor import prepare
+from ptq.engine.weight_scale_floor import floor_weight_scales
 from ptq.data.input_warnings import warn_few_images
 from ptq.parallel.workers import QuietLog, choose_workers
 from ptq.table.quant_table import CalibrationOptions, QuantTable, TensorEntry
@@ -212,8 +213,11 @@ class InputGrid:
         if state.samples is None:
             return state
         tensors = dict(state.table.tensors)
-        for wide in widen_fine_inputs(state.graph, tensors, self.first_samples(state), state.options):
+        widened = widen_fine_inputs(state.graph, tensors, self.first_samples(state), state.options)
+        for wide in widened:
             logger.info("%s: %s", wide.tensor, wide.why)
+        if widened:  # a finer input grid lowers s_x: the weight scale floors (dead channels, int32 biases) rise
+            floor_weight_scales(state.graph, tensors, state.options)
         return dataclasses.replace(state, table=dataclasses.replace(state.table, tensors=tensors))
 
     @staticmethod
