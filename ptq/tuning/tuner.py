@@ -510,46 +510,59 @@ class _Tuner:
             units, high = order, shorter
 
     def minimize(self, ranking: Sequence[str]) -> None:
-        """Module docstring, item 5: the tensors the steps moved, and the layers, each bisected in the
-        ranking's order; the fewer 16-bit tensors kept. The layers are tried only as far as they can keep
-        fewer: from the longest head of them with fewer 16-bit tensors than the first route kept (the
-        others 8-bit), not from every layer (`layer_head`)."""
+        """Module docstring, item 5: the layers, then the tensors the steps moved, each bisected in the ranking's
+        order; the fewer 16-bit tensors kept. Each route is tried only as far as it can keep fewer than what is
+        kept when it starts: from its longest head with fewer 16-bit tensors (the others 8-bit; `layer_head`),
+        one pass when that head does not reach."""
         graph = self.state.graph
-        self.shortest_head([[n] for n in by_ranking(self.state.int16, ranking, graph)], "16-bit tensors")
-        kept = self.state
+        start = self.state
+        tensors = [[n] for n in by_ranking(start.int16, ranking, graph)]
         units = layer_units(graph, self.original, ranking)
-        head = layer_head(units, kept.int16)
-        if len(units) < 2 or head == 0:
+        if len(units) >= 2:
+            head = layer_head(units, start.int16)
+            if head and self.head_reaches(units, head, start, "layers", to_remove="layer by layer"):
+                self.shortest_head(units[:head], "16-bit layers")
+        if self.state is start:
+            self.shortest_head(tensors, "16-bit tensors")
             return
-        wide = [n for unit in units[:head] for n in unit]
-        narrow = [n for unit in units[head:] for n in unit if n in kept.int16]
-        table, weights = self.widened([n for n in wide if n not in kept.int16])
-        table = dataclasses.replace(table, tensors={**table.tensors, **{n: self.saved[n] for n in narrow}})
-        weights += [n for n in narrow if self.original.tensors[n].kind == "weight"]
+        head = layer_head(tensors, self.state.int16, outside=start.int16)
+        if head and self.head_reaches(tensors, head, start, "16-bit tensors", to_remove="one by one"):
+            self.shortest_head(tensors[:head], "16-bit tensors")
+
+    def head_reaches(self, units: Sequence[Sequence[str]], head: int, start: _State, label: str,
+                     to_remove: str) -> bool:
+        """Measure the first `head` of `units` in 16 bits (at their entries of `start`, the state `minimize` began
+        from, when they were 16-bit there), with the 16-bit tensors of `start` outside every unit (a route of the
+        units leaves them in 16 bits), every other 16-bit tensor back at its entry before widening; move there
+        if that reaches the goal (`minimize`)."""
+        kept = self.state
+        covered = {n for unit in units for n in unit}
+        wide = [n for unit in units[:head] for n in unit] + [n for n in start.int16 if n not in covered]
+        narrow = [n for n in kept.int16 if n not in wide]
+        back = [n for n in wide if n not in kept.int16 and n in start.int16]
+        table, weights = self.widened([n for n in wide if n not in kept.int16 and n not in start.int16])
+        table = dataclasses.replace(table, tensors={**table.tensors, **{n: self.saved[n] for n in narrow},
+                                                    **{n: start.table.tensors[n] for n in back}})
+        weights += [n for n in narrow + back if self.original.tensors[n].kind == "weight"]
         graph16 = self.graph_for(table, weights)
         score = self.measure(graph16, table, kept.float_layers, self.goal_rule())
         reached = self.reaches(score) and score.scored is None
-        self.steps.append(TuneStep(f"int16: the {head} most useful of {len(units)} layers, to remove layer by layer",
+        self.steps.append(TuneStep(f"int16: the {head} most useful of {len(units)} {label}, to remove {to_remove}",
                                    score.mean, score.mean - kept.score.mean, reached, list(wide), scored=score.scored))
         logger.info("%s: %.5f%s", self.steps[-1].change, score.mean, stopped_note(score.scored, len(self.order)))
-        if not reached:
-            return
-        self.state = _State(table, graph16, score, [n for n in kept.int16 if n not in narrow] +
-                            [n for n in wide if n not in kept.int16], kept.float_layers)
-        self.shortest_head(units[:head], "16-bit layers")
-        if len(self.state.int16) >= len(kept.int16):
-            self.state = kept
-            self.steps.append(TuneStep(f"back to the {len(kept.int16)} 16-bit tensors before the layers: fewer",
-                                       kept.score.mean, 0.0, True))
+        if reached:
+            self.state = _State(table, graph16, score, [n for n in kept.int16 if n in wide] +
+                                [n for n in wide if n not in kept.int16], kept.float_layers)
+        return reached
 
 
-def layer_head(units: Sequence[Sequence[str]], int16: Sequence[str]) -> int:
-    """The most layer units, from the head of `units`, that keep fewer 16-bit tensors than `int16` (with those
-    of `int16` outside every unit, which the layers' route leaves in 16 bits): the layers' route keeps a
-    head of them only if it is shorter, and when reaching the goal is monotone in the head's length a
+def layer_head(units: Sequence[Sequence[str]], int16: Sequence[str], outside: Optional[Sequence[str]] = None) -> int:
+    """The most units, from the head of `units`, that keep fewer 16-bit tensors than `int16` (with those of
+    `outside` (default: `int16`) outside every unit, which a route of the units leaves in 16 bits): a route
+    keeps a head of them only if it is shorter, and when reaching the goal is monotone in the head's length a
     head at most this long reaches only if this one does."""
     covered = {n for unit in units for n in unit}
-    count = len([n for n in int16 if n not in covered])
+    count = len([n for n in (int16 if outside is None else outside) if n not in covered])
     head = 0
     for unit in units:
         count += len(unit)
