@@ -172,9 +172,8 @@ def test_the_layers_route_measures_one_head_when_it_cannot_keep_fewer(tmp_path):
     assert layer_head(units, ["c3", "a2"]) == 0  # a layer is 2 tensors: no head keeps fewer than 2
     assert layer_head(units, ["c3", "a2", "out", "a1", "input"]) == 2
     assert layer_head(units, ["c3", "a2", "X"]) == 0  # X outside every layer stays: 1 + 2 is not fewer than 3
-    check = _Known(["c3", "a2", "out", "a1"])  # the tensors' route keeps these 4; the layers' route is tried
-    # first, from its longest head of fewer than the 7 16-bit activations, [c3 W3] [a2 W2] [out W4], which does not
-    # reach (a1 is missing): one pass on the layers, not a bisection of 7
+    check = _Known(["c3", "a2", "out", "a1"])  # the tensors' route keeps these 4; a head of fewer than 4 tensors
+    # of layers is [c3 W3] alone, which does not reach: one pass on the layers, not a bisection of 7
     tuner = _Tuner(graph, table, None, check, 0.998, 2.0, 1e-5)
     acts = [n for n, e in table.tensors.items() if e.kind == "activation"]
     tuner.saved = {n: table.tensors[n] for n in acts}
@@ -185,47 +184,8 @@ def test_the_layers_route_measures_one_head_when_it_cannot_keep_fewer(tmp_path):
     assert sorted(tuner.state.int16) == ["a1", "a2", "c3", "out"] and tuner.done()
     layer_steps = [s for s in tuner.steps if "layers" in s.change]
     assert len(layer_steps) == 1 and not layer_steps[0].kept
-    assert layer_steps[0].change == "int16: the 3 most useful of 7 layers, to remove layer by layer"
+    assert layer_steps[0].change == "int16: the 1 most useful of 7 layers, to remove layer by layer"
     assert check.calls - calls == sum(1 for s in tuner.steps if s.change.startswith(("back", "int16")))
-
-
-class _Layers:
-    """A validation whose goal is reached exactly when the layers c3 and a2 (activation and weight) are in 16 bits."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def cosine(self, graph, table, float_nodes=()):
-        self.calls += 1
-        wide = {n for n, e in table.tensors.items() if e.qparams.bits == 16}
-        return Score(0.999 if {"c3", "W3", "a2", "W2"} <= wide else 0.99, 0.0)
-
-
-def test_the_tensors_route_measures_one_head_when_the_layers_keep_fewer(tmp_path):
-    """The layers' route keeps 4 tensors (2 layers): the tensors' route then measures only its head of 3 tensors,
-    which does not reach, rather than bisecting the 7 activations; the 4 tensors of the layers are kept with the
-    entries the layers' route gave them, the other activations back at their 8-bit entries."""
-    from ptq.tuning.tuner import _State, _Tuner
-
-    model_path, table_path = setup(tmp_path)
-    table, graph = load_quant_table(table_path), load_model(model_path)
-    ranking = ["c3", "a2", "out", "a1", "input"]
-    check = _Layers()
-    tuner = _Tuner(graph, table, None, check, 0.998, 2.0, 1e-5)
-    acts = [n for n, e in table.tensors.items() if e.kind == "activation"]
-    tuner.saved = {n: table.tensors[n] for n in acts}
-    wide = with_bits(table, acts, 16)
-    tuner.state = _State(wide, graph, check.cosine(graph, wide), int16=list(acts))
-    tuner.stats = {}  # no activation is widened afresh: the layers' are 16-bit already
-    calls = check.calls
-    tuner.minimize(ranking)
-    assert sorted(tuner.state.int16) == ["W2", "W3", "a2", "c3"] and tuner.done()
-    tensor_steps = [s for s in tuner.steps if "tensors" in s.change]
-    assert [s.change for s in tensor_steps] == ["int16: the 3 most useful of 7 16-bit tensors, to remove one by one"]
-    assert not tensor_steps[0].kept and sorted(tensor_steps[0].int16) == ["a2", "c3", "out"]
-    assert check.calls - calls == sum(1 for s in tuner.steps if s.change.startswith(("back", "int16")))
-    for n in acts:
-        assert tuner.state.table.tensors[n] == (wide if n in ("c3", "a2") else table).tensors[n]
 
 
 def test_a_graph_with_re_corrected_biases_is_the_reloaded_one():
