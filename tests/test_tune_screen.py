@@ -94,3 +94,24 @@ def test_a_screened_head_that_reaches_on_every_photo_is_kept_with_the_full_score
     assert tuner.state.score == Validation(check.inputs, check.reference, scorer=_Photos()).cosine(
         tuner.state.graph, tuner.state.table)
     assert sum(len(p) for p in scorer.passes) < 7 * (1 + len(tuner.steps))  # fewer photos than full passes
+
+
+def test_each_initializer_is_digested_once_and_a_new_array_changes_the_step_key(tmp_path):
+    from ptq.engine.executor import prepare
+    from ptq.tuning.prefix_cache import ConstantDigests, step_key
+    from ptq.tuning.tuner import with_biases
+
+    model_path, table_path = setup(tmp_path)
+    table, graph = load_quant_table(table_path), load_model(model_path)
+    digests = ConstantDigests()
+    first = prepare(graph, table)
+    keys = [step_key(first, i, digests) for i in range(len(first.steps))]
+    held = dict(digests.by_id)
+    again = prepare(graph, table)
+    assert [step_key(again, i, digests) for i in range(len(again.steps))] == keys
+    assert digests.by_id == held  # the same arrays: no new digest
+    assert keys == [step_key(first, i) for i in range(len(first.steps))]  # as digesting every array again
+    bias = next(n for n in graph.initializers if n.startswith("B"))
+    moved = prepare(with_biases(graph, {bias: graph.initializers[bias] + 1}), table)
+    changed = [i for i in range(len(moved.steps)) if step_key(moved, i, digests) != keys[i]]
+    assert len(changed) == 1 and bias in moved.steps[changed[0]].node.inputs
