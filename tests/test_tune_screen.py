@@ -49,7 +49,7 @@ def _tuner(tmp_path, scorer):
 
 
 def test_the_prediction_lowers_the_unscored_photos_by_the_mean_drop_of_the_scored():
-    screen = Screen.of([0.999, 0.998, 0.9995, 0.997], order=(3, 1, 0, 2), fraction=0.5)
+    screen = Screen.of([0.999, 0.998, 0.9995, 0.997], order=(3, 1, 0, 2), fraction=0.5, least=1)
     assert screen.photos == 2 and screen.scored == (1, 3)
     partial = Score.of([0.997, 0.9955])  # photos 1 and 3: drops 0.001 and 0.0015, mean 0.00125
     want = Score.of([0.999 - 0.00125, 0.997, 0.9995 - 0.00125, 0.9955])
@@ -57,7 +57,8 @@ def test_the_prediction_lowers_the_unscored_photos_by_the_mean_drop_of_the_score
     assert screen.predicted(partial).sem == pytest.approx(want.sem, abs=1e-12)
     gained = screen.predicted(Score.of([0.9985, 0.9975]))  # better than the start: the others stay at theirs
     assert gained.photo_means == pytest.approx((0.999, 0.9985, 0.9995, 0.9975))
-    assert Screen.of([0.99, 0.98], fraction=0.5) is not None and Screen.of([0.99], fraction=0.4) is None
+    assert Screen.of([0.99, 0.98], fraction=0.5, least=1).photos == 1 and Screen.of([0.99], least=1) is None
+    assert Screen.of([0.99] * 7).photos == 3 and Screen.of([0.99] * 3) is None  # 3 photos at least, some left
 
 
 def test_a_screened_pass_scores_only_the_photos_of_its_order(tmp_path):
@@ -73,7 +74,8 @@ def test_a_screened_head_that_falls_short_on_every_photo_is_replaced_by_a_longer
     tuner, table, wide, check = _tuner(tmp_path, scorer)
     tuner.shortest_head([[n] for n in ORDER], "16-bit tensors")
     changes = [(s.change, s.kept) for s in tuner.steps]
-    assert ("on every photo: the 1 most useful of 7 16-bit tensors", False) in changes  # screened: c3 alone
+    assert ("back to 8/8 bits, verified on every photo: all but the 1 most useful of 7 16-bit tensors", False) \
+        in changes  # screened: c3 alone
     assert sorted(tuner.state.int16) == sorted(ORDER[:6])  # c1 needed: only c2 goes back to 8 bits
     assert tuner.done() and tuner.state.score.scored is None and not tuner.state.score.screened
     full = Validation(check.inputs, check.reference, scorer=_Photos(trap="c1")).cosine(tuner.state.graph,
@@ -89,7 +91,8 @@ def test_a_screened_head_that_reaches_on_every_photo_is_kept_with_the_full_score
     tuner.shortest_head([[n] for n in ORDER], "16-bit tensors")
     screened = [s for s in tuner.steps if s.screened]
     assert screened and all(s.scored == 3 for s in screened)
-    assert [s.change for s in tuner.steps if not s.screened] == ["on every photo: the 1 most useful of 7 16-bit tensors"]
+    assert [s.change for s in tuner.steps if not s.screened] == \
+        ["back to 8/8 bits, verified on every photo: all but the 1 most useful of 7 16-bit tensors"]
     assert tuner.state.int16 == ["c3"] and tuner.done()
     assert tuner.state.score == Validation(check.inputs, check.reference, scorer=_Photos()).cosine(
         tuner.state.graph, tuner.state.table)

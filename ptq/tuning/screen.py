@@ -29,7 +29,8 @@ from typing import Optional, Sequence
 from ptq.tuning.data import Score
 from ptq.tuning.early_stop import hardest_first
 
-SCREEN_FRACTION = 0.4  # of the photos, the hardest, that decide a screened head (at least 1)
+SCREEN_FRACTION = 0.4  # of the photos, the hardest, that decide a screened head
+LEAST_SCREENED = 3  # photos at least: a prediction from fewer is a guess (with 2 validation photos, none is screened)
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,11 @@ class Screen:
     photos: int
 
     @classmethod
-    def of(cls, start: Sequence[float], order: Sequence[int] = (),
-           fraction: float = SCREEN_FRACTION) -> Optional["Screen"]:
-        """The screen of a starting state's photo means, scoring the photos hardest first in `order` (default: by
-        `start`); None when it would score every photo anyway."""
-        photos = max(1, math.ceil(fraction * len(start)))
+    def of(cls, start: Sequence[float], order: Sequence[int] = (), fraction: float = SCREEN_FRACTION,
+           least: int = LEAST_SCREENED) -> Optional["Screen"]:
+        """The screen of a starting state's photo means, scoring `fraction` of the photos, `least` at least,
+        hardest first in `order` (default: by `start`); None when it would score every photo anyway."""
+        photos = max(least, math.ceil(fraction * len(start)))
         if photos >= len(start):
             return None
         return cls(tuple(start), tuple(order) or hardest_first(start), photos)

@@ -522,8 +522,10 @@ class _Tuner:
             return
         score = self.measure(self.state.graph, self.state.table, self.state.float_layers, self.goal_rule())
         reached = self.reaches(score) and score.scored is None
-        self.steps.append(TuneStep(f"on every photo: the {high} most useful of {len(order)} {label}", score.mean,
-                                   score.mean - start.score.mean, reached, scored=score.scored))
+        bits = f"{self.original.options.bits}/{self.original.options.weight_bits}"
+        self.steps.append(TuneStep(f"back to {bits} bits, verified on every photo: all but the {high} most useful of "
+                                   f"{len(order)} {label}", score.mean, score.mean - start.score.mean, reached,
+                                   scored=score.scored))
         logger.info("%s: %.5f%s%s", self.steps[-1].change, score.mean, "" if reached else ", short of the goal",
                     stopped_note(score.scored, len(self.order)))
         if reached:
