@@ -37,7 +37,10 @@ mean by at least `min_gain`:
    reach) whatever its rank, so the bisection is run again with it moved first (`shortest_head`, up to
    `REFINE_ROUNDS` times): a ranking that misplaces one needed layer costs a few passes, not every layer
    ranked before it. Route (b) helps when the error left is the weights' rounding (16-bit weights on the
-   layers that lose most may do with fewer tensors than every activation).
+   layers that lose most may do with fewer tensors than every activation). With enough validation photos
+   the bisections decide each head on the hardest photos, the others predicted (`ptq.tuning.screen`), and
+   the head they end with is verified on every photo, a full bisection from the start when it falls short
+   (`shortest_head`): the goal is always checked on all the validation samples.
 
 A table calibrated with bias correction has biases corrected for its weight grids; a step that changes a
 weight's grid (per-channel, 16 bits, and the undoing in `minimize`) re-corrects that layer's bias for the new
