@@ -213,7 +213,8 @@ class Validation:
                rule: Optional[PassRule] = None) -> "Score":
         """The score of the integer graph; with `rule`, photo by photo in its order, stopped as soon as the
         candidate cannot pass it (`ptq.tuning.early_stop`: the score then covers the photos scored, `scored` of
-        them). A pass not stopped is the full pass, bit for bit. With a metric: one full pass here, scored on both
+        them), or after the photos of an order shorter than the photos (`screened`). A pass not stopped that
+        scores every photo is the full pass, bit for bit. With a metric: one full pass here, scored on both
         (a stop rule bounds the cosine alone)."""
         if self.metric is not None:
             return self._metric_pass(graph, table, float_nodes)
@@ -223,15 +224,21 @@ class Validation:
         photos = self.photo_samples()
         values: dict[int, float] = {}
         known: list[float] = []
+
+        def partial(done: int, screened: bool) -> Score:
+            scored = sorted(k for p in rule.order[:done] for k in photos[p])
+            score = Score.of([values[k] for k in scored],
+                             None if self.groups is None else [self.groups[k] for k in scored])
+            return dataclasses.replace(score, scored=done, screened=screened)
+
         for done, photo in enumerate(rule.order, 1):
             index = photos[photo]
             values.update(zip(index, run(index)))
             known.append(float(np.mean([values[k] for k in index])))
             if done < len(photos) and rule.out_of_reach(known, len(photos)):
-                scored = sorted(k for p in rule.order[:done] for k in photos[p])
-                score = Score.of([values[k] for k in scored],
-                                 None if self.groups is None else [self.groups[k] for k in scored])
-                return dataclasses.replace(score, scored=done)
+                return partial(done, screened=False)
+        if len(rule.order) < len(photos):  # a screening order (`ptq.tuning.screen`): its photos, none out of reach
+            return partial(len(rule.order), screened=True)
         return Score.of([values[k] for k in range(len(self))], self.groups)
 
     def _metric_pass(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str]) -> "Score":
@@ -265,13 +272,15 @@ class Score:
     a photo's cosine is the mean over its views (module docstring, "How it is bounded"). `photo_means`: each
     photo's cosine, in photo order; `scored`: the photos scored when the pass stopped early, out of reach of
     its rule (`Validation.cosine`; then mean and sem are those of the photos scored), None for a full pass;
-    `metric`: the user's metric over the same samples, when the validation has one."""
+    `metric`: the user's metric over the same samples, when the validation has one; `screened`: the pass scored
+    only the photos of a screening order (`ptq.tuning.screen`), `scored` of them, none out of reach."""
 
     mean: float
     sem: float
     photo_means: tuple = field(default=(), compare=False)
     scored: Optional[int] = None
     metric: Optional[MetricScore] = None
+    screened: bool = False
 
     @classmethod
     def of(cls, values: Sequence[float], groups: Optional[Sequence[int]] = None) -> "Score":

@@ -45,13 +45,35 @@ def _digest(obj) -> Optional[bytes]:
     return hashlib.blake2b(data, digest_size=20).digest()
 
 
-def step_key(prepared: IntegerGraph, index: int) -> Optional[bytes]:
-    """The digest of step `index`'s node, kind, qparams, quantized constants and the initializers it reads;
-    None when something in it cannot be digested (it then matches no other step)."""
+def step_key(prepared: IntegerGraph, index: int, constant_digest=_digest) -> Optional[bytes]:
+    """The digest of step `index`'s node, kind, qparams, quantized constants and the initializers it reads (each
+    by `constant_digest`, the digest of an array); None when something in it cannot be digested (it then
+    matches no other step)."""
     step = prepared.steps[index]
     constants = prepared.graph.initializers
+    read = [constant_digest(constants[name]) for name in step.node.all_inputs if name in constants]
+    if any(d is None for d in read):
+        return None
     return _digest((step.node, step.kind, step.in_qparams, step.out_qparams, step.quantized, step.reason,
-                    step.control, [constants[name] for name in step.node.all_inputs if name in constants]))
+                    step.control, read))
+
+
+@dataclass
+class ConstantDigests:
+    """The digests of the graph's initializers, each computed once per array object: the candidates share the
+    user's weights (the same arrays, graph after graph), only re-corrected biases are new arrays (the tuner
+    replaces an initializer, never writes into one). An entry holds its array, so its id is not reused while the
+    entry lives."""
+
+    by_id: dict = field(default_factory=dict)  # id(array) -> (array, digest)
+
+    def __call__(self, array) -> Optional[bytes]:
+        hit = self.by_id.get(id(array))
+        if hit is not None and hit[0] is array:
+            return hit[1]
+        digest = _digest(array)
+        self.by_id[id(array)] = (array, digest)
+        return digest
 
 
 def input_key(prepared: IntegerGraph) -> Optional[bytes]:
@@ -151,6 +173,7 @@ class PrefixCache:
     limit: int = DEFAULT_LIMIT  # bytes all kept passes may hold together
     passes: list = field(default_factory=list)
     current: Optional[PrefixRun] = None
+    constants: ConstantDigests = field(default_factory=ConstantDigests)
 
     def runner(self, prepared: IntegerGraph) -> PrefixRun:
         """The run of `prepared` (the same one for every call with that integer graph: its samples may come
@@ -160,7 +183,7 @@ class PrefixCache:
         return self.current
 
     def _new_run(self, prepared: IntegerGraph) -> PrefixRun:
-        keys = [input_key(prepared)] + [step_key(prepared, i) for i in range(len(prepared.steps))]
+        keys = [input_key(prepared)] + [step_key(prepared, i, self.constants) for i in range(len(prepared.steps))]
         best, prefix = None, 0
         for kept in self.passes:
             shared = _shared_prefix(keys, kept.keys)

@@ -37,7 +37,10 @@ mean by at least `min_gain`:
    reach) whatever its rank, so the bisection is run again with it moved first (`shortest_head`, up to
    `REFINE_ROUNDS` times): a ranking that misplaces one needed layer costs a few passes, not every layer
    ranked before it. Route (b) helps when the error left is the weights' rounding (16-bit weights on the
-   layers that lose most may do with fewer tensors than every activation).
+   layers that lose most may do with fewer tensors than every activation). With enough validation photos
+   the bisections decide each head on the hardest photos, the others predicted (`ptq.tuning.screen`), and
+   the head they end with is verified on every photo, a full bisection from the start when it falls short
+   (`shortest_head`): the goal is always checked on all the validation samples.
 
 A table calibrated with bias correction has biases corrected for its weight grids; a step that changes a
 weight's grid (per-channel, 16 bits, and the undoing in `minimize`) re-corrects that layer's bias for the new
@@ -82,6 +85,7 @@ from ptq.tuning.early_stop import PassRule, hardest_first
 from ptq.tuning.export_alignment import aligned_for_export
 from ptq.tuning.goal import Goal
 from ptq.tuning.metric import MetricTarget
+from ptq.tuning.screen import Screen
 from ptq.tuning.shards import TunePool
 from ptq.engine.weight_scale_floor import floor_weight_scales
 from reports.build import build_report
@@ -108,6 +112,7 @@ class TuneStep:
     int16: list[str] = field(default_factory=list)  # tensors this step moved to 16 bits
     float_layers: list[str] = field(default_factory=list)
     scored: Optional[int] = None  # photos scored when the pass stopped, the step out of reach (None: all)
+    screened: bool = False  # decided on the `scored` hardest photos (`ptq.tuning.screen`), verified later
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -203,7 +208,7 @@ class TuneResult:
                          f"{start.value:.4f} -> {end.value:.4f}, float model {end.reference:.4f}")
         for s in self.steps:
             lines.append(f"  {'kept   ' if s.kept else 'dropped'} {s.change}: {s.cosine:.5f} ({s.gain:+.5f})"
-                         + stopped_note(s.scored, self.validation_samples))
+                         + stopped_note(s.scored, self.validation_samples, s.screened))
         acts = len(self.int16_activations)
         lines.append(f"{len(self.int16_tensors)} tensor(s) in 16 bits ({acts} activations, "
                      f"{len(self.int16_tensors) - acts} weights), {len(self.float_nodes)} node(s) in float")
@@ -230,9 +235,13 @@ def with_biases(graph: Graph, biases: dict) -> Graph:
     return dataclasses.replace(graph, model=model, initializers={**graph.initializers, **stored})
 
 
-def stopped_note(scored: Optional[int], photos: int) -> str:
-    """`, stopped after k of n photos: out of reach` for a pass stopped early (`ptq.tuning.early_stop`)."""
-    return "" if scored is None else f", stopped after {scored} of {photos} photos: out of reach"
+def stopped_note(scored: Optional[int], photos: int, screened: bool = False) -> str:
+    """`, stopped after k of n photos: out of reach` for a pass stopped early (`ptq.tuning.early_stop`), `, screened
+    on the k hardest of n photos` for a screened one (`ptq.tuning.screen`)."""
+    if scored is None:
+        return ""
+    return (f", screened on the {scored} hardest of {photos} photos" if screened else
+            f", stopped after {scored} of {photos} photos: out of reach")
 
 
 def per_channel_weights(graph: Graph, table: QuantTable) -> QuantTable:
@@ -462,52 +471,90 @@ class _Tuner:
         weights = [n for n in names if self.original.tensors[n].kind == "weight"]
         return dataclasses.replace(self.state.table, tensors=tensors), weights
 
-    def undo(self, label: str, names: list[str]) -> bool:
-        """Put `names` back to the original widths if the validation cosine stays at the goal."""
+    def undo(self, label: str, names: list[str], screen: Optional[Screen] = None) -> bool:
+        """Put `names` back to the original widths if the validation cosine stays at the goal; with `screen`, as
+        far as the photos it scores predict (`ptq.tuning.screen`)."""
         table, weights = self.narrowed(names)
         graph = self.graph_for(table, weights)
-        score = self.measure(graph, table, self.state.float_layers, self.goal_rule())
-        kept = self.reaches(score) and score.scored is None
+        rule = self.goal_rule()
+        if screen is not None and rule is not None:
+            rule = dataclasses.replace(rule, order=screen.order[:screen.photos])
+        score = self.measure(graph, table, self.state.float_layers, rule)
+        if score.screened:
+            kept = self.reaches(screen.predicted(score))
+        else:
+            kept = self.reaches(score) and score.scored is None
         bits = f"{self.original.options.bits}/{self.original.options.weight_bits}"
         self.steps.append(TuneStep(f"back to {bits} bits: {label}", score.mean, score.mean - self.state.score.mean, kept,
-                                   scored=score.scored))
+                                   scored=score.scored, screened=score.screened))
         logger.info("%s: %.5f%s%s", self.steps[-1].change, score.mean, "" if kept else ", kept in 16 bits",
-                    stopped_note(score.scored, len(self.order)))
+                    stopped_note(score.scored, len(self.order), score.screened))
         if kept:
             self.state = _State(table, graph, score, [n for n in self.state.int16 if n not in names],
                                 self.state.float_layers)
         return kept
 
-    def bisect(self, units: Sequence[Sequence[str]], label: str) -> int:
+    def bisect(self, units: Sequence[Sequence[str]], label: str, screen: Optional[Screen] = None,
+               low: Optional[int] = None) -> int:
         """The shortest head of `units` (groups of 16-bit tensors, most useful first) that keeps the goal, the
         rest back at their entries before widening, by bisection on its length (`high` units reach it, `low`
         do not: try the middle); returns its length. The current state has every unit in 16 bits; without
-        float layers, no unit did not reach."""
-        low, high = (-1 if self.state.float_layers else 0), len(units)
+        float layers, no unit did not reach (`low`: a head known not to reach). `screen`: each head decided
+        on its photos (`ptq.tuning.screen`)."""
+        if low is None:
+            low = -1 if self.state.float_layers else 0
+        high = len(units)
         while high - low > 1:
             mid = (low + high) // 2
             names = [n for unit in units[mid:high] for n in unit]
-            if self.undo(f"all but the {mid} most useful of {len(units)} {label}", names):
+            if self.undo(f"all but the {mid} most useful of {len(units)} {label}", names, screen):
                 high = mid
             else:
                 low = mid
         return high
 
     def shortest_head(self, units: Sequence[Sequence[str]], label: str) -> None:
+        """`refined_head` with each head screened on the hardest photos (`ptq.tuning.screen`), then the head it
+        ends with measured on every photo: when that does not reach, the bisection again from the state it
+        started from with full passes, between that head and all units, in the order it ended with."""
+        start = self.state
+        screen = Screen.of(start.score.photo_means, self.order) if self.goal_rule() is not None else None
+        order, high = self.refined_head(units, label, screen)
+        order += [unit for unit in units if unit not in order]  # the units a first bisection put back: the tail
+        if self.state is start or screen is None:
+            return
+        score = self.measure(self.state.graph, self.state.table, self.state.float_layers, self.goal_rule())
+        reached = self.reaches(score) and score.scored is None
+        bits = f"{self.original.options.bits}/{self.original.options.weight_bits}"
+        self.steps.append(TuneStep(f"back to {bits} bits, verified on every photo: all but the {high} most useful of "
+                                   f"{len(order)} {label}", score.mean, score.mean - start.score.mean, reached,
+                                   scored=score.scored))
+        logger.info("%s: %.5f%s%s", self.steps[-1].change, score.mean, "" if reached else ", short of the goal",
+                    stopped_note(score.scored, len(self.order)))
+        if reached:
+            self.state = dataclasses.replace(self.state, score=score)
+            return
+        self.state = start
+        self.bisect(order, f"{label}, on every photo", low=high)
+
+    def refined_head(self, units: Sequence[Sequence[str]], label: str,
+                     screen: Optional[Screen] = None) -> tuple[list, int]:
         """`bisect`, then up to `REFINE_ROUNDS` times again with the head's last unit moved to the front (after
         those moved before): with the head one shorter the goal was not reached, so that unit is needed
         more than its rank says, and a head led by it may be shorter. Each round keeps the state it ends in,
-        which reaches the goal; the rounds stop when the head does not shrink."""
+        which reaches the goal; the rounds stop when the head does not shrink. Returns the units in the order
+        of the last round kept and the length of the head kept."""
         units = list(units)
-        high = self.bisect(units, label)
+        high = self.bisect(units, label, screen)
         for pinned in range(REFINE_ROUNDS):
             if high - pinned < 2:
-                return
+                break
             order = units[:pinned] + [units[high - 1]] + units[pinned:high - 1]
-            shorter = self.bisect(order, f"{label}, {pinned + 1} moved first")
+            shorter = self.bisect(order, f"{label}, {pinned + 1} moved first", screen)
             if shorter >= high:
-                return
+                break
             units, high = order, shorter
+        return units, high
 
     def minimize(self, ranking: Sequence[str]) -> None:
         """Module docstring, item 5: the tensors the steps moved, and the layers, each bisected in the
@@ -516,13 +563,18 @@ class _Tuner:
         others 8-bit), not from every layer (`layer_head`)."""
         graph = self.state.graph
         self.shortest_head([[n] for n in by_ranking(self.state.int16, ranking, graph)], "16-bit tensors")
-        kept = self.state
         units = layer_units(graph, self.original, ranking)
-        head = layer_head(units, kept.int16)
-        if len(units) < 2 or head == 0:
-            return
+        head = layer_head(units, self.state.int16)
+        if len(units) >= 2 and head and self.head_reaches(units, head):
+            self.shortest_head(units[:head], "16-bit layers")
+
+    def head_reaches(self, units: Sequence[Sequence[str]], head: int) -> bool:
+        """Measure the first `head` layer units in 16 bits, the other units' 16-bit tensors back at their entries
+        before widening (16-bit tensors outside every unit stay); move there if that reaches the goal."""
+        kept = self.state
+        covered = {n for unit in units for n in unit}
         wide = [n for unit in units[:head] for n in unit]
-        narrow = [n for unit in units[head:] for n in unit if n in kept.int16]
+        narrow = [n for n in kept.int16 if n in covered and n not in wide]
         table, weights = self.widened([n for n in wide if n not in kept.int16])
         table = dataclasses.replace(table, tensors={**table.tensors, **{n: self.saved[n] for n in narrow}})
         weights += [n for n in narrow if self.original.tensors[n].kind == "weight"]
@@ -532,15 +584,10 @@ class _Tuner:
         self.steps.append(TuneStep(f"int16: the {head} most useful of {len(units)} layers, to remove layer by layer",
                                    score.mean, score.mean - kept.score.mean, reached, list(wide), scored=score.scored))
         logger.info("%s: %.5f%s", self.steps[-1].change, score.mean, stopped_note(score.scored, len(self.order)))
-        if not reached:
-            return
-        self.state = _State(table, graph16, score, [n for n in kept.int16 if n not in narrow] +
-                            [n for n in wide if n not in kept.int16], kept.float_layers)
-        self.shortest_head(units[:head], "16-bit layers")
-        if len(self.state.int16) >= len(kept.int16):
-            self.state = kept
-            self.steps.append(TuneStep(f"back to the {len(kept.int16)} 16-bit tensors before the layers: fewer",
-                                       kept.score.mean, 0.0, True))
+        if reached:
+            self.state = _State(table, graph16, score, [n for n in kept.int16 if n not in narrow] +
+                                [n for n in wide if n not in kept.int16], kept.float_layers)
+        return reached
 
 
 def layer_head(units: Sequence[Sequence[str]], int16: Sequence[str]) -> int:
