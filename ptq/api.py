@@ -712,6 +712,8 @@ def tune(
                        else result.validation.cosine(result.graph, result.table))
             result.verdict = judge(result.graph, result.table, qdq.model, result.validation, result.goal, integer,
                                    qdq.target)
+            if not result.verdict.reached and result.goal.reaches(integer):  # the QDQ model alone fell short
+                result, qdq = _delivered(result, qdq, qdq_target)
             qdq.check = result.verdict.check  # its warnings end the summary
     out_dir.mkdir(parents=True, exist_ok=True)
     tuned = result.table
@@ -727,6 +729,25 @@ def tune(
                                               "inputs": loaded.inputs, **result.to_dict()}, indent=1) + "\n",
                                   encoding="utf-8")
     return result
+
+
+def _delivered(result, qdq, qdq_target: str):
+    """`result` and its QDQ export, or the first of its `fallbacks` (more 16-bit tensors, each reaching the goal
+    on every validation photo in the integer graph) whose QDQ model reaches the goal too, saying why."""
+    from ptq.qdq.output import export_checked  # reason: as in `tune`
+    from ptq.tuning.verdict import judge  # reason: as in `tune`
+
+    for fallback in result.fallbacks:
+        exported = export_checked(fallback.graph, fallback.table, qdq_target)
+        verdict = judge(fallback.graph, fallback.table, exported.model, fallback.validation, fallback.goal,
+                        fallback.score, exported.target)
+        if verdict.reached:
+            fallback.verdict = verdict
+            fallback.fell_back = (f"delivered the table with {len(fallback.int16_tensors)} 16-bit tensors: the QDQ "
+                                  f"model of the one with {len(result.int16_tensors)} fell short ("
+                                  f"{'; '.join(result.verdict.shortfalls())})")
+            return fallback, exported
+    return result, qdq
 
 
 def _metric_target(max_accuracy_drop: Optional[float], metric: Optional[Callable], max_drop: Optional[float]):

@@ -407,6 +407,50 @@ def test_a_needed_unit_ranked_last_is_moved_first_and_the_head_shrinks(tmp_path)
     assert check.calls - calls == 6  # two bisections of 7: 3 passes each
 
 
+def coarse_act_export(export, at_16_bits: bool):
+    """`export` with the Q/DQ scale of the Clip's output 'act' 40 times the step of a 4-bit grid over its range
+    (the tiny case's table is 4-bit) where 'act' is narrower than 16 bits, and with `at_16_bits` where it is
+    16-bit too."""
+    from onnx import numpy_helper
+
+    def coarse(graph, table, target):
+        model = export(graph, table, target)
+        entry = table.tensors["act"]
+        if at_16_bits or entry.qparams.bits < 16:
+            (scale,) = [t for t in model.graph.initializer if t.name == "act_scale"]
+            step = 40 * float(np.max(entry.max) - np.min(entry.min)) / 15
+            scale.CopyFrom(numpy_helper.from_array(np.full_like(numpy_helper.to_array(scale), step), "act_scale"))
+        return model
+
+    return coarse
+
+
+def test_a_table_minimize_passed_through_is_delivered_when_only_its_qdq_model_reaches(tmp_path, capsys, monkeypatch):
+    """Issue 26: the QDQ model of the table minimize ends with falls short while the integer graph reaches (here an
+    export whose narrow grid of 'act' is too coarse); tune delivers the first table minimize passed through,
+    with more 16-bit tensors, whose QDQ model reaches the target too ('act' in 16 bits), and says why."""
+    from ptq.qdq import output
+
+    monkeypatch.setattr(output, "export_qdq", coarse_act_export(output.export_qdq, at_16_bits=False))
+    raw = Preprocess(mean=0, std=255, crop_ratio=1.0)
+    model, images, _ = write_tiny_case(tmp_path, 9)
+    calibrate(model, images, tmp_path / "out", preprocess=raw, write_qdq=False, bits=4, per_channel=False,
+              bias_correction=True)
+    out = tmp_path / "out"
+    code = main(["tune", str(model), "--quant", str(out / "tiny.quant.json"), "--images", str(images),
+                 "--target-cosine", "0.999", "--views", "none", "-q"])
+    printed = capsys.readouterr().out.splitlines()
+    record = json.loads((out / "tiny.tune.json").read_text())
+    assert code == 0 and record["reached"] is True and record["verdict"]["reached"] is True
+    assert "act" in record["int16_tensors"]
+    (said,) = [line for line in printed if line.startswith("delivered the table with ")]
+    assert said == record["fell_back"] and "the QDQ model with optimizations off: logits cosine" in said
+    assert "target reached by the integer graph and the QDQ model written (onnxruntime, optimizations off and on)" \
+        in printed
+    tuned = load_quant_table(out / "tiny.tuned.quant.json")
+    assert tuned.tensors["act"].qparams.bits == 16
+
+
 def test_reached_only_when_the_qdq_model_written_reaches_the_target_on_the_validation_samples(tmp_path, capsys,
                                                                                                 monkeypatch):
     """Issue 26: tune said 'reached' for a QDQ model that fell short. The tiny case tuned to 0.999, with an export
@@ -420,15 +464,7 @@ def test_reached_only_when_the_qdq_model_written_reaches_the_target_on_the_valid
     from ptq.qdq import output
     from ptq.tuning.data import sample_cosine
 
-    export = output.export_qdq
-
-    def coarse(graph, table, target):
-        model = export(graph, table, target)
-        (scale,) = [t for t in model.graph.initializer if t.name == "act_scale"]
-        scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) * 40, "act_scale"))
-        return model
-
-    monkeypatch.setattr(output, "export_qdq", coarse)
+    monkeypatch.setattr(output, "export_qdq", coarse_act_export(output.export_qdq, at_16_bits=True))
     raw = Preprocess(mean=0, std=255, crop_ratio=1.0)
     model, images, _ = write_tiny_case(tmp_path, 9)
     calibrate(model, images, tmp_path / "out", preprocess=raw, write_qdq=False, bits=4, per_channel=False,

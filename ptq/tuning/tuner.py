@@ -165,6 +165,10 @@ class TuneResult:
     validation: Optional[Validation] = field(default=None, repr=False)  # the samples decided on, for the verdict
     # entries aligned with the integer run for the QDQ model (`ptq.tuning.export_alignment`)
     export_aligned: list[str] = field(default_factory=list)
+    # tables `minimize` passed through, each reaching the goal on every validation photo with more 16-bit tensors,
+    # fewest first: what `ptq.tune` delivers instead when the QDQ model of this one falls short (`fell_back`)
+    fallbacks: list["TuneResult"] = field(default_factory=list, repr=False)
+    fell_back: str = ""  # why this table was delivered instead of the one with fewer 16-bit tensors ("": it was not)
 
     @property
     def cosine(self) -> float:
@@ -192,7 +196,7 @@ class TuneResult:
                 "baseline_metric": self.baseline.metric.to_dict() if self.baseline.metric is not None else None,
                 "metric": metric.to_dict() if metric is not None else None,
                 "verdict": self.verdict.to_dict() if self.verdict is not None else None,
-                "int16_tensors": self.int16_tensors, "export_aligned": self.export_aligned,
+                "int16_tensors": self.int16_tensors, "export_aligned": self.export_aligned, "fell_back": self.fell_back,
                 "float_nodes": self.float_nodes, "steps": [s.to_dict() for s in self.steps]}
 
     def summary(self) -> str:
@@ -216,6 +220,8 @@ class TuneResult:
             lines.append(f"{len(self.export_aligned)} entr{'y' if len(self.export_aligned) == 1 else 'ies'} the "
                          f"integer run fixes by rule or fuses away aligned with it for the QDQ model: "
                          f"{', '.join(self.export_aligned)}")
+        if self.fell_back:
+            lines.append(self.fell_back)
         lines += summary_lines(self.qdq_path, self.qdq_target, None)
         if self.verdict is not None:
             lines += self.verdict.lines()
@@ -396,6 +402,8 @@ class _Tuner:
         self.stats: Optional[dict] = None  # activation statistics of the fit samples, once collected
         self.saved: dict = {}  # the entry each 16-bit tensor had before it was widened
         self.state = _State(table, graph, self.measure(graph, table))
+        # states that reach the goal on every photo, as `minimize` passes through them (`TuneResult.fallbacks`)
+        self.reached_states: list[_State] = []
         self.order = hardest_first(self.state.score.photo_means)  # the photos every later pass scores first
 
     def measure(self, graph: Graph, table: QuantTable, float_layers: Sequence[str] = (),
@@ -562,10 +570,13 @@ class _Tuner:
         fewer: from the longest head of them with fewer 16-bit tensors than the first route kept (the
         others 8-bit), not from every layer (`layer_head`)."""
         graph = self.state.graph
+        self.reached_states.append(self.state)
         self.shortest_head([[n] for n in by_ranking(self.state.int16, ranking, graph)], "16-bit tensors")
+        self.reached_states.append(self.state)
         units = layer_units(graph, self.original, ranking)
         head = layer_head(units, self.state.int16)
         if len(units) >= 2 and head and self.head_reaches(units, head):
+            self.reached_states.append(self.state)
             self.shortest_head(units[:head], "16-bit layers")
 
     def head_reaches(self, units: Sequence[Sequence[str]], head: int) -> bool:
@@ -693,12 +704,21 @@ def _search(graph: Graph, table: QuantTable, fit: Samples, check: Validation, pa
             tuner.attempt(f"float: {name}", tuner.state.table, float_layers=[name])
     if tuner.done() and tuner.state.int16:
         tuner.minimize(ranking)
-    state = tuner.state
+    result = tuned_result(tuner.state, tuner, baseline, target, margin, z, check, views, metric)
+    if result.export_aligned:
+        logger.info("aligned with the integer run for the QDQ model: %s", ", ".join(result.export_aligned))
+    wider = {id(st): st for st in tuner.reached_states if len(st.int16) > len(tuner.state.int16)}
+    result.fallbacks = [tuned_result(st, tuner, baseline, target, margin, z, check, views, metric)
+                        for st in sorted(wider.values(), key=lambda st: len(st.int16))]
+    return result
+
+
+def tuned_result(state: _State, tuner: _Tuner, baseline: Score, target: Optional[float], margin: float, z: float,
+                 check: Validation, views, metric: Optional[MetricTarget]) -> TuneResult:
+    """The `TuneResult` of `state`: its table with the float layers marked and aligned for the QDQ export."""
     nodes = float_node_names(prepare(state.graph, state.table), state.float_layers) if state.float_layers else []
     tuned = with_float(state.table, state.float_layers)  # the table runs its float layers by itself
     tuned, aligned = aligned_for_export(state.graph, tuned)  # as the integer run reads them: the QDQ model reads all
-    if aligned:
-        logger.info("aligned with the integer run for the QDQ model: %s", ", ".join(aligned))
     wide = [n for n in aligned if tuned.tensors[n].qparams.bits == 16 and n not in state.int16]
     return TuneResult(tuned, state.graph, baseline, state.score, target, margin, z, check.photos, tuner.steps,
                       list(state.int16) + wide, nodes, views=list(views) if check.groups is not None else [],
