@@ -1,0 +1,122 @@
+"""16-bit input codes on the 8-bit integer dot-product tiles (`ops.compiled.int_dense16`): the byte-plane sums
+equal an int64 reference of sum_k u[p, k] w[m, k] exactly (random and extreme codes and weights, odd sizes
+with partial tiles and channel groups, the int32 bound's edge), and Conv/Gemm on 16-bit inputs take these
+kernels and give the numpy backend's codes and overflow counts (8- and 16-bit outputs, fused activations,
+saturating accumulators, channels-last and strided inputs)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ops.compiled.int_dense as int_dense
+import ops.compiled.int_dense16 as int_dense16
+from op_testing import context, random_qparams
+from ops import get_op
+from ops.backend import CompiledBackend
+from ops.registry import IntRuntime
+from ptq.core.graph import Node
+from test_compiled_kernels import CONV_CASES, _both, _conv_case
+from test_int_kernels import DENSE_SIZES, EXTREMES, INT32, _codes, _Node, _weight
+from ops.compiled.vnni import WEIGHT_RANGE
+
+
+def _unsigned16(x: np.ndarray) -> np.ndarray:
+    """The unsigned values the kernel reads, as int64: x_q, or x_q + 32768 for int16 codes."""
+    return x.astype(np.int64) + (32768 if x.dtype == np.int16 else 0)
+
+
+@pytest.mark.parametrize("pixels, depth, channels", DENSE_SIZES)
+@pytest.mark.parametrize("dtype", [np.uint16, np.int16])
+@pytest.mark.parametrize("x_fill, w_fill", EXTREMES)
+def test_byte_planes_equal_the_int64_dot_product(pixels, depth, channels, dtype, x_fill, w_fill):
+    rng = np.random.default_rng(pixels * 1000 + depth + channels)
+    x = _codes(rng, (pixels, depth), dtype, x_fill)
+    w = _weight(rng, (channels, depth), w_fill)
+    ops = int_dense.dense_operands(_Node(), w)
+    got = int_dense16.dense_acc16(x, ops)
+    assert got.dtype == np.int64 and got.shape == (pixels, channels)
+    np.testing.assert_array_equal(got, _unsigned16(x) @ w.astype(np.int64).T)
+
+
+def test_byte_planes_at_the_int32_bound():
+    """At the deepest layer the 8-bit bound admits, each byte plane's sum -255 * 128 * K is still exact in int32
+    and the combined sum -65535 * 128 * K exceeds int32 by far: the int64 combination is exact."""
+    depth = INT32.max // (255 * 128)
+    w = np.full((2, depth), -128, dtype=np.int32)
+    w[1, :] = 127
+    ops = int_dense.dense_operands(_Node(), w)
+    x = np.full((7, depth), 32767, dtype=np.int16)
+    x[3] = -32768
+    got = int_dense16.dense_acc16(x, ops)
+    np.testing.assert_array_equal(got, _unsigned16(x) @ w.astype(np.int64).T)
+    assert got.min() == -65535 * 128 * depth < INT32.min
+
+
+def test_byte_planes_read_strided_rows():
+    rng = np.random.default_rng(5)
+    x = _codes(rng, (40, 9), np.int16).T  # (9, 40), strided
+    w = _weight(rng, (5, 40))
+    ops = int_dense.dense_operands(_Node(), w)
+    np.testing.assert_array_equal(int_dense16.dense_acc16(x, ops), _unsigned16(x) @ w.astype(np.int64).T)
+
+
+def _ran_int_kernels(op, q, inputs) -> bool:
+    op.forward_int(q, inputs, IntRuntime(CompiledBackend()))
+    return int_dense._OPERANDS.get(id(q)) is not None
+
+
+DENSE_CASES = [case for case in CONV_CASES if case[0] == 1] + [
+    (1, 40, 70, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1)),    # pointwise, partial tiles and channel groups
+    (1, 9, 33, (3, 3), (2, 1), (1, 0, 2, 1), (2, 1)),     # dense windows, asymmetric pads, dilation
+]
+
+
+@pytest.mark.parametrize("case", DENSE_CASES)
+@pytest.mark.parametrize("activation, out_bits", [(None, 8), ("Relu", 16), ("Clip", 8), ("LeakyRelu", 16)])
+def test_conv_16_bit_inputs_equal_numpy(case, activation, out_bits):
+    """Dense convolutions on 16-bit codes (signed and unsigned at random) with an int8 weight run the byte
+    planes and give the numpy codes, 8- and 16-bit outputs."""
+    for seed in range(3):
+        op, q, inputs = _conv_case(seed, *case, x_bits=16, activation=activation, out_bits=out_bits,
+                                   spatial=(9, 8, 5))
+        assert inputs[0].dtype.itemsize == 2
+        fits = WEIGHT_RANGE[0] <= int(q.weight.min()) and int(q.weight.max()) <= WEIGHT_RANGE[1]
+        assert _ran_int_kernels(op, q, inputs) == fits
+        _both(op, q, inputs)
+
+
+def test_conv_16_bit_inputs_channels_last():
+    """A pointwise layer reading the channels-last codes a compiled convolution wrote (the planned chain)."""
+    op, q, inputs = _conv_case(3, 1, 24, 40, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), x_bits=16, spatial=(7, 6))
+    x = inputs[0]
+    last = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    np.testing.assert_array_equal(_both(op, q, [last] + inputs[1:])[0], _both(op, q, inputs)[0])
+
+
+def test_conv_16_bit_saturating_accumulator_is_counted_alike():
+    """A bias at the accumulator's limit: the general epilogue on the int64 sums, same codes and overflows."""
+    op, q, inputs = _conv_case(4, 1, 6, 6, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), x_bits=16, bias_scale=1e13)
+    assert not q.acc.safe
+    assert _ran_int_kernels(op, q, inputs)
+    _both(op, q, inputs)
+    rt = IntRuntime(CompiledBackend())
+    op.forward_int(q, inputs, rt)
+    assert sum(rt.overflows.values()) > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_gemm_16_bit_inputs_equal_numpy(seed):
+    rng = np.random.default_rng(seed)
+    a_f = rng.normal(size=(13, 37)).astype(np.float32)
+    w_f = rng.normal(size=(37, 21)).astype(np.float32)
+    b_f = rng.normal(size=21).astype(np.float32)
+    a_qp = random_qparams(rng, float(a_f.min()), float(a_f.max()), 16, signed=bool(seed % 2))
+    w_qp = random_qparams(rng, w_f.min(0), w_f.max(0), 8, signed=True, symmetric=True, axis=1)
+    y_qp = random_qparams(rng, -6.0, 6.0, 16 if seed > 1 else 8, symmetric=False)
+    node = Node("g", "Gemm", ["a", "w", "b"], ["y"], {"activation": "Relu"} if seed == 2 else {})
+    op = get_op("Gemm")
+    q = op.quantize(context(node, [a_qp, w_qp, None], [y_qp], {1: w_f, 2: b_f}))
+    inputs = [a_qp.quantize(a_f), w_f, b_f]
+    assert inputs[0].dtype.itemsize == 2
+    assert _ran_int_kernels(op, q, inputs)
+    _both(op, q, inputs)
