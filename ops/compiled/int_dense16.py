@@ -14,7 +14,8 @@ row of unsigned 8-bit codes, which `ops.compiled.int_dense`'s tiles multiply wit
 sum_k x_q w + (b_q - zp_x sum_k w) (`ops.linear.finish_accumulator`), and the epilogue is the numpy path's
 formula on it (`requant.requant_positions`, the 64-bit lanes of `ops.compiled.epilogue` in its common case):
 the same codes, so the LSB bound of `ops.conv`, `ops.gemm` holds unchanged. For int16 the high byte of the
-code ^ 0x80 is the high byte of u (the tiles' sign flip, as for int8 codes); the low byte is the code's own.
+code ^ 0x80 is the high byte of u; the low byte is the code's own. The planes are split a block of rows at a
+time (`BLOCK`, as the 8-bit kernel runs) into small buffers that stay in L1: no pass over the whole input.
 16-bit outputs need nothing more: the epilogue clamps to the output type's range and stores in its dtype.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ops.compiled.int_dense import BLOCK, FLIP_SIGN, NO_FLIP, DenseOperands, _block_dot
+from ops.compiled.int_dense import BLOCK, NO_FLIP, DenseOperands, _block_dot
 from ops.compiled.requant import FAST, HI, LO, SIGN_BIT, SUB, lane_params, requant_positions
 from ops.compiled.scratch import scratch
 from ops.compiled.vnni import ELEMENTS, LANE_BYTES, LANES
@@ -35,24 +36,24 @@ def zero_point16(codes: np.ndarray, zx: int) -> int:
     return zx + U16_OFFSET if codes.dtype == np.int16 else zx
 
 
-def byte_planes(codes: np.ndarray, quads: int) -> tuple[np.ndarray, np.ndarray, int, np.uint32]:
-    """(low bytes, high bytes, row stride in bytes, flip) of (P, K) 16-bit codes as the tiles read them: two flat
-    byte planes of P rows (zero-padded to the kernel's depth); flip turns the int16 high byte into u's. For
-    `vpmaddwd` the planes are uint16 rows (flip 0, the high bytes already flipped)."""
-    pairs = np.ascontiguousarray(codes).view(np.uint8).reshape(codes.shape[0], codes.shape[1], 2)  # little-endian: (low, high)
-    signed = codes.dtype == np.int16
-    stride = quads * LANE_BYTES
-    if ELEMENTS == 4:
-        planes = np.zeros((2, codes.shape[0], stride), dtype=np.uint8)
-        np.copyto(planes[:, :, :codes.shape[1]], pairs.transpose(2, 0, 1))
-        return planes[0].reshape(-1), planes[1].reshape(-1), stride, FLIP_SIGN if signed else NO_FLIP
-    planes = np.zeros((2, codes.shape[0], 2 * quads), dtype=np.uint16)
-    planes[0, :, :codes.shape[1]] = pairs[:, :, 0]
-    if signed:
-        np.bitwise_xor(pairs[:, :, 1], np.uint8(0x80), out=planes[1, :, :codes.shape[1]], casting="unsafe")
-    else:
-        planes[1, :, :codes.shape[1]] = pairs[:, :, 1]
-    return planes[0].reshape(-1).view(np.uint8), planes[1].reshape(-1).view(np.uint8), stride, NO_FLIP
+# a byte plane's element: the byte itself for `vpdpbusd`, zero-extended to 16 bits for `vpmaddwd`
+PLANE_DTYPE = np.dtype(np.uint8 if ELEMENTS == 4 else np.uint16)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _split(x, p0, count, depth, high_flip, low, high, columns) -> None:
+    """low[r * columns + k], high[r * columns + k] = the low byte and the high byte (^ high_flip: u's for int16)
+    of the 16-bit code of row p0 + r, column k (x: the flat codes (P rows of `depth`) as uint16), for r < count,
+    k < depth; the columns past depth are left as they are (zeros). Whole 16-bit loads narrowed, which
+    vectorizes (byte-strided loads do not)."""
+    for r in range(count):
+        s0 = np.uint64((p0 + r) * depth)
+        d0 = np.uint64(r * columns)
+        for k in range(depth):
+            i = np.uint64(k)
+            v = x[s0 + i]
+            low[d0 + i] = np.uint8(v & np.uint16(0xFF))
+            high[d0 + i] = np.uint8(v >> np.uint16(8)) ^ high_flip
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -80,8 +81,12 @@ def _rows64_pair(acc_low, acc_high, width, count, channels, lanes, sub, lo, hi, 
 
 
 @numba.njit(cache=True, nogil=True)
-def _dense_codes16(low, high, x_stride, flip, w, quads, offset, prm, lim, acc_low, acc_high, wide, out) -> int:
-    """out (P, M) = epilogue(256 * (high plane . w) + (low plane . w) + offset); returns the overflow count."""
+def _dense_codes16(x, depth, high_flip, low, high, low8, high8, w, quads, offset, prm, lim, acc_low, acc_high, wide,
+                   out) -> int:
+    """out (P, M) = epilogue(256 * (high plane . w) + (low plane . w) + offset) of the 16-bit codes x (flat
+    uint16, P rows of `depth`); the planes are split a block at a time into low, high (BLOCK rows of
+    quads * E plane elements, zero past depth; low8, high8 their bytes). Returns the overflow count."""
+    x_stride = quads * LANE_BYTES
     groups = w.size // (quads * LANES * ELEMENTS)
     width = groups * LANES
     channels = out.shape[1]
@@ -90,8 +95,9 @@ def _dense_codes16(low, high, x_stride, flip, w, quads, offset, prm, lim, acc_lo
     over = 0
     for p0 in range(0, out.shape[0], BLOCK):
         count = min(BLOCK, out.shape[0] - p0)
-        _block_dot(low, x_stride, p0, count, NO_FLIP, w, quads, groups, acc_low, width)
-        _block_dot(high, x_stride, p0, count, flip, w, quads, groups, acc_high, width)
+        _split(x, p0, count, depth, high_flip, low, high, quads * ELEMENTS)
+        _block_dot(low8, x_stride, 0, count, NO_FLIP, w, quads, groups, acc_low, width)
+        _block_dot(high8, x_stride, 0, count, NO_FLIP, w, quads, groups, acc_high, width)
         if lim[FAST] != 0:
             _rows64_pair(acc_low, acc_high, width, count, channels, lanes, prm[SUB], lim[LO], lim[HI], flat,
                          p0 * channels)
@@ -102,18 +108,29 @@ def _dense_codes16(low, high, x_stride, flip, w, quads, offset, prm, lim, acc_lo
 
 
 @numba.njit(cache=True, nogil=True)
-def _dense_acc16(low, high, x_stride, flip, w, quads, acc_low, acc_high, out) -> None:
-    """out (P, M) int64 = 256 * (high plane . w) + (low plane . w)."""
+def _dense_acc16(x, depth, high_flip, low, high, low8, high8, w, quads, acc_low, acc_high, out) -> None:
+    """out (P, M) int64 = 256 * (high plane . w) + (low plane . w) (`_dense_codes16`'s operands)."""
+    x_stride = quads * LANE_BYTES
     groups = w.size // (quads * LANES * ELEMENTS)
     width = groups * LANES
     for p0 in range(0, out.shape[0], BLOCK):
         count = min(BLOCK, out.shape[0] - p0)
-        _block_dot(low, x_stride, p0, count, NO_FLIP, w, quads, groups, acc_low, width)
-        _block_dot(high, x_stride, p0, count, flip, w, quads, groups, acc_high, width)
+        _split(x, p0, count, depth, high_flip, low, high, quads * ELEMENTS)
+        _block_dot(low8, x_stride, 0, count, NO_FLIP, w, quads, groups, acc_low, width)
+        _block_dot(high8, x_stride, 0, count, NO_FLIP, w, quads, groups, acc_high, width)
         _combine(acc_low, acc_high, width, count, out.shape[1], out[p0:p0 + count])
 
 
-def _scratch(ops: DenseOperands) -> tuple[np.ndarray, np.ndarray]:
+def _operands(codes: np.ndarray, ops: DenseOperands) -> tuple:
+    """(x, depth, high_flip, low, high, low8, high8, w, quads): the kernels' operands for (P, K) 16-bit codes.
+    The planes are fresh zeros (their padding columns must be zero; a block's planes are small)."""
+    x = np.ascontiguousarray(codes).reshape(-1).view(np.uint16)
+    planes = np.zeros((2, BLOCK * ops.quads * ELEMENTS), dtype=PLANE_DTYPE)
+    return (x, codes.shape[1], np.uint8(0x80 if codes.dtype == np.int16 else 0), planes[0], planes[1],
+            planes[0].view(np.uint8), planes[1].view(np.uint8), ops.packed.reshape(-1), ops.quads)
+
+
+def _accumulators(ops: DenseOperands) -> tuple[np.ndarray, np.ndarray]:
     width = ops.packed.shape[0] * LANES
     return (scratch("int_dense16_low", (BLOCK * width,), np.int32),
             scratch("int_dense16_high", (BLOCK * width,), np.int32))
@@ -123,18 +140,14 @@ def dense_codes16(codes: np.ndarray, ops: DenseOperands, offset: np.ndarray, pac
     """out (P, M) = the epilogue of the exact dot products of 16-bit codes (P, K; int16 or uint16) with the
     layer's weight plus `offset` (int64 (M,), the zero point of u already folded in: `zero_point16`);
     returns the overflow count."""
-    low, high, stride, flip = byte_planes(codes, ops.quads)
-    acc_low, acc_high = _scratch(ops)
     wide = scratch("int_dense16_wide", (BLOCK, out.shape[1]), np.int64)
-    return int(_dense_codes16(low, high, stride, flip, ops.packed.reshape(-1), ops.quads, offset, packed_stage[0],
-                              packed_stage[1], acc_low, acc_high, wide, out))
+    return int(_dense_codes16(*_operands(codes, ops), offset, packed_stage[0], packed_stage[1], *_accumulators(ops),
+                              wide, out))
 
 
 def dense_acc16(codes: np.ndarray, ops: DenseOperands) -> np.ndarray:
     """The int64 (P, M) dot products sum_k u[p, k] w[m, k] of 16-bit codes (P, K; int16 or uint16, read as the
     unsigned values u of the module docstring) with the layer's weight."""
-    low, high, stride, flip = byte_planes(codes, ops.quads)
-    acc_low, acc_high = _scratch(ops)
     out = np.empty((codes.shape[0], ops.weight_sum.shape[0]), dtype=np.int64)
-    _dense_acc16(low, high, stride, flip, ops.packed.reshape(-1), ops.quads, acc_low, acc_high, out)
+    _dense_acc16(*_operands(codes, ops), *_accumulators(ops), out)
     return out

@@ -1,0 +1,132 @@
+"""Benchmark: dense Conv and Gemm layers on 16-bit input codes (int8 weights), the compiled backend's byte-plane
+integer kernels (`ops.compiled.int_dense16`) against its former float-BLAS path, beside onnxruntime's float op.
+
+    python bench/int16_layers.py [--repeat 20]
+
+Per layer (EfficientNet-Lite0's shapes: its stem, pointwise layers of each stage, the head and the classifier;
+int16 input codes, int8 per-channel weights, int8 output codes, Clip fused as the model has it): the CPU time
+per call (time.process_time, the fastest of --repeat calls, one thread: OPENBLAS_NUM_THREADS=1 as the `ptq`
+command runs) of `forward_int` with the integer kernels, with the float-BLAS path (the integer kernels turned off
+for this layer, as before them), of the numpy reference backend, and of an onnxruntime session (one thread)
+running the float op on the same float input; and whether the three ptq paths give the same codes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import ops.compiled.pointwise as pointwise  # noqa: E402
+from ops import get_op  # noqa: E402
+from ops.backend import CompiledBackend, NumpyBackend  # noqa: E402
+from ops.compiled.vnni import INSTRUCTION_NAME  # noqa: E402
+from ops.registry import IntRuntime  # noqa: E402
+from ptq.core.graph import Node  # noqa: E402
+from ptq.core.qparams import compute_qparams  # noqa: E402
+from tests.ops.op_testing import context  # noqa: E402
+
+# name, (cin, cout, kernel, stride, pad, spatial) for Conv; (K, N) for Gemm
+LAYERS = [("stem 3x3/2 3->32 @224", (3, 32, 3, 2, 1, 224)),
+          ("pointwise 32->16 @112", (32, 16, 1, 1, 0, 112)),
+          ("pointwise 96->24 @56", (96, 24, 1, 1, 0, 56)),
+          ("pointwise 24->144 @56", (24, 144, 1, 1, 0, 56)),
+          ("pointwise 240->40 @28", (240, 40, 1, 1, 0, 28)),
+          ("pointwise 480->80 @14", (480, 80, 1, 1, 0, 14)),
+          ("pointwise 672->112 @14", (672, 112, 1, 1, 0, 14)),
+          ("pointwise 1152->192 @7", (1152, 192, 1, 1, 0, 7)),
+          ("head 320->1280 @7", (320, 1280, 1, 1, 0, 7)),
+          ("Gemm 1280->1000", (1280, 1000))]
+
+
+def _conv(rng, cin, cout, kernel, stride, pad, spatial):
+    x_f = np.clip(rng.normal(0.0, 1.0, (1, cin, spatial, spatial)), -4, 4).astype(np.float32)
+    w_f = rng.normal(0, 1.0 / np.sqrt(cin * kernel * kernel), (cout, cin, kernel, kernel)).astype(np.float32)
+    b_f = rng.normal(0, 0.1, cout).astype(np.float32)
+    attrs = {"group": 1, "strides": [stride, stride], "pads": [pad] * 4, "dilations": [1, 1],
+             "kernel_shape": [kernel, kernel]}
+    node = Node("conv", "Conv", ["x", "w", "b"], ["y"], dict(attrs, activation="Clip", activation_params=[0.0, 6.0]))
+    flat = w_f.reshape(cout, -1)
+    w_qp = compute_qparams(flat.min(1), flat.max(1), 8, symmetric=True, signed=True, axis=0)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), helper.make_node("Clip", ["c", "lo", "hi"], ["y"])],
+        "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_f.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w_f, "w"), numpy_helper.from_array(b_f, "b"),
+         numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")])
+    return "Conv", node, x_f, w_f, b_f, w_qp, graph
+
+
+def _gemm(rng, k, n):
+    x_f = rng.normal(0, 1.0, (1, k)).astype(np.float32)
+    w_f = rng.normal(0, 1.0 / np.sqrt(k), (k, n)).astype(np.float32)
+    b_f = rng.normal(0, 0.1, n).astype(np.float32)
+    node = Node("gemm", "Gemm", ["x", "w", "b"], ["y"], {})
+    w_qp = compute_qparams(w_f.min(0), w_f.max(0), 8, symmetric=True, signed=True, axis=1)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"])], "gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_f.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w_f, "w"), numpy_helper.from_array(b_f, "b")])
+    return "Gemm", node, x_f, w_f, b_f, w_qp, graph
+
+
+def _fastest(call, repeat: int) -> float:
+    call()
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.process_time()
+        call()
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=20)
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(0)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    print(f"16-bit input codes, int8 weights; instruction {INSTRUCTION_NAME}; CPU ms per call, fastest of {args.repeat}")
+    print(f"{'layer':28s} {'int kernels':>11s} {'float BLAS':>10s} {'speedup':>8s} {'numpy':>8s} {'ort float':>9s}"
+          f"  same codes")
+    float_path = pointwise.dense_operands
+    for name, shape in LAYERS:
+        op_type, node, x_f, w_f, b_f, w_qp, graph = (_conv if len(shape) == 6 else _gemm)(rng, *shape)
+        x_qp = compute_qparams(float(x_f.min()), float(x_f.max()), 16, symmetric=True, signed=True)
+        y_qp = compute_qparams(0.0, 6.0, 8, symmetric=False, signed=False)
+        op = get_op(op_type)
+        q = op.quantize(context(node, [x_qp, w_qp, None], [y_qp], {1: w_f, 2: b_f}))
+        inputs = [x_qp.quantize(x_f), w_f, b_f]
+        compiled, reference = IntRuntime(CompiledBackend()), IntRuntime(NumpyBackend())
+        new = op.forward_int(q, inputs, compiled)[0]
+        t_new = _fastest(lambda: op.forward_int(q, inputs, compiled), args.repeat)
+        pointwise.dense_operands = lambda *a: None  # the layer as before the integer kernels: float BLAS
+        try:
+            old = op.forward_int(q, inputs, compiled)[0]
+            t_old = _fastest(lambda: op.forward_int(q, inputs, compiled), args.repeat)
+        finally:
+            pointwise.dense_operands = float_path
+        ref = op.forward_int(q, inputs, reference)[0]
+        t_ref = _fastest(lambda: op.forward_int(q, inputs, reference), max(1, args.repeat // 4))
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        t_ort = _fastest(lambda: session.run(None, {"x": x_f}), args.repeat)
+        same = np.array_equal(new, ref) and np.array_equal(old, ref) and new.dtype == ref.dtype
+        print(f"{name:28s} {t_new * 1e3:11.3f} {t_old * 1e3:10.3f} {t_old / t_new:7.2f}x {t_ref * 1e3:8.2f}"
+              f" {t_ort * 1e3:9.3f}  {'yes' if same else 'NO'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
