@@ -1,8 +1,8 @@
-"""16-bit input codes on the 8-bit integer dot-product tiles (`ops.compiled.int_dense16`): the byte-plane sums
-equal an int64 reference of sum_k u[p, k] w[m, k] exactly (random and extreme codes and weights, odd sizes
-with partial tiles and channel groups, the int32 bound's edge), and Conv/Gemm on 16-bit inputs take these
-kernels and give the numpy backend's codes and overflow counts (8- and 16-bit outputs, fused activations,
-saturating accumulators, channels-last and strided inputs)."""
+"""16-bit input codes on the 8-bit integer dot-product kernels as two byte planes (`ops.compiled.int_dense16`,
+`ops.compiled.int_depthwise16`): the sums equal an int64 reference of the formula exactly (random and extreme
+codes and weights, odd sizes with partial tiles and channel groups, the int32 bound's edge, padding with the
+zero point), and Conv/Gemm on 16-bit inputs take these kernels and give the numpy backend's codes and overflow
+counts (8- and 16-bit outputs, fused activations, saturating accumulators, channels-last and strided inputs)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,13 +10,16 @@ import pytest
 
 import ops.compiled.int_dense as int_dense
 import ops.compiled.int_dense16 as int_dense16
+import ops.compiled.int_depthwise as int_depthwise
+import ops.compiled.int_depthwise16 as int_depthwise16
 from op_testing import context, random_qparams
 from ops import get_op
 from ops.backend import CompiledBackend
 from ops.registry import IntRuntime
 from ptq.core.graph import Node
 from test_compiled_kernels import CONV_CASES, _both, _conv_case
-from test_int_kernels import DENSE_SIZES, EXTREMES, INT32, _codes, _Node, _weight
+from test_int_kernels import (DENSE_SIZES, DEPTHWISE_CASES, EXTREMES, INT32, _codes, _depthwise_reference,
+                              _identity_stage, _Node, _weight)
 from ops.compiled.vnni import WEIGHT_RANGE
 
 
@@ -61,21 +64,47 @@ def test_byte_planes_read_strided_rows():
 
 
 def _ran_int_kernels(op, q, inputs) -> bool:
+    """Whether the compiled run of this node took the integer kernels (their caches then hold the node)."""
     op.forward_int(q, inputs, IntRuntime(CompiledBackend()))
-    return int_dense._OPERANDS.get(id(q)) is not None
+    return int_dense._OPERANDS.get(id(q)) is not None or any(
+        key[0] == id(q) and value is not None for key, value in int_depthwise._PACKED.items())
 
 
-DENSE_CASES = [case for case in CONV_CASES if case[0] == 1] + [
+@pytest.mark.parametrize("channels, kernel, strides, dilations, pads, spatial", DEPTHWISE_CASES)
+@pytest.mark.parametrize("dtype", [np.uint16, np.int16])
+@pytest.mark.parametrize("x_fill, w_fill", EXTREMES)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_depthwise_planes_equal_the_int64_convolution(channels, kernel, strides, dilations, pads, spatial, dtype,
+                                                      x_fill, w_fill, channels_last):
+    """The padding holds zp_x (its two bytes in the planes): a zero point drawn over the whole 16-bit range."""
+    rng = np.random.default_rng(channels + sum(kernel) + sum(spatial))
+    x = _codes(rng, (2, channels) + spatial, dtype, x_fill)
+    if channels_last:
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    w = _weight(rng, (channels,) + kernel, w_fill)
+    info = np.iinfo(dtype)
+    zx = int(rng.integers(info.min, int(info.max) + 1))
+    want = _depthwise_reference(x, w, zx, strides, dilations, pads)
+    done = int_depthwise16.depthwise16(x, _Node(channels), w, zx, strides, dilations, pads,
+                                       _identity_stage(channels), list(want.shape[2:]))
+    assert done is not None
+    got, over = done
+    assert over == 0 and got.dtype == np.int32
+    np.testing.assert_array_equal(got, want)
+
+
+INT_CASES = [case for case in CONV_CASES if case[0] == 1 or (case[0] == case[1] == case[2] and len(case[3]) <= 2)] + [
     (1, 40, 70, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1)),    # pointwise, partial tiles and channel groups
     (1, 9, 33, (3, 3), (2, 1), (1, 0, 2, 1), (2, 1)),     # dense windows, asymmetric pads, dilation
+    (40, 40, 40, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),   # depthwise, a partial channel group
 ]
 
 
-@pytest.mark.parametrize("case", DENSE_CASES)
+@pytest.mark.parametrize("case", INT_CASES)
 @pytest.mark.parametrize("activation, out_bits", [(None, 8), ("Relu", 16), ("Clip", 8), ("LeakyRelu", 16)])
 def test_conv_16_bit_inputs_equal_numpy(case, activation, out_bits):
-    """Dense convolutions on 16-bit codes (signed and unsigned at random) with an int8 weight run the byte
-    planes and give the numpy codes, 8- and 16-bit outputs."""
+    """Dense and depthwise convolutions on 16-bit codes (signed and unsigned at random) with an int8 weight run
+    the byte planes and give the numpy codes, 8- and 16-bit outputs."""
     for seed in range(3):
         op, q, inputs = _conv_case(seed, *case, x_bits=16, activation=activation, out_bits=out_bits,
                                    spatial=(9, 8, 5))
@@ -93,9 +122,10 @@ def test_conv_16_bit_inputs_channels_last():
     np.testing.assert_array_equal(_both(op, q, [last] + inputs[1:])[0], _both(op, q, inputs)[0])
 
 
-def test_conv_16_bit_saturating_accumulator_is_counted_alike():
+@pytest.mark.parametrize("groups", [1, 6])
+def test_conv_16_bit_saturating_accumulator_is_counted_alike(groups):
     """A bias at the accumulator's limit: the general epilogue on the int64 sums, same codes and overflows."""
-    op, q, inputs = _conv_case(4, 1, 6, 6, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), x_bits=16, bias_scale=1e13)
+    op, q, inputs = _conv_case(4, groups, 6, 6, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), x_bits=16, bias_scale=1e13)
     assert not q.acc.safe
     assert _ran_int_kernels(op, q, inputs)
     _both(op, q, inputs)
