@@ -5,6 +5,11 @@ zero point), and Conv/Gemm on 16-bit inputs take these kernels and give the nump
 counts (8- and 16-bit outputs, fused activations, saturating accumulators, channels-last and strided inputs)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -18,8 +23,9 @@ from ops.backend import CompiledBackend
 from ops.registry import IntRuntime
 from ptq.core.graph import Node
 from test_compiled_kernels import CONV_CASES, _both, _conv_case
-from test_int_kernels import (DENSE_SIZES, DEPTHWISE_CASES, EXTREMES, INT32, _codes, _depthwise_reference,
+from test_int_kernels import (AVX2_TARGET, DENSE_SIZES, DEPTHWISE_CASES, EXTREMES, INT32, _codes, _depthwise_reference,
                               _identity_stage, _Node, _weight)
+from ops.compiled.requant import HI, LO
 from ops.compiled.vnni import WEIGHT_RANGE
 
 
@@ -63,6 +69,25 @@ def test_byte_planes_read_strided_rows():
     np.testing.assert_array_equal(int_dense16.dense_acc16(x, ops), _unsigned16(x) @ w.astype(np.int64).T)
 
 
+class _Node64(_Node):
+    """`_Node` with int64 output codes: the 16-bit sums pass int32 (with `vpmaddwd`'s int16 weights)."""
+
+    def __init__(self, channels: int):
+        super().__init__(channels)
+        self.stage = _Stage64()
+
+
+class _Stage64:
+    dtype = np.dtype(np.int64)
+
+
+def _identity_stage64(channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_identity_stage`, clamped to int64 instead of int32."""
+    prm, lim = _identity_stage(channels)
+    lim[LO], lim[HI] = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    return prm, lim
+
+
 def _ran_int_kernels(op, q, inputs) -> bool:
     """Whether the compiled run of this node took the integer kernels (their caches then hold the node)."""
     op.forward_int(q, inputs, IntRuntime(CompiledBackend()))
@@ -85,11 +110,11 @@ def test_depthwise_planes_equal_the_int64_convolution(channels, kernel, strides,
     info = np.iinfo(dtype)
     zx = int(rng.integers(info.min, int(info.max) + 1))
     want = _depthwise_reference(x, w, zx, strides, dilations, pads)
-    done = int_depthwise16.depthwise16(x, _Node(channels), w, zx, strides, dilations, pads,
-                                       _identity_stage(channels), list(want.shape[2:]))
+    done = int_depthwise16.depthwise16(x, _Node64(channels), w, zx, strides, dilations, pads,
+                                       _identity_stage64(channels), list(want.shape[2:]))
     assert done is not None
     got, over = done
-    assert over == 0 and got.dtype == np.int32
+    assert over == 0 and got.dtype == np.int64
     np.testing.assert_array_equal(got, want)
 
 
@@ -150,3 +175,14 @@ def test_gemm_16_bit_inputs_equal_numpy(seed):
     assert inputs[0].dtype.itemsize == 2
     assert _ran_int_kernels(op, q, inputs)
     _both(op, q, inputs)
+
+
+def test_byte_planes_on_an_avx2_target():
+    """A CPU without VNNI (`vpmaddwd`, int16 weights, uint16 planes): the exactness tests above pass there too
+    (a child process: numba's target is fixed per process)."""
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                          "int64 or int32_bound or strided or 16_bit_inputs_equal"],
+                         cwd=root, env={**os.environ, **AVX2_TARGET}, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert " passed" in run.stdout and "failed" not in run.stdout
