@@ -1,13 +1,14 @@
-"""Benchmark: dense Conv and Gemm layers on 16-bit input codes (int8 weights), the compiled backend's byte-plane
-integer kernels (`ops.compiled.int_dense16`) against its former float-BLAS path, beside onnxruntime's float op.
+"""Benchmark: Conv and Gemm layers on 16-bit input codes (int8 weights), the compiled backend's byte-plane integer
+kernels (`ops.compiled.int_dense16`, `int_depthwise16`) against its former paths, beside onnxruntime's float op.
 
     python bench/int16_layers.py [--repeat 20]
 
-Per layer (EfficientNet-Lite0's shapes: its stem, pointwise layers of each stage, the head and the classifier;
-int16 input codes, int8 per-channel weights, int8 output codes, Clip fused as the model has it): the CPU time
-per call (time.process_time, the fastest of --repeat calls, one thread: OPENBLAS_NUM_THREADS=1 as the `ptq`
-command runs) of `forward_int` with the integer kernels, with the float-BLAS path (the integer kernels turned off
-for this layer, as before them), of the numpy reference backend, and of an onnxruntime session (one thread)
+Per layer (EfficientNet-Lite0's shapes: its stem, depthwise and pointwise layers of each stage, the head and
+the classifier; int16 input codes, int8 per-channel weights, int8 output codes, Clip fused as the model has
+it): the CPU time per call (time.process_time, the fastest of --repeat calls, one thread:
+OPENBLAS_NUM_THREADS=1 as the `ptq` command runs) of `forward_int` with the byte-plane kernels, with the path
+16-bit inputs took before them (float BLAS for dense layers, the int64 per-tap loop for depthwise ones: the
+byte-plane kernels turned off), of the numpy reference backend, and of an onnxruntime session (one thread)
 running the float op on the same float input; and whether the three ptq paths give the same codes.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+import ops.compiled.depthwise as depthwise  # noqa: E402
 import ops.compiled.pointwise as pointwise  # noqa: E402
 from ops import get_op  # noqa: E402
 from ops.backend import CompiledBackend, NumpyBackend  # noqa: E402
@@ -35,24 +37,29 @@ from ptq.core.graph import Node  # noqa: E402
 from ptq.core.qparams import compute_qparams  # noqa: E402
 from tests.ops.op_testing import context  # noqa: E402
 
-# name, (cin, cout, kernel, stride, pad, spatial) for Conv; (K, N) for Gemm
+# name, (cin, cout, kernel, stride, pad, spatial[, groups]) for Conv; (K, N) for Gemm
 LAYERS = [("stem 3x3/2 3->32 @224", (3, 32, 3, 2, 1, 224)),
           ("pointwise 32->16 @112", (32, 16, 1, 1, 0, 112)),
+          ("depthwise 3x3 32 @112", (32, 32, 3, 1, 1, 112, 32)),
           ("pointwise 96->24 @56", (96, 24, 1, 1, 0, 56)),
+          ("depthwise 3x3 144 @56", (144, 144, 3, 1, 1, 56, 144)),
+          ("depthwise 5x5/2 144 @56", (144, 144, 5, 2, 2, 56, 144)),
           ("pointwise 24->144 @56", (24, 144, 1, 1, 0, 56)),
           ("pointwise 240->40 @28", (240, 40, 1, 1, 0, 28)),
           ("pointwise 480->80 @14", (480, 80, 1, 1, 0, 14)),
           ("pointwise 672->112 @14", (672, 112, 1, 1, 0, 14)),
+          ("depthwise 5x5 672 @14", (672, 672, 5, 1, 2, 14, 672)),
           ("pointwise 1152->192 @7", (1152, 192, 1, 1, 0, 7)),
           ("head 320->1280 @7", (320, 1280, 1, 1, 0, 7)),
           ("Gemm 1280->1000", (1280, 1000))]
 
 
-def _conv(rng, cin, cout, kernel, stride, pad, spatial):
+def _conv(rng, cin, cout, kernel, stride, pad, spatial, groups=1):
     x_f = np.clip(rng.normal(0.0, 1.0, (1, cin, spatial, spatial)), -4, 4).astype(np.float32)
-    w_f = rng.normal(0, 1.0 / np.sqrt(cin * kernel * kernel), (cout, cin, kernel, kernel)).astype(np.float32)
+    fan_in = cin // groups * kernel * kernel
+    w_f = rng.normal(0, 1.0 / np.sqrt(fan_in), (cout, cin // groups, kernel, kernel)).astype(np.float32)
     b_f = rng.normal(0, 0.1, cout).astype(np.float32)
-    attrs = {"group": 1, "strides": [stride, stride], "pads": [pad] * 4, "dilations": [1, 1],
+    attrs = {"group": groups, "strides": [stride, stride], "pads": [pad] * 4, "dilations": [1, 1],
              "kernel_shape": [kernel, kernel]}
     node = Node("conv", "Conv", ["x", "w", "b"], ["y"], dict(attrs, activation="Clip", activation_params=[0.0, 6.0]))
     flat = w_f.reshape(cout, -1)
@@ -98,11 +105,11 @@ def main(argv=None) -> int:
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     print(f"16-bit input codes, int8 weights; instruction {INSTRUCTION_NAME}; CPU ms per call, fastest of {args.repeat}")
-    print(f"{'layer':28s} {'int kernels':>11s} {'float BLAS':>10s} {'speedup':>8s} {'numpy':>8s} {'ort float':>9s}"
+    print(f"{'layer':28s} {'int kernels':>11s} {'before':>10s} {'speedup':>8s} {'numpy':>8s} {'ort float':>9s}"
           f"  same codes")
-    float_path = pointwise.dense_operands
+    dense_operands, depthwise16 = pointwise.dense_operands, depthwise.depthwise16
     for name, shape in LAYERS:
-        op_type, node, x_f, w_f, b_f, w_qp, graph = (_conv if len(shape) == 6 else _gemm)(rng, *shape)
+        op_type, node, x_f, w_f, b_f, w_qp, graph = (_conv if len(shape) >= 6 else _gemm)(rng, *shape)
         x_qp = compute_qparams(float(x_f.min()), float(x_f.max()), 16, symmetric=True, signed=True)
         y_qp = compute_qparams(0.0, 6.0, 8, symmetric=False, signed=False)
         op = get_op(op_type)
@@ -111,12 +118,13 @@ def main(argv=None) -> int:
         compiled, reference = IntRuntime(CompiledBackend()), IntRuntime(NumpyBackend())
         new = op.forward_int(q, inputs, compiled)[0]
         t_new = _fastest(lambda: op.forward_int(q, inputs, compiled), args.repeat)
-        pointwise.dense_operands = lambda *a: None  # the layer as before the integer kernels: float BLAS
+        # the layer as before the byte-plane kernels: float BLAS, resp. the int64 per-tap loop
+        pointwise.dense_operands = depthwise.depthwise16 = lambda *a: None
         try:
             old = op.forward_int(q, inputs, compiled)[0]
             t_old = _fastest(lambda: op.forward_int(q, inputs, compiled), args.repeat)
         finally:
-            pointwise.dense_operands = float_path
+            pointwise.dense_operands, depthwise.depthwise16 = dense_operands, depthwise16
         ref = op.forward_int(q, inputs, reference)[0]
         t_ref = _fastest(lambda: op.forward_int(q, inputs, reference), max(1, args.repeat // 4))
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

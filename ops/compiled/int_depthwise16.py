@@ -29,6 +29,17 @@ from ops.compiled.scratch import scratch
 from ops.compiled.vnni import ELEMENTS, LANES
 
 
+@numba.njit(cache=True, nogil=True)
+def _split_planes(u, high_flip, low, high) -> None:
+    """low[i], high[i] = the low byte and the high byte ^ high_flip of u[i] (flat uint16; whole 16-bit loads
+    narrowed, which vectorizes)."""
+    for k in range(u.shape[0]):
+        i = np.uint64(k)
+        v = u[i]
+        low[i] = np.uint8(v & np.uint16(0xFF))
+        high[i] = np.uint8(v >> np.uint16(8)) ^ high_flip
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
 def _init_line(line, pl, width, channels, zp) -> None:
     """A padded row's buffer: zp in its border columns (the first pl and those past pl + width), zeros else."""
@@ -148,13 +159,10 @@ def depthwise16(x: np.ndarray, q, weight: np.ndarray, zx: int, strides, dilation
     channels, kh, _ = weight.shape
     taps = quads_w.shape[2]
     cp = quads_w.shape[0] * LANES
-    u = x.transpose(0, 2, 3, 1).view(np.uint16)  # (N, H, W, C): a view when x is laid out channels-last
+    u = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).view(np.uint16)  # (N, H, W, C); no copy when channels-last
     low = np.empty(u.shape, dtype=np.uint8)
     high = np.empty(u.shape, dtype=np.uint8)
-    np.bitwise_and(u, 0xFF, out=low, casting="unsafe")
-    np.right_shift(u, 8, out=high, casting="unsafe")
-    if x.dtype == np.int16:
-        np.bitwise_xor(high, np.uint8(0x80), out=high)
+    _split_planes(u.reshape(-1), np.uint8(0x80 if x.dtype == np.int16 else 0), low.reshape(-1), high.reshape(-1))
     lw = max((out_hw[1] - 1) * strides[1] + (ELEMENTS * taps - 1) * dilations[1] + 1, pads[1] + x.shape[3])
     slots = (kh - 1) * dilations[0] + 1
     ring_shape = (2, slots, out_hw[1], taps, cp)
