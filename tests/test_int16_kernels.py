@@ -17,6 +17,7 @@ import ops.compiled.int_dense as int_dense
 import ops.compiled.int_dense16 as int_dense16
 import ops.compiled.int_depthwise as int_depthwise
 import ops.compiled.int_depthwise16 as int_depthwise16
+import ops.compiled.int_wide_weight as int_wide_weight
 from op_testing import context, random_qparams
 from ops import get_op
 from ops.backend import CompiledBackend
@@ -26,7 +27,7 @@ from test_compiled_kernels import CONV_CASES, _both, _conv_case
 from test_int_kernels import (AVX2_TARGET, DENSE_SIZES, DEPTHWISE_CASES, EXTREMES, INT32, _codes, _depthwise_reference,
                               _identity_stage, _Node, _weight)
 from ops.compiled.requant import HI, LO
-from ops.compiled.vnni import WEIGHT_RANGE
+from ops.compiled.vnni import ELEMENTS, WEIGHT_RANGE
 
 
 def _unsigned16(x: np.ndarray) -> np.ndarray:
@@ -91,7 +92,7 @@ def _identity_stage64(channels: int) -> tuple[np.ndarray, np.ndarray]:
 def _ran_int_kernels(op, q, inputs) -> bool:
     """Whether the compiled run of this node took the integer kernels (their caches then hold the node)."""
     op.forward_int(q, inputs, IntRuntime(CompiledBackend()))
-    return int_dense._OPERANDS.get(id(q)) is not None or any(
+    return int_dense._OPERANDS.get(id(q)) is not None or int_wide_weight._OPERANDS.get(id(q)) is not None or any(
         key[0] == id(q) and value is not None for key, value in int_depthwise._PACKED.items())
 
 
@@ -135,7 +136,8 @@ def test_conv_16_bit_inputs_equal_numpy(case, activation, out_bits):
                                    spatial=(9, 8, 5))
         assert inputs[0].dtype.itemsize == 2
         fits = WEIGHT_RANGE[0] <= int(q.weight.min()) and int(q.weight.max()) <= WEIGHT_RANGE[1]
-        assert _ran_int_kernels(op, q, inputs) == fits
+        wide = case[0] == 1 and ELEMENTS == 4  # a centered weight past int8 (asymmetric): int_wide_weight
+        assert _ran_int_kernels(op, q, inputs) == (fits or wide)
         _both(op, q, inputs)
 
 
@@ -177,12 +179,83 @@ def test_gemm_16_bit_inputs_equal_numpy(seed):
     _both(op, q, inputs)
 
 
+def _weight16(rng, shape, fill=None) -> np.ndarray:
+    if fill == "max":
+        return np.full(shape, 32767, dtype=np.int32)
+    if fill == "min":
+        return np.full(shape, -32768, dtype=np.int32)
+    return rng.integers(-32768, 32768, size=shape).astype(np.int32)
+
+
+@pytest.mark.parametrize("pixels, depth, channels", DENSE_SIZES)
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.uint16, np.int16])
+@pytest.mark.parametrize("x_fill, w_fill", EXTREMES)
+def test_wide_weight_planes_equal_the_int64_dot_product(pixels, depth, channels, dtype, x_fill, w_fill):
+    """A 16-bit weight as wh, wl - 128 and the row sum (`vpdpbusd` only; other CPUs keep the float path)."""
+    rng = np.random.default_rng(pixels * 1000 + depth + channels + 7)
+    x = _codes(rng, (pixels, depth), dtype, x_fill)
+    w = _weight16(rng, (channels, depth), w_fill)
+    ops = int_wide_weight.wide_operands(_Node(), w)
+    assert (ops is not None) == (ELEMENTS == 4)
+    if ops is not None:
+        unsigned = x.astype(np.int64) + {np.int8: 128, np.int16: 32768}.get(x.dtype.type, 0)
+        got = int_wide_weight.wide_acc(x, ops)
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, unsigned @ w.astype(np.int64).T)
+
+
+def test_wide_weight_depth_bound_is_checked_at_packing():
+    """255 * 128 * K < 2^31 for each plane: at the largest K exact with the extreme codes, one more refused."""
+    depth = int_wide_weight.MAX_DEPTH
+    w = np.full((2, depth), -32768, dtype=np.int32)
+    w[1] = 32767
+    ops = int_wide_weight.wide_operands(_Node(), w)
+    assert (ops is not None) == (ELEMENTS == 4)
+    if ops is not None:
+        x = np.full((3, depth), 255, dtype=np.uint8)
+        x[1] = 0
+        np.testing.assert_array_equal(int_wide_weight.wide_acc(x, ops), x.astype(np.int64) @ w.astype(np.int64).T)
+    assert int_wide_weight.wide_operands(_Node(), np.ones((1, depth + 1), dtype=np.int32)) is None
+    assert int_wide_weight.wide_operands(_Node(), np.full((1, 4), 32768, dtype=np.int32)) is None
+
+
+@pytest.mark.parametrize("case", [case for case in INT_CASES if case[0] == 1])
+@pytest.mark.parametrize("x_bits", [8, 16])
+@pytest.mark.parametrize("activation, out_bits", [(None, 8), ("LeakyRelu", 16)])
+def test_conv_16_bit_weights_equal_numpy(case, x_bits, activation, out_bits):
+    for seed in range(2):
+        op, q, inputs = _conv_case(seed, *case, x_bits=x_bits, w_bits=16, activation=activation, out_bits=out_bits,
+                                   spatial=(9, 8, 5))
+        fits = -32768 <= int(q.weight.min()) and int(q.weight.max()) <= 32767  # asymmetric: centered past int16
+        # vpmaddwd (int16 weights) takes it as the 8-bit kernels' weight where their bound allows
+        covered = ELEMENTS == 4 or int_dense._pack(q.weight.reshape(q.weight.shape[0], -1)) is not None
+        assert _ran_int_kernels(op, q, inputs) == (fits and covered)
+        _both(op, q, inputs)
+
+
+@pytest.mark.parametrize("x_bits", [8, 16])
+def test_gemm_16_bit_weights_equal_numpy(x_bits):
+    rng = np.random.default_rng(x_bits)
+    a_f = rng.normal(size=(13, 37)).astype(np.float32)
+    w_f = rng.normal(size=(37, 21)).astype(np.float32)
+    b_f = rng.normal(size=21).astype(np.float32)
+    a_qp = random_qparams(rng, float(a_f.min()), float(a_f.max()), x_bits)
+    w_qp = random_qparams(rng, w_f.min(0), w_f.max(0), 16, signed=True, symmetric=True, axis=1)
+    y_qp = random_qparams(rng, -6.0, 6.0, 8, symmetric=False)
+    node = Node("g", "Gemm", ["a", "w", "b"], ["y"], {})
+    op = get_op("Gemm")
+    q = op.quantize(context(node, [a_qp, w_qp, None], [y_qp], {1: w_f, 2: b_f}))
+    inputs = [a_qp.quantize(a_f), w_f, b_f]
+    assert _ran_int_kernels(op, q, inputs) == (ELEMENTS == 4 or int_dense._pack(q.weight.T) is not None)
+    _both(op, q, inputs)
+
+
 def test_byte_planes_on_an_avx2_target():
     """A CPU without VNNI (`vpmaddwd`, int16 weights, uint16 planes): the exactness tests above pass there too
     (a child process: numba's target is fixed per process)."""
     root = Path(__file__).resolve().parents[1]
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                          "int64 or int32_bound or strided or 16_bit_inputs_equal"],
+                          "int64 or int32_bound or depth_bound or strided or 16_bit"],
                          cwd=root, env={**os.environ, **AVX2_TARGET}, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:]
     assert " passed" in run.stdout and "failed" not in run.stdout

@@ -28,6 +28,7 @@ import numpy as np
 from ops.backend import dtype_absmax
 from ops.compiled.int_dense import dense_acc, dense_codes, dense_operands, window_rows, zero_point
 from ops.compiled.int_dense16 import dense_acc16, dense_codes16, zero_point16
+from ops.compiled.int_wide_weight import WideOperands, wide_acc, wide_codes, wide_operands
 from ops.compiled.layout import channels_first, channels_last
 from ops.compiled.requant import finish, finish_lanes, pack_stage
 from ops.compiled.scratch import scratch
@@ -65,12 +66,25 @@ def _column_l1(q) -> int:
     return _cached((id(q), "l1"), q, lambda: int(np.abs(q.weight.astype(np.int64)).sum(axis=0).max()))
 
 
-def _int_kernels(codes: np.ndarray):
-    """(zp_u, codes, acc) functions of the integer dot-product kernels for codes of this width: the 8-bit ones
-    of `ops.compiled.int_dense`, the byte planes of `ops.compiled.int_dense16` for 16-bit codes."""
+def _int_operands(q, weight_rows: np.ndarray, codes: np.ndarray):
+    """The packed weight of the integer dot-product kernels for 8- or 16-bit codes: int8 (`ops.compiled.int_dense`),
+    else int16 as two planes (`ops.compiled.int_wide_weight`); None when neither covers it."""
+    if codes.dtype.itemsize not in (1, 2):
+        return None
+    ops = dense_operands(q, weight_rows)
+    return ops if ops is not None else wide_operands(q, weight_rows)
+
+
+def _int_kernels(codes: np.ndarray, ops):
+    """(zp_u, codes, acc) functions of the integer dot-product kernels for codes of this width and the packed
+    weight `ops`: the 8-bit ones of `ops.compiled.int_dense`, the byte planes of `ops.compiled.int_dense16` for
+    16-bit codes, `ops.compiled.int_wide_weight` for a 16-bit weight."""
+    zp_of = zero_point if codes.dtype.itemsize == 1 else zero_point16
+    if isinstance(ops, WideOperands):
+        return zp_of, wide_codes, wide_acc
     if codes.dtype.itemsize == 1:
-        return zero_point, dense_codes, dense_acc
-    return zero_point16, dense_codes16, dense_acc16
+        return zp_of, dense_codes, dense_acc
+    return zp_of, dense_codes16, dense_acc16
 
 
 def gemm_dense(a: np.ndarray, q, acc_bits: Optional[int]) -> Optional[tuple[np.ndarray, int]]:
@@ -79,9 +93,9 @@ def gemm_dense(a: np.ndarray, q, acc_bits: Optional[int]) -> Optional[tuple[np.n
     if a.ndim != 2 or a.dtype.kind not in "iu" or np.ndim(q.bias) > 1:
         return None
     za = int(q.in_qparams[0].zero_point[0])
-    ops = dense_operands(q, q.weight.T) if a.dtype.itemsize in (1, 2) else None
+    ops = _int_operands(q, q.weight.T, a)
     if ops is not None:
-        zp_of, codes_of, acc_of = _int_kernels(a)
+        zp_of, codes_of, acc_of = _int_kernels(a, ops)
         zp_u = zp_of(a, za)
         offset = _cached((id(q), "int", zp_u), q, lambda: q.bias - zp_u * ops.weight_sum)
         packed = pack_stage(q.stage, ops.weight_sum.shape[0], acc_bits)
@@ -111,7 +125,7 @@ def conv_dense(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tupl
         return None
     zx = int(q.in_qparams[0].zero_point[0])
     n = x.shape[0]
-    ops = dense_operands(q, q.weight.reshape(channels, -1)) if x.dtype.itemsize in (1, 2) else None
+    ops = _int_operands(q, q.weight.reshape(channels, -1), x)
     if ops is not None:
         return _conv_int(x, q, geom, ops, zx, packed)
     bound = dtype_absmax(x) * _row_l1(q)
@@ -144,9 +158,10 @@ def conv_dense(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tupl
 
 def _conv_int(x: np.ndarray, q, geom, ops, zx: int, packed) -> tuple[np.ndarray, int]:
     """`conv_dense` on the integer dot products of `ops.compiled.int_dense` (8-bit codes, an int8 weight; 16-bit
-    codes as two byte planes, `ops.compiled.int_dense16`)."""
+    codes as two byte planes, `ops.compiled.int_dense16`; a 16-bit weight as two planes,
+    `ops.compiled.int_wide_weight`)."""
     n, channels = x.shape[0], q.weight.shape[0]
-    zp_of, codes_of, _ = _int_kernels(x)
+    zp_of, codes_of, _ = _int_kernels(x, ops)
     zp_u = zp_of(x, zx)
     offset = _cached((id(q), "int", zp_u), q, lambda: q.bias - zp_u * ops.weight_sum)
     if geom.is_pointwise:
