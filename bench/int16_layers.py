@@ -1,14 +1,14 @@
-"""Benchmark: Conv and Gemm layers on 16-bit input codes (int8 weights), the compiled backend's byte-plane integer
-kernels (`ops.compiled.int_dense16`, `int_depthwise16`) against its former paths, beside onnxruntime's float op.
+"""Benchmark: Conv and Gemm layers with 16-bit operands, the compiled backend's byte-plane integer kernels
+(`ops.compiled.int_dense16`, `int_depthwise16`, `int_wide_weight`) against its former paths, beside onnxruntime.
 
-    python bench/int16_layers.py [--repeat 20]
+    python bench/int16_layers.py [--repeat 20] [--input-bits 16] [--weight-bits 8]
 
 Per layer (EfficientNet-Lite0's shapes: its stem, depthwise and pointwise layers of each stage, the head and
-the classifier; int16 input codes, int8 per-channel weights, int8 output codes, Clip fused as the model has
+the classifier; int16 input codes and int8 per-channel weights unless --input-bits/--weight-bits say otherwise, int8 output codes, Clip fused as the model has
 it): the CPU time per call (time.process_time, the fastest of --repeat calls, one thread:
 OPENBLAS_NUM_THREADS=1 as the `ptq` command runs) of `forward_int` with the byte-plane kernels, with the path
-16-bit inputs took before them (float BLAS for dense layers, the int64 per-tap loop for depthwise ones: the
-byte-plane kernels turned off), of the numpy reference backend, and of an onnxruntime session (one thread)
+16-bit operands took before them (float BLAS for dense layers, the int64 per-tap loop for depthwise ones: the
+byte-plane kernels turned off; with 8-bit inputs and weights, the 8-bit kernels themselves), of the numpy reference backend, and of an onnxruntime session (one thread)
 running the float op on the same float input; and whether the three ptq paths give the same codes.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ LAYERS = [("stem 3x3/2 3->32 @224", (3, 32, 3, 2, 1, 224)),
           ("Gemm 1280->1000", (1280, 1000))]
 
 
-def _conv(rng, cin, cout, kernel, stride, pad, spatial, groups=1):
+def _conv(rng, weight_bits, cin, cout, kernel, stride, pad, spatial, groups=1):
     x_f = np.clip(rng.normal(0.0, 1.0, (1, cin, spatial, spatial)), -4, 4).astype(np.float32)
     fan_in = cin // groups * kernel * kernel
     w_f = rng.normal(0, 1.0 / np.sqrt(fan_in), (cout, cin // groups, kernel, kernel)).astype(np.float32)
@@ -63,7 +63,7 @@ def _conv(rng, cin, cout, kernel, stride, pad, spatial, groups=1):
              "kernel_shape": [kernel, kernel]}
     node = Node("conv", "Conv", ["x", "w", "b"], ["y"], dict(attrs, activation="Clip", activation_params=[0.0, 6.0]))
     flat = w_f.reshape(cout, -1)
-    w_qp = compute_qparams(flat.min(1), flat.max(1), 8, symmetric=True, signed=True, axis=0)
+    w_qp = compute_qparams(flat.min(1), flat.max(1), weight_bits, symmetric=True, signed=True, axis=0)
     graph = helper.make_graph(
         [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), helper.make_node("Clip", ["c", "lo", "hi"], ["y"])],
         "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_f.shape)],
@@ -73,12 +73,12 @@ def _conv(rng, cin, cout, kernel, stride, pad, spatial, groups=1):
     return "Conv", node, x_f, w_f, b_f, w_qp, graph
 
 
-def _gemm(rng, k, n):
+def _gemm(rng, weight_bits, k, n):
     x_f = rng.normal(0, 1.0, (1, k)).astype(np.float32)
     w_f = rng.normal(0, 1.0 / np.sqrt(k), (k, n)).astype(np.float32)
     b_f = rng.normal(0, 0.1, n).astype(np.float32)
     node = Node("gemm", "Gemm", ["x", "w", "b"], ["y"], {})
-    w_qp = compute_qparams(w_f.min(0), w_f.max(0), 8, symmetric=True, signed=True, axis=1)
+    w_qp = compute_qparams(w_f.min(0), w_f.max(0), weight_bits, symmetric=True, signed=True, axis=1)
     graph = helper.make_graph(
         [helper.make_node("Gemm", ["x", "w", "b"], ["y"])], "gemm",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_f.shape)],
@@ -100,17 +100,19 @@ def _fastest(call, repeat: int) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--input-bits", type=int, choices=(8, 16), default=16)
+    parser.add_argument("--weight-bits", type=int, choices=(8, 16), default=8)
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
-    print(f"16-bit input codes, int8 weights; instruction {INSTRUCTION_NAME}; CPU ms per call, fastest of {args.repeat}")
+    print(f"int{args.input_bits} input codes, int{args.weight_bits} weights; instruction {INSTRUCTION_NAME}; CPU ms per call, fastest of {args.repeat}")
     print(f"{'layer':28s} {'int kernels':>11s} {'before':>10s} {'speedup':>8s} {'numpy':>8s} {'ort float':>9s}"
           f"  same codes")
-    dense_operands, depthwise16 = pointwise.dense_operands, depthwise.depthwise16
+    dense_operands, wide_operands, depthwise16 = pointwise.dense_operands, pointwise.wide_operands, depthwise.depthwise16
     for name, shape in LAYERS:
-        op_type, node, x_f, w_f, b_f, w_qp, graph = (_conv if len(shape) >= 6 else _gemm)(rng, *shape)
-        x_qp = compute_qparams(float(x_f.min()), float(x_f.max()), 16, symmetric=True, signed=True)
+        op_type, node, x_f, w_f, b_f, w_qp, graph = (_conv if len(shape) >= 6 else _gemm)(rng, args.weight_bits, *shape)
+        x_qp = compute_qparams(float(x_f.min()), float(x_f.max()), args.input_bits, symmetric=True, signed=True)
         y_qp = compute_qparams(0.0, 6.0, 8, symmetric=False, signed=False)
         op = get_op(op_type)
         q = op.quantize(context(node, [x_qp, w_qp, None], [y_qp], {1: w_f, 2: b_f}))
@@ -119,12 +121,15 @@ def main(argv=None) -> int:
         new = op.forward_int(q, inputs, compiled)[0]
         t_new = _fastest(lambda: op.forward_int(q, inputs, compiled), args.repeat)
         # the layer as before the byte-plane kernels: float BLAS, resp. the int64 per-tap loop
-        pointwise.dense_operands = depthwise.depthwise16 = lambda *a: None
+        pointwise.dense_operands = pointwise.wide_operands = depthwise.depthwise16 = lambda *a: None
+        if args.input_bits == args.weight_bits == 8:
+            pointwise.dense_operands = dense_operands
         try:
             old = op.forward_int(q, inputs, compiled)[0]
             t_old = _fastest(lambda: op.forward_int(q, inputs, compiled), args.repeat)
         finally:
-            pointwise.dense_operands, depthwise.depthwise16 = dense_operands, depthwise16
+            pointwise.dense_operands, pointwise.wide_operands = dense_operands, wide_operands
+            depthwise.depthwise16 = depthwise16
         ref = op.forward_int(q, inputs, reference)[0]
         t_ref = _fastest(lambda: op.forward_int(q, inputs, reference), max(1, args.repeat // 4))
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
