@@ -250,6 +250,44 @@ def test_gemm_16_bit_weights_equal_numpy(x_bits):
     _both(op, q, inputs)
 
 
+@pytest.mark.parametrize("channels, kernel, strides, dilations, pads, spatial", DEPTHWISE_CASES)
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.uint16, np.int16])
+@pytest.mark.parametrize("x_fill, w_fill", EXTREMES)
+def test_depthwise_wide_weight_equals_the_int64_convolution(channels, kernel, strides, dilations, pads, spatial,
+                                                           dtype, x_fill, w_fill):
+    """A 16-bit depthwise weight as three int8 packs (`vpdpbusd` only), on 8- and 16-bit codes, channels-last."""
+    rng = np.random.default_rng(channels + sum(kernel) + sum(spatial) + 3)
+    x = _codes(rng, (2, channels) + spatial, dtype, x_fill)
+    x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    w = _weight16(rng, (channels,) + kernel, w_fill)
+    info = np.iinfo(dtype)
+    zx = int(rng.integers(info.min, int(info.max) + 1))
+    want = _depthwise_reference(x, w, zx, strides, dilations, pads)
+    done = int_depthwise16.depthwise_wide(x, _Node64(channels), w, zx, strides, dilations, pads,
+                                          _identity_stage64(channels), list(want.shape[2:]))
+    assert (done is not None) == (ELEMENTS == 4)
+    if done is not None:
+        got, over = done
+        assert over == 0 and got.dtype == np.int64
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("case", [case for case in INT_CASES if case[0] > 1])
+@pytest.mark.parametrize("x_bits", [8, 16])
+def test_depthwise_16_bit_weights_equal_numpy(case, x_bits):
+    for seed, activation in ((0, None), (1, "LeakyRelu")):
+        op, q, inputs = _conv_case(seed, *case, x_bits=x_bits, w_bits=16, activation=activation, spatial=(9, 8))
+        fits = -32768 <= int(q.weight.min()) and int(q.weight.max()) <= 32767
+        _both(op, q, inputs)
+        if ELEMENTS == 4:
+            assert (int_depthwise16._WIDE.get((id(q), _zp_u(q, inputs[0]))) is not None) == fits
+
+
+def _zp_u(q, x) -> int:
+    zx = int(q.in_qparams[0].zero_point[0])
+    return zx + {np.int8: 128, np.int16: 32768}.get(x.dtype.type, 0)
+
+
 def test_byte_planes_on_an_avx2_target():
     """A CPU without VNNI (`vpmaddwd`, int16 weights, uint16 planes): the exactness tests above pass there too
     (a child process: numba's target is fixed per process)."""

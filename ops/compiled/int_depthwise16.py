@@ -15,6 +15,7 @@ formula (`requant.requant_positions`; the 64-bit lanes in the common case): the 
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Optional
 
 import numba
@@ -22,7 +23,7 @@ import numpy as np
 
 from ops.compiled.int_dense16 import _combine, _rows64_pair, zero_point16
 from ops.compiled.int_depthwise import (KERNEL3, POSITIONS, _load_quads, _packed, _taps3_many, _taps3_one,
-                                        _taps_many, _taps_one)
+                                        _taps_many, _taps_one, pack_taps)
 from ops.compiled.layout import channels_first
 from ops.compiled.requant import FAST, HI, LO, SUB, lane_params, requant_positions
 from ops.compiled.scratch import scratch
@@ -175,4 +176,121 @@ def depthwise16(x: np.ndarray, q, weight: np.ndarray, zx: int, strides, dilation
                             scratch("dw16_acc_low", (out_hw[1] * cp,), np.int32),
                             scratch("dw16_acc_high", (out_hw[1] * cp,), np.int32),
                             scratch("dw16_wide", (out_hw[1], channels), np.int64), data)
+    return channels_first(data), int(over)
+
+
+# A 16-bit weight (`ops.compiled.int_wide_weight`'s split, per tap): w = 256 * wh + (wl - 128) + 128, three packs
+# of int8 taps (wh, wl - 128, ones) whose tap sums T_j combine as sum_j scale_j * T_j, scales (256, 1, 128)
+WIDE_SCALES = np.array([256, 1, 128], dtype=np.int64)
+_WIDE: dict = {}
+
+
+def _wide_packs(q, weight: np.ndarray, zp_u: int) -> Optional[tuple[np.ndarray, int, np.ndarray]]:
+    """(the three packs of `pack_taps` one after another (flat), one pack's size, the int64 offset
+    b_q - zp_u * sum w per channel) of a depthwise weight (C, KH, KW) within int16; cached per node and zp_u,
+    None where a pack is refused."""
+    key = (id(q), zp_u)
+    if key not in _WIDE:
+        w = weight.astype(np.int64)
+        high = w >> 8
+        packs = [pack_taps(p) for p in (high, w - 256 * high - 128, np.ones_like(w))]
+        offset = q.bias - zp_u * w.reshape(w.shape[0], -1).sum(axis=1)
+        _WIDE[key] = None if any(p is None for p in packs) else (
+            np.concatenate([p.reshape(-1) for p in packs]), packs[0].size, offset)
+        weakref.finalize(q, _WIDE.pop, key, None)
+    return _WIDE[key]
+
+
+@numba.njit(cache=True, nogil=True)
+def depthwise_terms(planes, zps, x_scales, w, w_size, w_scales, kh_count, sh, sw, dh, dw, pt, pl, offset, prm, lim,
+                    lines, ring8, ring32, acc, wide, out) -> int:
+    """out (N, OH, OW, C) = epilogue(sum_{i, j} x_scales[i] * w_scales[j] * depthwise(planes[i], pack j) + offset)
+    of the byte planes (P, N, H, W, C) uint8, plane i padded with zps[i], and the weight packs j (w: flat, packs
+    of w_size one after another); returns the overflow count. lines (P, Lw, Cp) uint8, ring32 (P, R, OW, Q, Cp)
+    uint32 with ring8 its bytes (flat), acc (OW * Cp,) int32, wide (OW, C) int64: scratch."""
+    n_planes = planes.shape[0]
+    height = planes.shape[2]
+    width = planes.shape[3]
+    channels = out.shape[3]
+    slots, ow_count, taps, cp = ring32.shape[1:]
+    groups = cp // LANES
+    w_group = kh_count * taps * LANES * ELEMENTS
+    slot_size = ow_count * taps * cp
+    plane_size = slots * slot_size
+    x_step = cp * 4
+    x_stride = taps * cp * 4
+    lanes = lane_params(offset, prm)
+    kernel3 = kh_count == KERNEL3[0] and taps == KERNEL3[1]
+    spread = np.uint32(0x01010101 if ELEMENTS == 4 else 0x00010001)
+    for i in range(n_planes):
+        _init_line(lines[i], pl, width, channels, zps[i])
+    ring_flat = ring32.reshape(-1)
+    held = np.empty((n_planes, slots), dtype=np.int64)
+    rows = np.empty((n_planes, kh_count), dtype=np.int64)
+    over = 0
+    for n in range(planes.shape[1]):
+        held[:, :] = -1
+        for oh in range(out.shape[1]):
+            for i in range(n_planes):
+                for kh in range(kh_count):
+                    ip = oh * sh + kh * dh
+                    slot = ip % slots
+                    rows[i, kh] = (i * plane_size + slot * slot_size) * 4
+                    if held[i, slot] != ip:
+                        held[i, slot] = ip
+                        _load_slot(planes[i].reshape(-1), n, ip, pt, height, width, channels, pl, sw, dw,
+                                   lines[i].reshape(-1), cp, ring_flat, i * plane_size + slot * slot_size, ow_count,
+                                   taps, np.uint32(zps[i]) * spread)
+            wide[:ow_count, :] = 0
+            for i in range(n_planes):
+                for j in range(w_scales.shape[0]):
+                    for g in range(groups):
+                        _taps_row(ring8, rows[i], x_step, taps, w, j * w_size + g * w_group, acc, g * LANES, cp,
+                                  g * LANES * 4, x_stride, ow_count, kernel3)
+                    scale = x_scales[i] * w_scales[j]
+                    for ow in range(ow_count):
+                        a0 = np.uint64(ow * cp)
+                        for c in range(channels):
+                            wide[ow, c] += scale * np.int64(acc[a0 + np.uint64(c)])
+            over += requant_positions(wide[:ow_count], offset, prm, lim, lanes, out[n, oh])
+    return over
+
+
+def depthwise_wide(x: np.ndarray, q, weight: np.ndarray, zx: int, strides, dilations, pads, packed_stage,
+                   out_hw) -> Optional[tuple[np.ndarray, int]]:
+    """`depthwise16` for a weight within int16 (past int8) on 8- or 16-bit codes x: three int8 packs per tap
+    (`WIDE_SCALES`), two byte planes for a 16-bit x; None where not covered (no `vpdpbusd`)."""
+    if LANES == 0 or ELEMENTS != 4 or x.dtype.kind not in "iu" or x.dtype.itemsize > 2 or x.shape[1] != weight.shape[0]:
+        return None
+    if weight.min() < -(1 << 15) or weight.max() >= (1 << 15):
+        return None
+    if x.dtype.itemsize == 2:
+        zp_u = zero_point16(x, zx)
+        u = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).view(np.uint16)
+        planes = np.empty((2,) + u.shape, dtype=np.uint8)
+        _split_planes(u.reshape(-1), np.uint8(0x80 if x.dtype == np.int16 else 0), planes[1].reshape(-1),
+                      planes[0].reshape(-1))  # planes[0]: the high bytes (x 256), planes[1]: the low ones
+        zps, x_scales = np.array([zp_u >> 8, zp_u & 0xFF], dtype=np.uint8), np.array([256, 1], dtype=np.int64)
+    else:
+        zp_u = zx + 128 if x.dtype == np.int8 else zx
+        planes = (x.transpose(0, 2, 3, 1).view(np.uint8) ^ np.uint8(0x80 if x.dtype == np.int8 else 0))[None]
+        zps, x_scales = np.array([zp_u], dtype=np.uint8), np.array([1], dtype=np.int64)
+    operands = _wide_packs(q, weight, zp_u)
+    if operands is None:
+        return None
+    w, w_size, offset = operands
+    channels, kh, kw = weight.shape
+    taps = -(-kw // ELEMENTS)
+    cp = -(-channels // LANES) * LANES
+    lw = max((out_hw[1] - 1) * strides[1] + (ELEMENTS * taps - 1) * dilations[1] + 1, pads[1] + x.shape[3])
+    slots = (kh - 1) * dilations[0] + 1
+    ring_shape = (planes.shape[0], slots, out_hw[1], taps, cp)
+    ring = scratch("dw_wide_quads", (math.prod(ring_shape),), np.uint32)
+    data = np.empty((x.shape[0], out_hw[0], out_hw[1], channels), dtype=q.stage.dtype)
+    over = depthwise_terms(np.ascontiguousarray(planes), zps, x_scales, w, w_size, WIDE_SCALES, kh, strides[0],
+                           strides[1], dilations[0], dilations[1], pads[0], pads[1], offset, packed_stage[0],
+                           packed_stage[1], scratch("dw_wide_lines", (planes.shape[0], lw, cp), np.uint8),
+                           ring.view(np.uint8), ring.reshape(ring_shape),
+                           scratch("dw_wide_acc", (out_hw[1] * cp,), np.int32),
+                           scratch("dw_wide_sum", (out_hw[1], channels), np.int64), data)
     return channels_first(data), int(over)
