@@ -13,7 +13,8 @@ kernels call, `vnni.py` the multiply-add tiles they inline (and `int_dense.py`, 
 callers cleared (delete `ops/compiled/__pycache__`).
 
 The integer dot products (`vnni`, `int_dense`, `int_depthwise`, planned per layer by `conv_plan`; 16-bit inputs
-as two byte planes on the same tiles, `int_dense16`, `int_depthwise16`) use the multiply-add instruction of the CPU numba compiles for (VNNI `vpdpbusd`, else `vpmaddwd`); numba's cache is
+as two byte planes on the same tiles, `int_dense16`, `int_depthwise16`, and 16-bit weights as int8 planes,
+`int_wide_weight`, `int_depthwise16.depthwise_wide`) use the multiply-add instruction of the CPU numba compiles for (VNNI `vpdpbusd`, else `vpmaddwd`); numba's cache is
 keyed on that CPU too.
 """
 from __future__ import annotations
