@@ -109,7 +109,8 @@ def main(argv=None) -> int:
     print(f"int{args.input_bits} input codes, int{args.weight_bits} weights; instruction {INSTRUCTION_NAME}; CPU ms per call, fastest of {args.repeat}")
     print(f"{'layer':28s} {'int kernels':>11s} {'before':>10s} {'speedup':>8s} {'numpy':>8s} {'ort float':>9s}"
           f"  same codes")
-    dense_operands, wide_operands, depthwise16 = pointwise.dense_operands, pointwise.wide_operands, depthwise.depthwise16
+    dense_operands, wide_operands = pointwise.dense_operands, pointwise.wide_operands
+    depthwise16, depthwise_wide = depthwise.depthwise16, depthwise.depthwise_wide
     for name, shape in LAYERS:
         op_type, node, x_f, w_f, b_f, w_qp, graph = (_conv if len(shape) >= 6 else _gemm)(rng, args.weight_bits, *shape)
         x_qp = compute_qparams(float(x_f.min()), float(x_f.max()), args.input_bits, symmetric=True, signed=True)
@@ -121,7 +122,8 @@ def main(argv=None) -> int:
         new = op.forward_int(q, inputs, compiled)[0]
         t_new = _fastest(lambda: op.forward_int(q, inputs, compiled), args.repeat)
         # the layer as before the byte-plane kernels: float BLAS, resp. the int64 per-tap loop
-        pointwise.dense_operands = pointwise.wide_operands = depthwise.depthwise16 = lambda *a: None
+        pointwise.dense_operands = pointwise.wide_operands = lambda *a: None
+        depthwise.depthwise16 = depthwise.depthwise_wide = lambda *a: None
         if args.input_bits == args.weight_bits == 8:
             pointwise.dense_operands = dense_operands
         try:
@@ -129,7 +131,7 @@ def main(argv=None) -> int:
             t_old = _fastest(lambda: op.forward_int(q, inputs, compiled), args.repeat)
         finally:
             pointwise.dense_operands, pointwise.wide_operands = dense_operands, wide_operands
-            depthwise.depthwise16 = depthwise16
+            depthwise.depthwise16, depthwise.depthwise_wide = depthwise16, depthwise_wide
         ref = op.forward_int(q, inputs, reference)[0]
         t_ref = _fastest(lambda: op.forward_int(q, inputs, reference), max(1, args.repeat // 4))
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
