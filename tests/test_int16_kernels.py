@@ -19,6 +19,11 @@ import ops.compiled.int_depthwise as int_depthwise
 import ops.compiled.int_depthwise16 as int_depthwise16
 import ops.compiled.int_wide_weight as int_wide_weight
 from op_testing import context, random_qparams
+from ops.backend import NumpyBackend
+from ptq.calibration.pipeline import calibrate, input_spec
+from ptq.core.graph import load_model
+from ptq.data.images import ImageLog, Preprocess, load_image, select_files
+from ptq.engine.executor import prepare
 from ops import get_op
 from ops.backend import CompiledBackend
 from ops.registry import IntRuntime
@@ -286,6 +291,36 @@ def test_depthwise_16_bit_weights_equal_numpy(case, x_bits):
 def _zp_u(q, x) -> int:
     zx = int(q.in_qparams[0].zero_point[0])
     return zx + {np.int8: 128, np.int16: 32768}.get(x.dtype.type, 0)
+
+
+@pytest.mark.parametrize("bits, weight_bits", [(16, 8), (16, 16), (8, 16)])
+def test_efficientnet_16_bit_tables_identical_on_both_backends(model_path, calib_dir, eval_dir, tmp_path, bits,
+                                                                weight_bits):
+    """EfficientNet-Lite0 calibrated with 16-bit activations and/or weights: every Conv and Gemm takes the
+    16-bit integer kernels, and every tensor's codes equal the numpy backend's on three eval photos."""
+    table = calibrate(model_path, calib_dir, tmp_path, write_qdq=False, bits=bits, weight_bits=weight_bits).table
+    graph = load_model(model_path)
+    pre = Preprocess(**table.options.preprocess)
+    spec = input_spec(graph, pre)
+    reference = prepare(graph, table, backend=NumpyBackend())
+    compiled = prepare(graph, table)
+    for path in select_files(eval_dir, ImageLog())[:3]:
+        x = load_image(path, pre, spec)[None]
+        want, got = reference.run({"input": x}), compiled.run({"input": x})
+        for name, codes in want.tensors.items():
+            assert got.tensors[name].dtype == codes.dtype, name
+            np.testing.assert_array_equal(got.tensors[name], codes, err_msg=f"{path.name}: {name}")
+        assert got.overflows == want.overflows
+    if ELEMENTS == 4:
+        ran = [q for q in (step.quantized for step in compiled.steps) if q is not None and _took_16_bit_kernels(q)]
+        assert len(ran) == 50  # its 34 dense Conv/Gemm and 16 depthwise Conv
+
+
+def _took_16_bit_kernels(q) -> bool:
+    keys = [key for key, value in int_depthwise._PACKED.items() if value is not None and key[0] == id(q)]
+    keys += [key for key, value in int_depthwise16._WIDE.items() if value is not None and key[0] == id(q)]
+    wide = int_wide_weight._OPERANDS.get(id(q)) is not None
+    return wide or bool(keys) or (int_dense._OPERANDS.get(id(q)) is not None and q.in_qparams[0].bits == 16)
 
 
 def test_byte_planes_on_an_avx2_target():
