@@ -4,12 +4,13 @@
     python bench/int16_layers.py [--repeat 20] [--input-bits 16] [--weight-bits 8]
 
 Per layer (EfficientNet-Lite0's shapes: its stem, depthwise and pointwise layers of each stage, the head and
-the classifier; int16 input codes and int8 per-channel weights unless --input-bits/--weight-bits say otherwise, int8 output codes, Clip fused as the model has
-it): the CPU time per call (time.process_time, the fastest of --repeat calls, one thread:
-OPENBLAS_NUM_THREADS=1 as the `ptq` command runs) of `forward_int` with the byte-plane kernels, with the path
-16-bit operands took before them (float BLAS for dense layers, the int64 per-tap loop for depthwise ones: the
-byte-plane kernels turned off; with 8-bit inputs and weights, the 8-bit kernels themselves), of the numpy reference backend, and of an onnxruntime session (one thread)
-running the float op on the same float input; and whether the three ptq paths give the same codes.
+the classifier; int16 input codes and int8 per-channel weights unless --input-bits/--weight-bits say
+otherwise, int8 output codes, Clip fused as the model has it): the CPU time per call (time.process_time, the
+fastest of --repeat calls, one thread: OPENBLAS_NUM_THREADS=1 as the `ptq` command runs) of `forward_int`
+with the byte-plane kernels, with the path 16-bit operands took before them (float BLAS for dense layers, the
+int64 per-tap loop for depthwise ones: the byte-plane kernels turned off; with 8-bit inputs and weights, the
+8-bit kernels themselves), of the numpy reference backend, and of an onnxruntime session (one thread) running
+the float op on the same float input; and whether the three ptq paths give the same codes.
 """
 from __future__ import annotations
 
@@ -106,7 +107,8 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
-    print(f"int{args.input_bits} input codes, int{args.weight_bits} weights; instruction {INSTRUCTION_NAME}; CPU ms per call, fastest of {args.repeat}")
+    print(f"int{args.input_bits} input codes, int{args.weight_bits} weights; instruction {INSTRUCTION_NAME}; "
+          f"CPU ms per call, fastest of {args.repeat}")
     print(f"{'layer':28s} {'int kernels':>11s} {'before':>10s} {'speedup':>8s} {'numpy':>8s} {'ort float':>9s}"
           f"  same codes")
     dense_operands, wide_operands = pointwise.dense_operands, pointwise.wide_operands
