@@ -201,13 +201,35 @@ def _wide_packs(q, weight: np.ndarray, zp_u: int) -> Optional[tuple[np.ndarray, 
     return _WIDE[key]
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _add_terms(acc, acc_size, ow_count, cp, channels, w_scales, x_scale, first, wide) -> None:
+    """wide[ow * channels + c] (= if first, else +=) x_scale * sum_j w_scales[j] * acc[j * acc_size + ow * cp + c]
+    (three packs, `WIDE_SCALES`), flat unsigned indices: the loop along the channels vectorizes."""
+    s0 = x_scale * w_scales[0]
+    s1 = x_scale * w_scales[1]
+    s2 = x_scale * w_scales[2]
+    b1 = np.uint64(acc_size)
+    b2 = np.uint64(2 * acc_size)
+    for ow in range(ow_count):
+        a0 = np.uint64(ow * cp)
+        o0 = np.uint64(ow * channels)
+        for c in range(channels):
+            i = np.uint64(c)
+            t = s0 * np.int64(acc[a0 + i]) + s1 * np.int64(acc[b1 + a0 + i]) + s2 * np.int64(acc[b2 + a0 + i])
+            if first:
+                wide[o0 + i] = t
+            else:
+                wide[o0 + i] += t
+
+
 @numba.njit(cache=True, nogil=True)
 def depthwise_terms(planes, zps, x_scales, w, w_size, w_scales, kh_count, sh, sw, dh, dw, pt, pl, offset, prm, lim,
                     lines, ring8, ring32, acc, wide, out) -> int:
     """out (N, OH, OW, C) = epilogue(sum_{i, j} x_scales[i] * w_scales[j] * depthwise(planes[i], pack j) + offset)
     of the byte planes (P, N, H, W, C) uint8, plane i padded with zps[i], and the weight packs j (w: flat, packs
-    of w_size one after another); returns the overflow count. lines (P, Lw, Cp) uint8, ring32 (P, R, OW, Q, Cp)
-    uint32 with ring8 its bytes (flat), acc (OW * Cp,) int32, wide (OW, C) int64: scratch."""
+    of w_size one after another; three, `WIDE_SCALES`); returns the overflow count. lines (P, Lw, Cp) uint8, ring32
+    (P, R, OW, Q, Cp) uint32 with ring8 its bytes (flat), acc (3 * OW * Cp,) int32 (one row of sums per pack),
+    wide (OW, C) int64: scratch."""
     n_planes = planes.shape[0]
     height = planes.shape[2]
     width = planes.shape[3]
@@ -225,6 +247,9 @@ def depthwise_terms(planes, zps, x_scales, w, w_size, w_scales, kh_count, sh, sw
     for i in range(n_planes):
         _init_line(lines[i], pl, width, channels, zps[i])
     ring_flat = ring32.reshape(-1)
+    n_packs = w_scales.shape[0]
+    acc_size = acc.shape[0] // n_packs
+    wide_flat = wide.reshape(-1)
     held = np.empty((n_planes, slots), dtype=np.int64)
     rows = np.empty((n_planes, kh_count), dtype=np.int64)
     over = 0
@@ -241,17 +266,12 @@ def depthwise_terms(planes, zps, x_scales, w, w_size, w_scales, kh_count, sh, sw
                         _load_slot(planes[i].reshape(-1), n, ip, pt, height, width, channels, pl, sw, dw,
                                    lines[i].reshape(-1), cp, ring_flat, i * plane_size + slot * slot_size, ow_count,
                                    taps, np.uint32(zps[i]) * spread)
-            wide[:ow_count, :] = 0
             for i in range(n_planes):
-                for j in range(w_scales.shape[0]):
+                for j in range(n_packs):
                     for g in range(groups):
-                        _taps_row(ring8, rows[i], x_step, taps, w, j * w_size + g * w_group, acc, g * LANES, cp,
-                                  g * LANES * 4, x_stride, ow_count, kernel3)
-                    scale = x_scales[i] * w_scales[j]
-                    for ow in range(ow_count):
-                        a0 = np.uint64(ow * cp)
-                        for c in range(channels):
-                            wide[ow, c] += scale * np.int64(acc[a0 + np.uint64(c)])
+                        _taps_row(ring8, rows[i], x_step, taps, w, j * w_size + g * w_group, acc,
+                                  j * acc_size + g * LANES, cp, g * LANES * 4, x_stride, ow_count, kernel3)
+                _add_terms(acc, acc_size, ow_count, cp, channels, w_scales, x_scales[i], i == 0, wide_flat)
             over += requant_positions(wide[:ow_count], offset, prm, lim, lanes, out[n, oh])
     return over
 
@@ -291,6 +311,6 @@ def depthwise_wide(x: np.ndarray, q, weight: np.ndarray, zx: int, strides, dilat
                            strides[1], dilations[0], dilations[1], pads[0], pads[1], offset, packed_stage[0],
                            packed_stage[1], scratch("dw_wide_lines", (planes.shape[0], lw, cp), np.uint8),
                            ring.view(np.uint8), ring.reshape(ring_shape),
-                           scratch("dw_wide_acc", (out_hw[1] * cp,), np.int32),
+                           scratch("dw_wide_acc", (len(WIDE_SCALES) * out_hw[1] * cp,), np.int32),
                            scratch("dw_wide_sum", (out_hw[1], channels), np.int64), data)
     return channels_first(data), int(over)
