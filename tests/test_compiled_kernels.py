@@ -396,10 +396,12 @@ def test_dense_conv_at_the_float_exactness_bound(nonzero, want, monkeypatch):
     above; the bias cancels the sum and the requant factor is exactly 1, so an accumulator one unit off would
     change the output code."""
     import ops.compiled.int_dense as int_dense
+    import ops.compiled.int_wide_weight as int_wide_weight
     from ops.compiled.pointwise import FLOAT32_EXACT, _row_l1, conv_dense
     from ops.conv_kernels import conv_geometry
 
     monkeypatch.setattr(int_dense, "LANES", 0)
+    monkeypatch.setattr(int_wide_weight, "LANES", 0)
 
     depth = 2000
     w_f = np.zeros((2, depth, 1, 1), dtype=np.float32)

@@ -10,6 +10,8 @@ import pytest
 
 import ops.compiled.int_dense as int_dense
 import ops.compiled.int_depthwise as int_depthwise
+import ops.compiled.int_depthwise16 as int_depthwise16
+import ops.compiled.int_wide_weight as int_wide_weight
 from ops.backend import CompiledBackend
 from ops.compiled.requant import FAST, HI, K, LO, M, N, SUB
 from ops.compiled.vnni import WEIGHT_RANGE
@@ -186,9 +188,12 @@ def test_depthwise_weight_outside_the_instruction_range_keeps_the_other_kernel()
 
 @pytest.fixture
 def without_int_kernels(monkeypatch):
-    """The compiled backend as on a CPU without VNNI: the float-BLAS dense path and the int32 depthwise kernel."""
+    """The compiled backend as on a CPU without VNNI: the float-BLAS dense path and the int32 depthwise kernel
+    (every integer dot-product module's LANES 0, as `ops.compiled.vnni` sets it there)."""
     monkeypatch.setattr(int_dense, "LANES", 0)
     monkeypatch.setattr(int_depthwise, "LANES", 0)
+    monkeypatch.setattr(int_wide_weight, "LANES", 0)
+    monkeypatch.setattr(int_depthwise16, "LANES", 0)
 
 
 def _ran_int_kernels(op, q, inputs) -> bool:
@@ -215,6 +220,8 @@ def test_conv_codes_equal_numpy_with_and_without_the_int_kernels(case, monkeypat
     with monkeypatch.context() as patch:
         patch.setattr(int_dense, "LANES", 0)
         patch.setattr(int_depthwise, "LANES", 0)
+        patch.setattr(int_wide_weight, "LANES", 0)
+        patch.setattr(int_depthwise16, "LANES", 0)
         op, q, inputs = _conv_case(8, *case, spatial=(9, 8, 5))
         assert not _ran_int_kernels(op, q, inputs)
         _both(op, q, inputs)

@@ -24,6 +24,7 @@ import numba
 import numpy as np
 
 from ops.compiled.int_depthwise import depthwise_int
+from ops.compiled.int_depthwise16 import depthwise16, depthwise_wide
 from ops.compiled.layout import channels_first, channels_last
 from ops.compiled.requant import lane_params, pack_stage, requant_positions, requant_row
 from ops.compiled.scratch import scratch
@@ -235,7 +236,12 @@ def conv2d_grouped(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[
     if packed is None:
         return None
     zx = int(q.in_qparams[0].zero_point[0])
-    done = depthwise_int(x, q, w[:, 0], zx, strides, dilations, pads, packed, out_hw) if w.shape[1] == 1 else None
+    done = None
+    if w.shape[1] == 1:
+        kernel = depthwise16 if x.dtype.itemsize == 2 else depthwise_int
+        done = kernel(x, q, w[:, 0], zx, strides, dilations, pads, packed, out_hw)
+        if done is None:  # a weight past the instruction's type: 16-bit, as three int8 packs
+            done = depthwise_wide(x, q, w[:, 0], zx, strides, dilations, pads, packed, out_hw)
     if done is not None:
         out, over = done
         return (out[:, :, 0, :] if len(geom.kernel) == 1 else out), over

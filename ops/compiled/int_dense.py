@@ -9,8 +9,9 @@ which must fit int8. Every partial result is a wrapped int32; the final one is t
 
     |sum_k u[p, k] w[m, k]| <= 255 * max_m sum_k |w[m, k]| < 2^31,
 
-checked once per layer when its weight is packed (`DenseOperands`); a layer beyond it (or a weight outside
-int8, or a CPU without VNNI) keeps the float-BLAS path of `ops.compiled.pointwise`. The offset is added in
+checked once per layer when its weight is packed (`DenseOperands`); a layer beyond it, or a CPU without VNNI,
+keeps the float-BLAS path of `ops.compiled.pointwise` (a weight past int8 but within int16 runs
+`ops.compiled.int_wide_weight`; 16-bit codes `ops.compiled.int_dense16`). The offset is added in
 int64 by the epilogue, which is the numpy path's `finish_accumulator` on the same integer A: the same codes.
 
 Pixels run in blocks of `BLOCK` rows (their codes stay in L1), each block in tiles of `ROWS` rows x 32 output

@@ -27,6 +27,8 @@ import numpy as np
 
 from ops.backend import dtype_absmax
 from ops.compiled.int_dense import dense_acc, dense_codes, dense_operands, window_rows, zero_point
+from ops.compiled.int_dense16 import dense_acc16, dense_codes16, zero_point16
+from ops.compiled.int_wide_weight import WideOperands, wide_acc, wide_codes, wide_operands
 from ops.compiled.layout import channels_first, channels_last
 from ops.compiled.requant import finish, finish_lanes, pack_stage
 from ops.compiled.scratch import scratch
@@ -64,20 +66,43 @@ def _column_l1(q) -> int:
     return _cached((id(q), "l1"), q, lambda: int(np.abs(q.weight.astype(np.int64)).sum(axis=0).max()))
 
 
+def _int_operands(q, weight_rows: np.ndarray, codes: np.ndarray):
+    """The packed weight of the integer dot-product kernels for 8- or 16-bit codes: int8 (`ops.compiled.int_dense`),
+    else int16 as two planes (`ops.compiled.int_wide_weight`); None when neither covers it."""
+    if codes.dtype.itemsize not in (1, 2):
+        return None
+    ops = dense_operands(q, weight_rows)
+    return ops if ops is not None else wide_operands(q, weight_rows)
+
+
+def _int_kernels(codes: np.ndarray, ops):
+    """(zp_u, codes, acc) functions of the integer dot-product kernels for codes of this width and the packed
+    weight `ops`: the 8-bit ones of `ops.compiled.int_dense`, the byte planes of `ops.compiled.int_dense16` for
+    16-bit codes, `ops.compiled.int_wide_weight` for a 16-bit weight."""
+    zp_of = zero_point if codes.dtype.itemsize == 1 else zero_point16
+    if isinstance(ops, WideOperands):
+        return zp_of, wide_codes, wide_acc
+    if codes.dtype.itemsize == 1:
+        return zp_of, dense_codes, dense_acc
+    return zp_of, dense_codes16, dense_acc16
+
+
 def gemm_dense(a: np.ndarray, q, acc_bits: Optional[int]) -> Optional[tuple[np.ndarray, int]]:
     """(output codes, overflow count) of a Gemm (`ops.gemm.QuantizedGemm` q) on A (M, K) codes; None when
     the bound needs int64 or the bias is not one value per output column."""
     if a.ndim != 2 or a.dtype.kind not in "iu" or np.ndim(q.bias) > 1:
         return None
     za = int(q.in_qparams[0].zero_point[0])
-    ops = dense_operands(q, q.weight.T) if a.dtype.itemsize == 1 else None
+    ops = _int_operands(q, q.weight.T, a)
     if ops is not None:
-        offset = _cached((id(q), "int", zero_point(a, za)), q, lambda: q.bias - zero_point(a, za) * ops.weight_sum)
+        zp_of, codes_of, acc_of = _int_kernels(a, ops)
+        zp_u = zp_of(a, za)
+        offset = _cached((id(q), "int", zp_u), q, lambda: q.bias - zp_u * ops.weight_sum)
         packed = pack_stage(q.stage, ops.weight_sum.shape[0], acc_bits)
         if packed is None:
-            return finish(dense_acc(a, ops), offset, q.stage, acc_bits)
+            return finish(acc_of(a, ops), offset, q.stage, acc_bits)
         out = np.empty((a.shape[0], ops.weight_sum.shape[0]), dtype=q.stage.dtype)
-        return out, dense_codes(a, ops, offset, packed, out)
+        return out, codes_of(a, ops, offset, packed, out)
     bound = dtype_absmax(a) * _column_l1(q)
     if bound > FLOAT64_EXACT:
         return None
@@ -100,7 +125,7 @@ def conv_dense(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tupl
         return None
     zx = int(q.in_qparams[0].zero_point[0])
     n = x.shape[0]
-    ops = dense_operands(q, q.weight.reshape(channels, -1)) if x.dtype.itemsize == 1 else None
+    ops = _int_operands(q, q.weight.reshape(channels, -1), x)
     if ops is not None:
         return _conv_int(x, q, geom, ops, zx, packed)
     bound = dtype_absmax(x) * _row_l1(q)
@@ -132,9 +157,12 @@ def conv_dense(x: np.ndarray, q, geom, acc_bits: Optional[int]) -> Optional[tupl
 
 
 def _conv_int(x: np.ndarray, q, geom, ops, zx: int, packed) -> tuple[np.ndarray, int]:
-    """`conv_dense` on the integer dot products of `ops.compiled.int_dense` (8-bit codes, an int8 weight)."""
+    """`conv_dense` on the integer dot products of `ops.compiled.int_dense` (8-bit codes, an int8 weight; 16-bit
+    codes as two byte planes, `ops.compiled.int_dense16`; a 16-bit weight as two planes,
+    `ops.compiled.int_wide_weight`)."""
     n, channels = x.shape[0], q.weight.shape[0]
-    zp_u = zero_point(x, zx)
+    zp_of, codes_of, _ = _int_kernels(x, ops)
+    zp_u = zp_of(x, zx)
     offset = _cached((id(q), "int", zp_u), q, lambda: q.bias - zp_u * ops.weight_sum)
     if geom.is_pointwise:
         rows = channels_last(x)
@@ -143,8 +171,9 @@ def _conv_int(x: np.ndarray, q, geom, ops, zx: int, packed) -> tuple[np.ndarray,
         out_spatial = x.shape[2:]
     elif x.ndim == 4:  # the windows gathered straight into rows, zero-padded to the kernel's groups
         out_spatial = geom.out_shape(x.shape[2:])
-        rows = np.zeros((n * math.prod(out_spatial), ops.quads * ELEMENTS), dtype=np.uint8)
-        window_rows(x.view(np.uint8), np.uint8(zx & 0xFF), geom.kernel[0], geom.kernel[1], geom.strides[0],
+        raw = np.dtype(f"u{x.dtype.itemsize}")  # the codes' bits, the padding zx's
+        rows = np.zeros((n * math.prod(out_spatial), ops.quads * ELEMENTS), dtype=raw)
+        window_rows(x.view(raw), raw.type(zx & np.iinfo(raw).max), geom.kernel[0], geom.kernel[1], geom.strides[0],
                     geom.strides[1], geom.dilations[0], geom.dilations[1], geom.pads_begin[0], geom.pads_begin[1],
                     rows, out_spatial[0], out_spatial[1])
         rows = rows.view(x.dtype)
@@ -154,5 +183,5 @@ def _conv_int(x: np.ndarray, q, geom, ops, zx: int, packed) -> tuple[np.ndarray,
         rows = np.ascontiguousarray(cols.transpose(0, 2, 1))
         out_spatial = geom.padded_out_shape(xp.shape[2:])
     data = np.empty((n,) + tuple(out_spatial) + (channels,), dtype=q.stage.dtype)
-    over = dense_codes(rows.reshape(-1, rows.shape[-1]), ops, offset, packed, data.reshape(-1, channels))
+    over = codes_of(rows.reshape(-1, rows.shape[-1]), ops, offset, packed, data.reshape(-1, channels))
     return channels_first(data), over
