@@ -24,7 +24,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
-import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 

@@ -459,7 +459,6 @@ def test_reached_only_when_the_qdq_model_written_reaches_the_target_on_the_valid
     by how much and warn where the QDQ model departs from the integer run. The verdict's figures are
     onnxruntime's on the validation samples."""
     import onnxruntime as ort
-    from onnx import numpy_helper
 
     from ptq.qdq import output
     from ptq.tuning.data import sample_cosine
