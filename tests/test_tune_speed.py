@@ -70,6 +70,25 @@ def test_a_pass_resumed_after_the_shared_prefix_gives_the_full_runs_outputs(tmp_
         assert np.array_equal(again.outputs(k, x)[graph.outputs[0]], first.prepared.run(x).outputs[graph.outputs[0]])
 
 
+def test_the_input_codes_are_quantized_once_per_sample_and_input_key(tmp_path, monkeypatch):
+    """A pass from the input (the first step changed) reads the codes an earlier pass with the same input qparams
+    quantized; a candidate that changes the input's qparams quantizes again. Outputs as a full run's."""
+    from ptq.engine.executor import IntegerGraph
+
+    graph, table, inputs = _chain_case(tmp_path)
+    calls = []
+    quantized_inputs = IntegerGraph.quantized_inputs
+    monkeypatch.setattr(IntegerGraph, "quantized_inputs", lambda self, x: calls.append(1) or quantized_inputs(self, x))
+    cache = PrefixCache(count=0)  # no checkpoints: every pass starts from the input
+    for candidate in (table, with_bits(table, ["c3"], 16), with_bits(table, ["input"], 16)):
+        prepared = prepare(graph, candidate)
+        run = cache.runner(prepared)
+        for k, x in enumerate(inputs):
+            assert np.array_equal(run.outputs(k, x)[graph.outputs[0]],
+                                  prepared.run(x, keep_all=False).outputs[graph.outputs[0]])
+    assert len(calls) == 2 * len(inputs)  # the first table's pass and the 16-bit input's
+
+
 def test_re_corrected_biases_count_as_a_change(tmp_path):
     graph, table, inputs = _chain_case(tmp_path)
     cache = PrefixCache(count=100)

@@ -14,6 +14,9 @@ a pass kept here (the graph inputs' qparams first); the kept pass sharing the lo
 The steps are deterministic functions of their inputs, so a resumed pass gives the full run's outputs bit for
 bit (tests compare them).
 
+The graph inputs' codes are kept per sample too, for the latest input key (a candidate that changes no input qparams
+reads them instead of quantizing the sample again).
+
 What it costs: the live tensors at the checkpoints, per sample and kept pass (`KEPT_PASSES`, the most
 recent), at most `DEFAULT_CHECKPOINTS` checkpoints spread over the steps, and no more than `DEFAULT_LIMIT`
 bytes in all (a checkpoint that would pass it is not saved: a later pass resumes from an earlier one).
@@ -135,6 +138,7 @@ class PrefixRun:
     source: Optional[_Pass]
     record: _Pass
     room: int  # bytes `record` may hold
+    input_codes: dict = field(default_factory=dict)  # sample -> the graph inputs' codes (shared by equal input keys)
     resumed_steps: int = 0  # steps skipped over the samples run (for the tests and the bench)
 
     def outputs(self, sample: int, inputs: dict) -> dict[str, np.ndarray]:
@@ -147,8 +151,10 @@ class PrefixRun:
                 break
         mine = {i: v for i, v in inherited.items() if i <= start}
         self.record.nbytes += sum(a.nbytes for v in mine.values() for a in v.values())
-        if values is None:
-            values = self.prepared.quantized_inputs(inputs)
+        if values is None:  # from the input: its codes as an earlier pass with the same input key quantized them
+            if sample not in self.input_codes:
+                self.input_codes[sample] = self.prepared.quantized_inputs(inputs)
+            values = dict(self.input_codes[sample])
 
         def keep(index: int, held: dict) -> None:
             if index in self.marks and index > start:
@@ -174,6 +180,7 @@ class PrefixCache:
     passes: list = field(default_factory=list)
     current: Optional[PrefixRun] = None
     constants: ConstantDigests = field(default_factory=ConstantDigests)
+    input_codes: dict = field(default_factory=dict)  # input key -> sample -> codes, for the latest input key only
 
     def runner(self, prepared: IntegerGraph) -> PrefixRun:
         """The run of `prepared` (the same one for every call with that integer graph: its samples may come
@@ -193,8 +200,12 @@ class PrefixCache:
         self.passes = (self.passes + [record])[-self.kept:]
         live = live_tensors(prepared)
         room = self.limit - sum(p.nbytes for p in self.passes[:-1])
+        if keys[0] not in self.input_codes:
+            self.input_codes = {keys[0]: {}} if keys[0] is not None else {}
+        codes = self.input_codes.get(keys[0], {})
         # keys[0] is the inputs': `prefix` keys shared = the inputs and steps before index prefix - 1
-        return PrefixRun(prepared, live, checkpoints(live, self.count), max(prefix - 1, 0), best, record, room)
+        return PrefixRun(prepared, live, checkpoints(live, self.count), max(prefix - 1, 0), best, record, room,
+                         codes)
 
 
 def _shared_prefix(a: list, b: list) -> int:
