@@ -407,6 +407,20 @@ def test_a_needed_unit_ranked_last_is_moved_first_and_the_head_shrinks(tmp_path)
     assert check.calls - calls == 6  # two bisections of 7: 3 passes each
 
 
+def tune_tiny_case(tmp_path, capsys):
+    """The tiny case calibrated at 4 bits with bias correction, then `ptq tune --target-cosine 0.999`: its exit
+    status, printed lines, tune.json, output folder, images and model."""
+    raw = Preprocess(mean=0, std=255, crop_ratio=1.0)
+    model, images, _ = write_tiny_case(tmp_path, 9)
+    calibrate(model, images, tmp_path / "out", preprocess=raw, write_qdq=False, bits=4, per_channel=False,
+              bias_correction=True)
+    out = tmp_path / "out"
+    code = main(["tune", str(model), "--quant", str(out / "tiny.quant.json"), "--images", str(images),
+                 "--target-cosine", "0.999", "--views", "none", "-q"])
+    printed = capsys.readouterr().out.splitlines()
+    return code, printed, json.loads((out / "tiny.tune.json").read_text()), out, images, model
+
+
 def coarse_act_export(export, at_16_bits: bool):
     """`export` with the Q/DQ scale of the Clip's output 'act' 40 times the step of a 4-bit grid over its range
     (the tiny case's table is 4-bit) where 'act' is narrower than 16 bits, and with `at_16_bits` where it is
@@ -432,15 +446,7 @@ def test_a_table_minimize_passed_through_is_delivered_when_only_its_qdq_model_re
     from ptq.qdq import output
 
     monkeypatch.setattr(output, "export_qdq", coarse_act_export(output.export_qdq, at_16_bits=False))
-    raw = Preprocess(mean=0, std=255, crop_ratio=1.0)
-    model, images, _ = write_tiny_case(tmp_path, 9)
-    calibrate(model, images, tmp_path / "out", preprocess=raw, write_qdq=False, bits=4, per_channel=False,
-              bias_correction=True)
-    out = tmp_path / "out"
-    code = main(["tune", str(model), "--quant", str(out / "tiny.quant.json"), "--images", str(images),
-                 "--target-cosine", "0.999", "--views", "none", "-q"])
-    printed = capsys.readouterr().out.splitlines()
-    record = json.loads((out / "tiny.tune.json").read_text())
+    code, printed, record, out, _, _ = tune_tiny_case(tmp_path, capsys)
     assert code == 0 and record["reached"] is True and record["verdict"]["reached"] is True
     assert "act" in record["int16_tensors"]
     (said,) = [line for line in printed if line.startswith("delivered the table with ")]
@@ -464,15 +470,8 @@ def test_reached_only_when_the_qdq_model_written_reaches_the_target_on_the_valid
     from ptq.tuning.data import sample_cosine
 
     monkeypatch.setattr(output, "export_qdq", coarse_act_export(output.export_qdq, at_16_bits=True))
+    code, printed, record, out, images, model = tune_tiny_case(tmp_path, capsys)
     raw = Preprocess(mean=0, std=255, crop_ratio=1.0)
-    model, images, _ = write_tiny_case(tmp_path, 9)
-    calibrate(model, images, tmp_path / "out", preprocess=raw, write_qdq=False, bits=4, per_channel=False,
-              bias_correction=True)
-    out = tmp_path / "out"
-    code = main(["tune", str(model), "--quant", str(out / "tiny.quant.json"), "--images", str(images),
-                 "--target-cosine", "0.999", "--views", "none", "-q"])
-    printed = capsys.readouterr().out.splitlines()
-    record = json.loads((out / "tiny.tune.json").read_text())
     verdict = record["verdict"]
     assert record["cosine"] - 2 * record["cosine_sem"] >= 0.999  # the integer graph reaches it
     assert code == 1 and record["reached"] is False and verdict["reached"] is False

@@ -268,13 +268,20 @@ class IntegerGraph:
                 for name in node.all_inputs:
                     if name and self.last_use.get(name) == index and name not in outputs:
                         values.pop(name, None)
+        float_out = self._float_outputs(values)
+        for name in self.graph.outputs:
+            kept.setdefault(name, values[name] if name in values else constants[name])
+        return IntRunResult(float_out, kept, dict(self.qparams), dict(runtime.overflows), self.float_nodes)
+
+    def _float_outputs(self, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The graph outputs from the run's `values`: dequantized where quantized, constants and raw ones as they are."""
+        constants = self.graph.initializers
         float_out = {}
         for name in self.graph.outputs:
             value = values[name] if name in values else constants[name]
             qp = self.qparams.get(name)
             float_out[name] = qp.dequantize(value) if qp is not None and name not in constants else value
-            kept.setdefault(name, value)
-        return IntRunResult(float_out, kept, dict(self.qparams), dict(runtime.overflows), self.float_nodes)
+        return float_out
 
     def quantized_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The graph inputs as the first step reads them (codes of quantized inputs), after `check_inputs`."""
@@ -303,12 +310,7 @@ class IntegerGraph:
                 for name in node.all_inputs:
                     if name and self.last_use.get(name) == index and name not in outputs:
                         values.pop(name, None)
-        float_out = {}
-        for name in self.graph.outputs:
-            value = values[name] if name in values else constants[name]
-            qp = self.qparams.get(name)
-            float_out[name] = qp.dequantize(value) if qp is not None and name not in constants else value
-        return float_out
+        return self._float_outputs(values)
 
     def _quantize_input(self, qp: QParams, x: np.ndarray) -> np.ndarray:
         """`qp.quantize(x)`, in one compiled pass when the backend runs the compiled kernels (same codes)."""
