@@ -6,8 +6,8 @@
 **Fixed cost**, as this script measures it: the wall time (and the CPU time) of
 `ptq report MODEL --quant Q --images ONE_IMAGE --out DIR`, from the moment the process is started to the
 moment it has ended (interpreter start, imports, the model, the table, the integer graph, numba's first use,
-the float session, the image, writing report.json/.csv/.html, the interpreter's exit), **less the cost of its
-one image**. The cost of an image is the marginal one: (`--images K` photos - 1 photo) / (K - 1), the many-image
+the float session, the image, writing report.json/.csv/.html, the process's exit), **less the cost of its
+one image**. Every `ptq ...` is run as the installed `ptq` script runs it (`ptq.cli.entry`, see `PTQ`). The cost of an image is the marginal one: (`--images K` photos - 1 photo) / (K - 1), the many-image
 report run with `--isolated-images all` so that every image costs what the one image of a one-image report
 costs (its isolated pass included; the default covers the first 2 images); for the best figures from the best
 runs of each, for the medians from the medians. Wall times are those of a machine shared by other
@@ -91,6 +91,11 @@ sys.argv = ["ptq"] + sys.argv[1:]
 getattr(cli, "entry", lambda: sys.exit(cli.main()))()
 """
 
+# the `ptq` command as its console script runs it (`ptq.cli:entry`: it leaves without the interpreter's teardown;
+# `python -m ptq.cli` exits plainly, so that a profiler around it finishes); a checkout without `entry`: `main`
+PTQ = ("import sys; import ptq.cli as cli; sys.argv[0] = 'ptq'; "
+       "getattr(cli, 'entry', lambda: sys.exit(cli.main()))()")
+
 NUMBA_FIRST_USE = """
 import time
 T = time.perf_counter
@@ -148,11 +153,11 @@ class Tree:
             folder.mkdir(exist_ok=True)
             for photo in sorted(EVAL.glob("*.jpg"))[:count]:
                 shutil.copy(photo, folder)
-        base = ["-m", "ptq.cli", "report", str(MODEL), "--quant", str(quant), "--out", str(work / "out")]
+        base = ["-c", PTQ, "report", str(MODEL), "--quant", str(quant), "--out", str(work / "out")]
         self.report = base + ["--images", str(self.one)]
         self.commands = {"python -c pass": ["-c", "pass"], "import ptq": ["-c", "import ptq"],
-                         "ptq --help": ["-m", "ptq.cli", "--help"],
-                         "ptq report --help": ["-m", "ptq.cli", "report", "--help"],
+                         "ptq --help": ["-c", PTQ, "--help"],
+                         "ptq report --help": ["-c", PTQ, "report", "--help"],
                          "report, 1 image": self.report,
                          f"report, {images} images": base + ["--images", str(self.many), "--isolated-images", "all"]}
         self.times: dict[str, list[tuple[float, float]]] = {name: [] for name in self.commands}
