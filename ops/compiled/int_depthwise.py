@@ -110,6 +110,48 @@ def _load_quads(x, row_at, width, channels, flip, pl, sw, dw, line, cp, quads, q
                     quads[o0 + i] = np.uint32(line[a0 + i]) | (np.uint32(line[b0 + i]) << 16)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _init_line(line, pl, width, channels, zp) -> None:
+    """A padded row's buffer: zp in its border columns (the first pl and those past pl + width), zeros else."""
+    line[:, :] = 0
+    for j in range(line.shape[0]):
+        if j < pl or j >= pl + width:
+            line[j, :channels] = zp
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _load_slot(x_flat, n, ip, pt, height, width, channels, flip, pl, sw, dw, line_flat, cp, ring_flat, at,
+               ow_count, taps, pad_quad) -> None:
+    """Ring slot `at` = the groups of input row ip of image n (`_load_quads`, codes ^ flip), or the padding's."""
+    if pt <= ip < pt + height:
+        _load_quads(x_flat, ((n * height) + ip - pt) * width * channels, width, channels, flip, pl, sw, dw,
+                    line_flat, cp, ring_flat, at, ow_count, taps)
+    else:
+        for k in range(ow_count * taps):
+            o0 = np.uint64(at + k * cp)
+            for c in range(channels):
+                ring_flat[o0 + np.uint64(c)] = pad_quad
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _taps_row(ring8, rows, x_step, taps, w, w_at, acc, acc_at, cp, x_at, x_stride, ow_count, kernel3) -> None:
+    """acc for one vector of channels of every output column of a row (`depthwise_quads`' loop)."""
+    ow = 0
+    if kernel3:
+        while ow + POSITIONS <= ow_count:
+            _taps3_many(ring8, rows, x_step, taps, w, w_at, acc, ow * cp + acc_at, cp, ow * x_stride + x_at, x_stride)
+            ow += POSITIONS
+        while ow < ow_count:
+            _taps3_one(ring8, rows, x_step, taps, w, w_at, acc, ow * cp + acc_at, cp, ow * x_stride + x_at, x_stride)
+            ow += 1
+    while ow + POSITIONS <= ow_count:
+        _taps_many(ring8, rows, x_step, taps, w, w_at, acc, ow * cp + acc_at, cp, ow * x_stride + x_at, x_stride)
+        ow += POSITIONS
+    while ow < ow_count:
+        _taps_one(ring8, rows, x_step, taps, w, w_at, acc, ow * cp + acc_at, cp, ow * x_stride + x_at, x_stride)
+        ow += 1
+
+
 @numba.njit(cache=True, nogil=True)
 def depthwise_quads(x, flip, zp, w, kh_count, sh, sw, dh, dw, pt, pl, offset, prm, lim, line, ring8, ring32,
                     acc, out) -> int:
@@ -129,10 +171,7 @@ def depthwise_quads(x, flip, zp, w, kh_count, sh, sw, dh, dw, pt, pl, offset, pr
     lanes = lane_params(offset, prm)
     lanes32 = params32(offset, prm)
     kernel3 = kh_count == KERNEL3[0] and taps == KERNEL3[1]
-    line[:, :] = 0
-    for j in range(line.shape[0]):
-        if j < pl or j >= pl + width:
-            line[j, :channels] = zp
+    _init_line(line, pl, width, channels, zp)
     line_flat = line.reshape(-1)
     ring_flat = ring32.reshape(-1)
     x_flat = x.reshape(-1)
@@ -150,33 +189,11 @@ def depthwise_quads(x, flip, zp, w, kh_count, sh, sw, dh, dw, pt, pl, offset, pr
                 rows[kh] = slot * slot_size * 4
                 if held[slot] != ip:
                     held[slot] = ip
-                    if pt <= ip < pt + height:
-                        _load_quads(x_flat, ((n * height) + ip - pt) * width * channels, width, channels, flip, pl,
-                                    sw, dw, line_flat, cp, ring_flat, slot * slot_size, ow_count, taps)
-                    else:
-                        for k in range(ow_count * taps):
-                            o0 = np.uint64(slot * slot_size + k * cp)
-                            for c in range(channels):
-                                ring_flat[o0 + np.uint64(c)] = pad_quad
+                    _load_slot(x_flat, n, ip, pt, height, width, channels, flip, pl, sw, dw, line_flat, cp, ring_flat,
+                               slot * slot_size, ow_count, taps, pad_quad)
             for g in range(groups):
-                ow = 0
-                if kernel3:
-                    while ow + POSITIONS <= ow_count:
-                        _taps3_many(ring8, rows, x_step, taps, w, g * w_group, acc, ow * cp + g * LANES, cp,
-                                    ow * x_stride + g * LANES * 4, x_stride)
-                        ow += POSITIONS
-                    while ow < ow_count:
-                        _taps3_one(ring8, rows, x_step, taps, w, g * w_group, acc, ow * cp + g * LANES, cp,
-                                   ow * x_stride + g * LANES * 4, x_stride)
-                        ow += 1
-                while ow + POSITIONS <= ow_count:
-                    _taps_many(ring8, rows, x_step, taps, w, g * w_group, acc, ow * cp + g * LANES, cp,
-                               ow * x_stride + g * LANES * 4, x_stride)
-                    ow += POSITIONS
-                while ow < ow_count:
-                    _taps_one(ring8, rows, x_step, taps, w, g * w_group, acc, ow * cp + g * LANES, cp,
-                              ow * x_stride + g * LANES * 4, x_stride)
-                    ow += 1
+                _taps_row(ring8, rows, x_step, taps, w, g * w_group, acc, g * LANES, cp, g * LANES * 4, x_stride,
+                          ow_count, kernel3)
             over += requant_rows(acc, cp, ow_count, channels, offset, prm, lim, lanes, lanes32, flat,
                                  oh * ow_count * channels, out[n, oh])
     return over

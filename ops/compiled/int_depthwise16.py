@@ -22,8 +22,7 @@ import numba
 import numpy as np
 
 from ops.compiled.int_dense16 import _combine, _rows64_pair, zero_point16
-from ops.compiled.int_depthwise import (KERNEL3, POSITIONS, _load_quads, _packed, _taps3_many, _taps3_one,
-                                        _taps_many, _taps_one, pack_taps)
+from ops.compiled.int_depthwise import KERNEL3, _init_line, _load_slot, _packed, _taps_row, pack_taps
 from ops.compiled.layout import channels_first
 from ops.compiled.requant import FAST, HI, LO, SUB, lane_params, requant_positions
 from ops.compiled.scratch import scratch
@@ -39,48 +38,6 @@ def _split_planes(u, high_flip, low, high) -> None:
         v = u[i]
         low[i] = np.uint8(v & np.uint16(0xFF))
         high[i] = np.uint8(v >> np.uint16(8)) ^ high_flip
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _init_line(line, pl, width, channels, zp) -> None:
-    """A padded row's buffer: zp in its border columns (the first pl and those past pl + width), zeros else."""
-    line[:, :] = 0
-    for j in range(line.shape[0]):
-        if j < pl or j >= pl + width:
-            line[j, :channels] = zp
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _load_slot(x_flat, n, ip, pt, height, width, channels, pl, sw, dw, line_flat, cp, ring_flat, at, ow_count,
-               taps, pad_quad) -> None:
-    """Ring slot `at` = the groups of input row ip of image n (`int_depthwise._load_quads`), or the padding's."""
-    if pt <= ip < pt + height:
-        _load_quads(x_flat, ((n * height) + ip - pt) * width * channels, width, channels, np.uint8(0), pl, sw, dw,
-                    line_flat, cp, ring_flat, at, ow_count, taps)
-    else:
-        for k in range(ow_count * taps):
-            o0 = np.uint64(at + k * cp)
-            for c in range(channels):
-                ring_flat[o0 + np.uint64(c)] = pad_quad
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _taps_row(ring8, rows, x_step, taps, w, w_at, acc, acc_at, cp, x_at, x_stride, ow_count, kernel3) -> None:
-    """acc for one vector of channels of every output column of a row (`int_depthwise.depthwise_quads`' loop)."""
-    ow = 0
-    if kernel3:
-        while ow + POSITIONS <= ow_count:
-            _taps3_many(ring8, rows, x_step, taps, w, w_at, acc, ow * cp + acc_at, cp, ow * x_stride + x_at, x_stride)
-            ow += POSITIONS
-        while ow < ow_count:
-            _taps3_one(ring8, rows, x_step, taps, w, w_at, acc, ow * cp + acc_at, cp, ow * x_stride + x_at, x_stride)
-            ow += 1
-    while ow + POSITIONS <= ow_count:
-        _taps_many(ring8, rows, x_step, taps, w, w_at, acc, ow * cp + acc_at, cp, ow * x_stride + x_at, x_stride)
-        ow += POSITIONS
-    while ow < ow_count:
-        _taps_one(ring8, rows, x_step, taps, w, w_at, acc, ow * cp + acc_at, cp, ow * x_stride + x_at, x_stride)
-        ow += 1
 
 
 @numba.njit(cache=True, nogil=True)
@@ -127,10 +84,10 @@ def depthwise_planes(low, high, zp_low, zp_high, w, kh_count, sh, sw, dh, dw, pt
                 rows_high[kh] = (plane_size + slot * slot_size) * 4
                 if held[slot] != ip:
                     held[slot] = ip
-                    _load_slot(low_flat, n, ip, pt, height, width, channels, pl, sw, dw, line_low, cp, ring_flat,
-                               slot * slot_size, ow_count, taps, pad_low)
-                    _load_slot(high_flat, n, ip, pt, height, width, channels, pl, sw, dw, line_high, cp, ring_flat,
-                               plane_size + slot * slot_size, ow_count, taps, pad_high)
+                    _load_slot(low_flat, n, ip, pt, height, width, channels, np.uint8(0), pl, sw, dw, line_low, cp,
+                               ring_flat, slot * slot_size, ow_count, taps, pad_low)
+                    _load_slot(high_flat, n, ip, pt, height, width, channels, np.uint8(0), pl, sw, dw, line_high, cp,
+                               ring_flat, plane_size + slot * slot_size, ow_count, taps, pad_high)
             for g in range(groups):
                 _taps_row(ring8, rows_low, x_step, taps, w, g * w_group, acc_low, g * LANES, cp, g * LANES * 4,
                           x_stride, ow_count, kernel3)
@@ -263,7 +220,7 @@ def depthwise_terms(planes, zps, x_scales, w, w_size, w_scales, kh_count, sh, sw
                     rows[i, kh] = (i * plane_size + slot * slot_size) * 4
                     if held[i, slot] != ip:
                         held[i, slot] = ip
-                        _load_slot(planes[i].reshape(-1), n, ip, pt, height, width, channels, pl, sw, dw,
+                        _load_slot(planes[i].reshape(-1), n, ip, pt, height, width, channels, np.uint8(0), pl, sw, dw,
                                    lines[i].reshape(-1), cp, ring_flat, i * plane_size + slot * slot_size, ow_count,
                                    taps, np.uint32(zps[i]) * spread)
             for i in range(n_planes):
