@@ -19,7 +19,7 @@ from ptq.tuning.prefix_cache import PrefixCache, checkpoints, live_tensors
 from ptq.data.image_source import ArraySamples
 from reports.tables import with_bits
 from tests.test_equalize import chain
-from tests.test_tune import RAW, setup
+from tests.test_tune import RAW, _Known, setup
 from tests.tiny_models import write_images
 
 
@@ -167,18 +167,6 @@ def test_a_pass_stops_only_when_the_full_pass_would_fail(tmp_path):
             assert score == full_worse
     stopped = dataclass_copy(check).cosine(graph, worse, rule=PassRule(1.0, 2.0, order))
     assert stopped.scored == 1  # one photo below 1 and a target of 1: out of reach at once
-
-
-class _Known:
-    """A validation whose goal is reached exactly when `needed` are all in 16 bits (as in test_tune)."""
-
-    def __init__(self, needed):
-        self.needed, self.calls = set(needed), 0
-
-    def cosine(self, graph, table, float_nodes=()):
-        self.calls += 1
-        wide = {n for n, e in table.tensors.items() if e.qparams.bits == 16}
-        return Score(0.999 if self.needed <= wide else 0.99, 0.0)
 
 
 def test_the_layers_route_measures_one_head_when_it_cannot_keep_fewer(tmp_path):
