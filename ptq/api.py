@@ -737,7 +737,7 @@ def _delivered(result, qdq, qdq_target: str):
     from ptq.qdq.output import export_checked  # reason: as in `tune`
     from ptq.tuning.verdict import judge  # reason: as in `tune`
 
-    for fallback in result.fallbacks:
+    for fallback in result.fallbacks():
         exported = export_checked(fallback.graph, fallback.table, qdq_target)
         verdict = judge(fallback.graph, fallback.table, exported.model, fallback.validation, fallback.goal,
                         fallback.score, exported.target)

@@ -61,7 +61,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
 
 from onnx import numpy_helper
 
@@ -165,9 +165,10 @@ class TuneResult:
     validation: Optional[Validation] = field(default=None, repr=False)  # the samples decided on, for the verdict
     # entries aligned with the integer run for the QDQ model (`ptq.tuning.export_alignment`)
     export_aligned: list[str] = field(default_factory=list)
-    # tables `minimize` passed through, each reaching the goal on every validation photo with more 16-bit tensors,
-    # fewest first: what `ptq.tune` delivers instead when the QDQ model of this one falls short (`fell_back`)
-    fallbacks: list["TuneResult"] = field(default_factory=list, repr=False)
+    # the tables `minimize` passed through, each reaching the goal on every validation photo with more 16-bit
+    # tensors, fewest first, built when asked: what `ptq.tune` delivers instead when the QDQ model of this one
+    # falls short (`fell_back`)
+    fallbacks: Callable[[], Iterator["TuneResult"]] = field(default=lambda: iter(()), repr=False)
     fell_back: str = ""  # why this table was delivered instead of the one with fewer 16-bit tensors ("": it was not)
 
     @property
@@ -708,8 +709,8 @@ def _search(graph: Graph, table: QuantTable, fit: Samples, check: Validation, pa
     if result.export_aligned:
         logger.info("aligned with the integer run for the QDQ model: %s", ", ".join(result.export_aligned))
     wider = {id(st): st for st in tuner.reached_states if len(st.int16) > len(tuner.state.int16)}
-    result.fallbacks = [tuned_result(st, tuner, baseline, target, margin, z, check, views, metric)
-                        for st in sorted(wider.values(), key=lambda st: len(st.int16))]
+    result.fallbacks = lambda: (tuned_result(st, tuner, baseline, target, margin, z, check, views, metric)
+                                for st in sorted(wider.values(), key=lambda st: len(st.int16)))
     return result
 
 
