@@ -183,6 +183,14 @@ class Ranges:
         return dataclasses.replace(state, table=table)
 
 
+def with_activation_entries(state: CalibrationState, tensors: dict) -> CalibrationState:
+    """`state` with its table's entries `tensors` after a step changed activation grids: the weight scale floors
+    (dead channels, int32 biases; `ptq.engine.weight_scale_floor`) raised for the scales they now hold (a finer
+    input or a clipped range lowers s_x). Raising only: where the floors held, nothing changes."""
+    floor_weight_scales(state.graph, tensors, state.options)
+    return dataclasses.replace(state, table=dataclasses.replace(state.table, tensors=tensors))
+
+
 @dataclass(frozen=True)
 class RangeSearch:
     """Each activation's range chosen among the candidates' by its consumers' output error on the samples
@@ -199,7 +207,7 @@ class RangeSearch:
         logger.info("%s", log.summary())
         tensors = dict(table.tensors)
         tensors.update({n: e for n, e in chosen.items() if tensors[n].qparams.bits == table.options.bits})
-        return dataclasses.replace(state, table=dataclasses.replace(table, tensors=tensors))
+        return with_activation_entries(state, tensors)
 
 
 @dataclass(frozen=True)
@@ -216,9 +224,7 @@ class InputGrid:
         widened = widen_fine_inputs(state.graph, tensors, self.first_samples(state), state.options)
         for wide in widened:
             logger.info("%s: %s", wide.tensor, wide.why)
-        if widened:  # a finer input grid lowers s_x: the weight scale floors (dead channels, int32 biases) rise
-            floor_weight_scales(state.graph, tensors, state.options)
-        return dataclasses.replace(state, table=dataclasses.replace(state.table, tensors=tensors))
+        return with_activation_entries(state, tensors)
 
     @staticmethod
     def first_samples(state: CalibrationState) -> Iterable:
