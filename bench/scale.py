@@ -59,15 +59,22 @@ TUNE_TARGET = 0.998
 
 
 def make_images(folder: Path, count: int) -> Path:
-    """The eval photos, their mirror images and centre/corner crops, until `count` files."""
+    """The eval photos, their mirror images and corner crops (six sizes, each corner of the photo and of its
+    mirror image: 50 views of each photo, 1,000 of the 20), until `count` files."""
     from PIL import Image, ImageOps
 
     photos = sorted(EVAL.glob("*.jpg"))
     variants = [("orig", lambda im: im), ("flip", ImageOps.mirror)]
-    for k, frac in enumerate((0.9, 0.8, 0.7, 0.6)):
-        variants.append((f"crop{k}", lambda im, f=frac: im.crop((0, 0, int(im.width * f), int(im.height * f)))))
-        variants.append((f"fcrop{k}", lambda im, f=frac: ImageOps.mirror(im).crop(
-            (int(im.width * (1 - f)), int(im.height * (1 - f)), im.width, im.height))))
+    for k, frac in enumerate((0.9, 0.8, 0.7, 0.6, 0.85, 0.75)):
+        for corner in range(4):
+            right, bottom = corner % 2, corner // 2
+            crop = lambda im, f=frac, r=right, b=bottom: im.crop(
+                (int(im.width * (1 - f)) * r, int(im.height * (1 - f)) * b,
+                 im.width - int(im.width * (1 - f)) * (1 - r), im.height - int(im.height * (1 - f)) * (1 - b)))
+            variants.append((f"crop{k}{corner}", crop))
+            variants.append((f"fcrop{k}{corner}", lambda im, c=crop: c(ImageOps.mirror(im))))
+    if count > len(variants) * len(photos):
+        raise SystemExit(f"--images {count}: at most {len(variants) * len(photos)} views of the {len(photos)} eval photos")
     written = 0
     for name, make in variants:
         for photo in photos:
