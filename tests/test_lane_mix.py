@@ -303,3 +303,22 @@ def test_output_fit_lowers_both_output_errors_of_a_4_bit_layer(arrays):
     assert output.weights4["fc"] == tensor.weights4["fc"]  # a one-row Gemm saves no DSP operation: not refitted
     g, t = output.build(["conv_e1"])
     assert t.tensors["W1"] is output.weights4["conv_e1"]
+
+
+def test_a_dead_channel_keeps_the_other_channels_on_their_fitted_4_bit_grids(arrays):
+    """A channel whose weights are ~0 gets its scale raised (`floor_weight_scales`); the layer's other channels
+    keep the scales the 4-bit fit chose (they went back to max|w| / 7.5 when the entry's range was the extrema)."""
+    model = residual_net()
+    w1 = next(init for init in model.graph.initializer if init.name == "W1")
+    dead = numpy_helper.to_array(w1).copy()
+    dead[0] *= 1e-7
+    w1.CopyFrom(numpy_helper.from_array(dead, "W1"))
+    graph = load_model(model)
+    table = calibrate(model, arrays[:8], write_qdq=False).table
+    fit = ArraySamples(arrays[:8])
+    mix = LaneMix(graph, table, fit_statistics(graph, fit, ["mse"]), Int4Grid(), (x for _, x, _ in fit.samples(graph)))
+    fitted = mix.weights4["conv_e1"].qparams.scale
+    used = mix.build(["conv_e1"])[1].tensors["W1"].qparams.scale
+    assert used[0] > fitted[0]  # the dead channel is floored
+    assert np.array_equal(used[1:], fitted[1:])
+    assert not np.allclose(fitted[1:], np.abs(dead[1:]).reshape(15, -1).max(axis=1) / 7.5)  # fitted, not extrema

@@ -39,6 +39,16 @@ def uint4_qparams(lo: float, hi: float) -> QParams:
     return QParams(scale=scale, zero_point=int(np.clip(round(-lo / scale), 0, 15)), bits=4, signed=False)
 
 
+def int4_weight_entry(entry: TensorEntry, scale: np.ndarray, calibrator: str) -> TensorEntry:
+    """`entry` (a 4-bit weight's) on the per-channel grid `scale`, its range +-7.5 s_c: the range whose symmetric
+    grid `compute_qparams` gives back as s_c, so the table's range and scale agree; `floor_weight_scales`, which
+    raises the scale of a dead channel by recomputing every channel from the range, keeps the others' fitted
+    scales (a range of the weight's extrema put every channel of such a layer back on max|w| / 7.5)."""
+    scale = np.asarray(scale, dtype=np.float32).astype(np.float64)  # the float32 grid compute_qparams rounds to
+    return dataclasses.replace(entry, calibrator=calibrator, min=-7.5 * scale, max=7.5 * scale,
+                               qparams=dataclasses.replace(entry.qparams, scale=scale))
+
+
 def _range(entry: TensorEntry) -> tuple[float, float]:
     return float(np.min(entry.min)), float(np.max(entry.max))
 
@@ -91,8 +101,7 @@ def fitted_grids(graph: Graph, layers: Sequence[Node], weights: Mapping[str, Ten
                 best, best_scale = np.where(better, err, best), np.where(better, scale, best_scale)
         entry = weights[node.name]
         if np.asarray(entry.qparams.scale).size == best_scale.size:  # per channel (a per-tensor grid keeps its fit)
-            new_weights[node.name] = dataclasses.replace(entry, calibrator="int4-output", qparams=dataclasses.replace(
-                entry.qparams, scale=best_scale.reshape(-1).astype(np.asarray(entry.qparams.scale).dtype)))
+            new_weights[node.name] = int4_weight_entry(entry, best_scale.reshape(-1), "int4-output")
         k = int(np.argmin(errors[node.name]))
         lo, hi = _candidate_ranges(copies[node.name], wide[node.name])[k]
         new_copies[node.name] = dataclasses.replace(copies[node.name], calibrator="int4-output", min=lo, max=hi,

@@ -59,7 +59,7 @@ from ptq.engine.weight_scale_floor import floor_weight_scales
 from ptq.engine.weight_tensors import weight_tensors
 from ptq.table.quant_table import QuantTable, TensorEntry
 from ptq.tuning.defaults import INT4_ROUNDINGS
-from ptq.tuning.lane_fit import fitted_grids, uint4_qparams
+from ptq.tuning.lane_fit import fitted_grids, int4_weight_entry, uint4_qparams
 from reports.dsp_resources import dsp_report
 
 NARROW_BITS = 4
@@ -176,9 +176,8 @@ def weight_entry(w: np.ndarray, axis: Optional[int], grid: Int4Grid) -> TensorEn
         scales = scales[:1] if scales.size == 1 else np.array([scales.max()])
     qp = QParams(scale=scales, zero_point=np.zeros(scales.size, dtype=np.int64), bits=NARROW_BITS, signed=True,
                  axis=axis)
-    reduce = tuple(i for i in range(w.ndim) if i != axis) if axis is not None else None
-    rmin, rmax = np.min(w, axis=reduce), np.max(w, axis=reduce)
-    return TensorEntry("weight", f"int4-{grid.weight_fit}{'-pow2' if grid.pow2 else ''}", rmin, rmax, qp)
+    entry = TensorEntry("weight", "", -7.5 * scales, 7.5 * scales, qp)
+    return int4_weight_entry(entry, scales, f"int4-{grid.weight_fit}{'-pow2' if grid.pow2 else ''}")
 
 
 def activation_entry(stats: TensorStatistics, wide: TensorEntry, grid: Int4Grid) -> TensorEntry:
