@@ -111,7 +111,7 @@ def main() -> int:
     parser.add_argument("--num-eval", type=int, default=20)
     parser.add_argument("--exact-photos", type=int, default=1)
     parser.add_argument("--pow2", action="store_true", help="power-of-two 4-bit scales (WP521)")
-    parser.add_argument("--rounding", choices=["nearest", "adaround", "gptq"], default="nearest",
+    parser.add_argument("--rounding", choices=["nearest", "adaround", "gptq"], default="gptq",
                         help="how the 4-bit weights are rounded (Int4Grid.rounding)")
     parser.add_argument("--bias-correction", action="store_true", help="calibrate the 8-bit table with bias correction")
     parser.add_argument("--grids", action="store_true", help="compare the 4-bit grid variants first")
