@@ -157,7 +157,8 @@ def main() -> int:
     tuned_table = load_quant_table(out / f"{stem}.tuned.quant.json")
     tuned_graph = load_model_for_table(args.model, tuned_table, out / f"{stem}.tuned.quant.json", note=False)
 
-    print(f"\nlayers ({len(lanes['layers'])}): lanes, MACs, sensitivity (fit-photo cosine drop alone at 4 bits)")
+    print(f"\nlayers ({len(lanes['layers'])}): lanes, MACs, sensitivity (fit-photo cosine drop alone at 4 bits, "
+          "cross-fitted)")
     for row in sorted(lanes["layers"], key=lambda r: -r["macs"])[:12]:
         print(f"  {row['node']:<28} {row['lanes']}-bit {row['macs']:>11,} {row['sensitivity']:+.5f}")
     print(f"  ... ({len(lanes['layers']) - 12} more in {record_path})")

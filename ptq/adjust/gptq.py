@@ -9,17 +9,18 @@ convolution, the input row for a Gemm), the rounded weight W_hat minimizes the l
 so the images enter only through one K x K sum per group (accumulated from up to `positions` output positions
 per image: memory is bounded by the layer, not by the data). GPTQ's rounding: the columns in order of
 decreasing H_kk ("act order"); each column rounded to nearest on its channel's grid, and its error spread over
-the columns not yet rounded with the upper Cholesky factor U of H^-1 (H + damp * mean(diag H) * I, damp at least K / n for n
-patches summed: `sample_damp`), row k:
+the columns not yet rounded with the upper Cholesky factor U of H^-1 (H + damp * mean(diag H) * I, damp at
+least K / n for n patches summed: `sample_damp`), row k:
 
     q_k = clamp(round(w_k / s), qmin, qmax),   w_j -= (w_k - s q_k) / U_kk * U_kj   for j after k.
 
 With a diagonal H nothing spreads: GPTQ is round-to-nearest. An input that never varies (H_kk = 0) gets
 H_kk = 1 and its weights are rounded to nearest: nothing spreads into or out of it (GPTQ's reference code zeroes
 them, which breaks an input dead on a few calibration photos but not on others). A layer keeps round-to-nearest
-when the rounding does not lower E (GPTQ never makes a layer's output error on the calibration samples worse), and a layer with fewer sampled positions
-than weights per channel (H singular: a classifier Gemm fed one row per image) keeps it too. The result is the
-dequantized weight s * q: on the grid, so the executor's quantization gives back exactly q.
+when the rounding does not lower E (GPTQ never makes a layer's output error on the calibration samples
+worse), and a layer with fewer sampled positions than weights per channel (H singular: a classifier Gemm fed
+one row per image) keeps it too. The result is the dequantized weight s * q: on the grid, so the executor's
+quantization gives back exactly q.
 """
 from __future__ import annotations
 
