@@ -147,8 +147,8 @@ def lanes_html(record: dict, title: str = "") -> str:
             f"* marks the Pareto front.</p>"
             + pareto_svg(lanes["points"], chosen, record["target_cosine"], title)
             + f'<table id="lane-points"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-            + f'<p>Layers, in graph order (sensitivity: the validation cosine lost with the layer alone on 4-bit '
-              f'lanes).</p><table id="lane-layers"><thead><tr>{layer_head}</tr></thead>'
+            + f'<p>Layers, in graph order (sensitivity: the cosine lost with the layer alone on 4-bit lanes, on '
+              f'the fit samples, cross-fitted).</p><table id="lane-layers"><thead><tr>{layer_head}</tr></thead>'
               f'<tbody>{"".join(layer_rows)}</tbody></table>')
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ptq.adjust.gptq import gptq, gptq_round, layer_hessians, output_error
+from ptq.adjust.gptq import DAMP, gptq, gptq_round, layer_hessians, output_error, sample_damp
 from ptq.core.graph import load_model
 from ptq.core.qparams import QParams
 from tiny_models import make_model
@@ -42,6 +42,41 @@ def test_correlated_inputs_lower_the_output_error_below_nearest():
     nearest = np.clip(np.rint(w / scale), -8, 7)
     assert q.min() >= -8 and q.max() <= 7 and np.array_equal(q, np.round(q))
     assert output_error(w, q * scale, h) < 0.7 * output_error(w, nearest * scale, h)
+
+
+
+def test_an_input_dead_on_the_samples_keeps_its_weights_rounded_to_nearest():
+    rng = np.random.default_rng(4)
+    x = rng.normal(0, 1, (500, 12)) @ rng.normal(0, 1, (12, 12))
+    x[:, 5] = 0.0  # never active on these samples (a ReLU channel other photos may switch on)
+    w = rng.normal(0, 0.2, (1, 8, 12))
+    scale = np.abs(w).max(axis=2, keepdims=True) / 7
+    q = gptq_round(w, scale, -8, 7, (x.T @ x)[None])
+    assert np.array_equal(q[..., 5], np.clip(np.rint(w[..., 5] / scale[..., 0]), -8, 7)) and np.any(q[..., 5] != 0)
+
+
+def _rare_patches(rng, images: int, inputs: int = 64, rare: int = 24, on: float = 0.15) -> np.ndarray:
+    """Patches of post-ReLU activations, 16 positions per image; the last `rare` inputs are active (and large) on
+    a fraction `on` of the images only, as channels firing on some subjects are."""
+    x = np.maximum(rng.normal(0.5, 1, (images, 16, inputs)), 0)
+    x[:, :, inputs - rare:] *= (rng.random((images, 1, rare)) < on) * 3
+    return x.reshape(-1, inputs)
+
+
+def test_few_photos_damp_more_and_keep_the_held_out_error_below_nearest():
+    """From 8 photos (n = 128 patches for K = 64 weights per channel), H is a noisy estimate: GPTQ at the fixed
+    0.01 dampening fits it and rounds worse than nearest on other photos; dampened by K / n (`sample_damp`) it
+    stays below nearest on them."""
+    assert sample_damp(DAMP, 64, 256) == 0.25 and sample_damp(DAMP, 64, 64000) == DAMP
+    rng = np.random.default_rng(3)
+    fit, held = _rare_patches(rng, 8), _rare_patches(rng, 2000)
+    h_fit, h_held = (fit.T @ fit)[None], (held.T @ held)[None]
+    w = rng.normal(0, 0.2, (1, 32, 64))
+    scale = np.abs(w).max(axis=2, keepdims=True) / 7
+    nearest = output_error(w, np.clip(np.rint(w / scale), -8, 7) * scale, h_held)
+    fixed = output_error(w, gptq_round(w, scale, -8, 7, h_fit, DAMP) * scale, h_held)
+    damped = output_error(w, gptq_round(w, scale, -8, 7, h_fit, sample_damp(DAMP, 64, len(fit))) * scale, h_held)
+    assert damped < nearest < fixed
 
 
 def _conv_model():

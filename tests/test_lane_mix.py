@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -18,7 +19,7 @@ from ptq.engine.backends import get_backend
 from ptq.engine.executor import prepare
 from ptq.engine.float_run import layer_inputs
 from ptq.tuning.lane_mix import Int4Grid, LaneMix, four_bit_macs, lane_throughput, weight_scales
-from ptq.tuning.lane_tuner import tune_lanes
+from ptq.tuning.lane_tuner import cross_fitted_sensitivities, tune_lanes
 from ptq.tuning.tuner import fit_statistics
 from tiny_models import make_model
 
@@ -226,8 +227,6 @@ def test_tune_lanes_keeps_the_target_and_records_the_points(arrays):
     assert {row["node"] for row in record["layers"] if row["lanes"] == 4} == set(chosen.four)
     assert all(row["sensitivity"] != 0 for row in record["layers"])
     # the tuned graph and table give the cosine the record states on the validation samples (every 4th)
-    import onnxruntime as ort
-
     session = ort.InferenceSession(residual_net().SerializeToString(), providers=["CPUExecutionProvider"])
     held = arrays[3::4]
     assert tuned.validation_samples == len(held)
@@ -303,3 +302,51 @@ def test_output_fit_lowers_both_output_errors_of_a_4_bit_layer(arrays):
     assert output.weights4["fc"] == tensor.weights4["fc"]  # a one-row Gemm saves no DSP operation: not refitted
     g, t = output.build(["conv_e1"])
     assert t.tensors["W1"] is output.weights4["conv_e1"]
+
+
+def test_a_dead_channel_keeps_the_other_channels_on_their_fitted_4_bit_grids(arrays):
+    """A channel whose weights are ~0 gets its scale raised (`floor_weight_scales`); the layer's other channels
+    keep the scales the 4-bit fit chose (they went back to max|w| / 7.5 when the entry's range was the extrema)."""
+    model = residual_net()
+    w1 = next(init for init in model.graph.initializer if init.name == "W1")
+    dead = numpy_helper.to_array(w1).copy()
+    dead[0] *= 1e-7
+    w1.CopyFrom(numpy_helper.from_array(dead, "W1"))
+    graph = load_model(model)
+    table = calibrate(model, arrays[:8], write_qdq=False).table
+    fit = ArraySamples(arrays[:8])
+    mix = LaneMix(graph, table, fit_statistics(graph, fit, ["mse"]), Int4Grid(), (x for _, x, _ in fit.samples(graph)))
+    fitted = mix.weights4["conv_e1"].qparams.scale
+    used = mix.build(["conv_e1"])[1].tensors["W1"].qparams.scale
+    assert used[0] > fitted[0]  # the dead channel is floored
+    assert np.array_equal(used[1:], fitted[1:])
+    assert not np.allclose(fitted[1:], np.abs(dead[1:]).reshape(15, -1).max(axis=1) / 7.5)  # fitted, not extrema
+
+
+def test_sensitivities_are_measured_on_the_half_the_4_bit_layers_were_not_fitted_to(arrays):
+    """Each layer's sensitivity: the mean over the fit samples of the cosine lost with it alone at 4 bits, each
+    sample scored by the 4-bit layers fitted to the other half (samples 0, 2, 4, 6 / 1, 3, 5, 7)."""
+    graph = load_model(residual_net())
+    table = calibrate(residual_net(), arrays[:8], write_qdq=False).table
+    got = cross_fitted_sensitivities(graph, table, ArraySamples(arrays[:8]), graph, Int4Grid())
+    drops = {name: [] for name in LAYERS}
+    session = ort.InferenceSession(residual_net().SerializeToString(), providers=["CPUExecutionProvider"])
+    for fitted, measured in ((arrays[0:8:2], arrays[1:8:2]), (arrays[1:8:2], arrays[0:8:2])):
+        fit = ArraySamples(fitted)
+        mix = LaneMix(graph, table, fit_statistics(graph, fit, ["mse"]), Int4Grid(),
+                      (x for _, x, _ in fit.samples(graph)))
+        for x in measured:
+            ref = session.run(None, {"input": x[None]})[0].astype(np.float64).ravel()
+
+            def cosine(four):
+                y = prepare(*mix.build(four, every_edge=True)).run({"input": x[None]}).outputs["logits"]
+                y = y.astype(np.float64).ravel()
+                return float(y @ ref / np.linalg.norm(y) / np.linalg.norm(ref))
+            base = cosine([])
+            for name in LAYERS:
+                drops[name].append(base - cosine([name]))
+    assert got.keys() == drops.keys()
+    for name in LAYERS:
+        assert got[name] == pytest.approx(np.mean(drops[name]), abs=1e-9)
+    in_sample = cross_fitted_sensitivities(graph, table, ArraySamples(arrays[:3]), graph, Int4Grid())
+    assert in_sample.keys() == drops.keys()  # 3 samples: measured where fitted

@@ -58,9 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --scheme int4-dsp: power-of-two 4-bit scales (WP521's grid; default: free scales)")
     parser.add_argument("--int4-no-bias-correction", action="store_true",
                         help="with --scheme int4-dsp: leave the 4-bit layers' biases uncorrected")
-    parser.add_argument("--int4-rounding", choices=INT4_ROUNDINGS, default="nearest",
-                        help="with --scheme int4-dsp: how the 4-bit weights are rounded: to nearest (default), "
-                             "AdaRound, or GPTQ's second-order rounding (neither helped on the bundled model)")
+    parser.add_argument("--int4-rounding", choices=INT4_ROUNDINGS, default="gptq",
+                        help="with --scheme int4-dsp: how the 4-bit weights are rounded: GPTQ's second-order rounding "
+                             "(default), AdaRound, or to nearest")
     parser.add_argument("--int4-tensor-fit", action="store_true",
                         help="with --scheme int4-dsp: fit the 4-bit grids to their tensors only, not to the layer's "
                              "output error")

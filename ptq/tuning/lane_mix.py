@@ -19,10 +19,11 @@ The 4-bit grids (`Int4Grid`):
   range to the histogram, `extrema` takes the extrema), within the 8-bit entry's range; `pow2=True`: WP521's
   scale 2^ceil(log2 max(|lo|, |hi|)) / 16 (unsigned) or / 8 with zero point 8 (offset binary, signed);
   `pow2=False`: the asymmetric grid s = (hi - lo) / 15, zp = round(-lo / s);
-- the rounding of the 4-bit weights (`rounding`): to nearest; AdaRound (`"adaround"`, `ptq.adjust.adaround` on the
-  fit samples: each weight rounded up or down to minimize the layer's output error on the float inputs); or
-  GPTQ (`"gptq"`, `ptq.adjust.gptq`: column by column, each rounding error spread over the columns not yet
-  rounded by the inverse Hessian of the layer's output error; only the layers 4-bit lanes speed up);
+- the rounding of the 4-bit weights (`rounding`): GPTQ (`"gptq"`, the default; `ptq.adjust.gptq`: column by
+  column, each rounding error spread over the columns not yet rounded by the inverse Hessian of the layer's output
+  error, dampened by K / n when the fit samples give few patches per weight; only the layers 4-bit lanes speed
+  up); AdaRound (`"adaround"`, `ptq.adjust.adaround` on the fit samples: each weight rounded up or down to
+  minimize the layer's output error on the float inputs); or to nearest;
 - output fit (`output_fit=True`, free grids only; `ptq.tuning.lane_fit`): then each speeding layer's weight
   thresholds and input range are refitted to the layer's output error on the fit samples (the tensor fits above
   are among the candidates);
@@ -59,7 +60,7 @@ from ptq.engine.weight_scale_floor import floor_weight_scales
 from ptq.engine.weight_tensors import weight_tensors
 from ptq.table.quant_table import QuantTable, TensorEntry
 from ptq.tuning.defaults import INT4_ROUNDINGS
-from ptq.tuning.lane_fit import fitted_grids, uint4_qparams
+from ptq.tuning.lane_fit import fitted_grids, int4_weight_entry, uint4_qparams
 from reports.dsp_resources import dsp_report
 
 NARROW_BITS = 4
@@ -77,7 +78,8 @@ class Int4Grid:
     weight_fit: str = "mse"  # "mse" or "max"
     activation_calibrator: str = "mse"
     bias_correction: bool = True
-    rounding: str = "nearest"  # of the 4-bit weights: "nearest", "adaround" or "gptq" (module docstring)
+    rounding: str = "gptq"  # of the 4-bit weights: "nearest", "adaround" or "gptq" (module docstring; measured in
+    # bench/int4_mix.py: GPTQ and AdaRound beat nearest, GPTQ is the faster)
     output_fit: bool = True  # free grids refitted to the layer's output error (`ptq.tuning.lane_fit`)
 
     def __post_init__(self):
@@ -176,9 +178,8 @@ def weight_entry(w: np.ndarray, axis: Optional[int], grid: Int4Grid) -> TensorEn
         scales = scales[:1] if scales.size == 1 else np.array([scales.max()])
     qp = QParams(scale=scales, zero_point=np.zeros(scales.size, dtype=np.int64), bits=NARROW_BITS, signed=True,
                  axis=axis)
-    reduce = tuple(i for i in range(w.ndim) if i != axis) if axis is not None else None
-    rmin, rmax = np.min(w, axis=reduce), np.max(w, axis=reduce)
-    return TensorEntry("weight", f"int4-{grid.weight_fit}{'-pow2' if grid.pow2 else ''}", rmin, rmax, qp)
+    entry = TensorEntry("weight", "", -7.5 * scales, 7.5 * scales, qp)
+    return int4_weight_entry(entry, scales, f"int4-{grid.weight_fit}{'-pow2' if grid.pow2 else ''}")
 
 
 def activation_entry(stats: TensorStatistics, wide: TensorEntry, grid: Int4Grid) -> TensorEntry:
