@@ -77,6 +77,12 @@ class Calibrator(ABC):
         needs to know: values beyond the clamp cost nothing more than the clamp itself."""
         return self
 
+    def unclipped(self, reason: str) -> "Calibrator":
+        """This calibrator for a tensor whose largest values a consumer ranks (a Softmax, an ArgMax:
+        `ptq.calibration.ranked_inputs`; `reason` names it). Only a calibrator that chooses its range per tensor
+        (`auto`) changes: it keeps the observed extremes; a calibrator a user names is used as named."""
+        return self
+
     @abstractmethod
     def _compute(self, stats: TensorStatistics, bits: int, signed: bool) -> tuple:
         """(rmin, rmax) per channel from collectors that `compute` has checked are present."""

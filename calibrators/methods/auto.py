@@ -104,6 +104,7 @@ class Auto(Calibrator):
     clip_weight: float = DEFAULT_CLIP_WEIGHT
     symmetric_grid: bool = False
     bounds: Optional[tuple] = None  # (lo, hi): every consumer clamps the tensor to it (`within`)
+    ranked_by: Optional[str] = None  # the consumer that ranks the tensor's largest values (`unclipped`)
     needs = frozenset({Stat.HISTOGRAM})
 
     def __post_init__(self):
@@ -121,6 +122,9 @@ class Auto(Calibrator):
     def within(self, lo: float, hi: float) -> "Auto":
         return replace(self, bounds=(float(lo), float(hi)))
 
+    def unclipped(self, reason: str) -> "Auto":
+        return replace(self, ranked_by=str(reason))
+
     def scores(self, stats, bits: int, signed: bool) -> tuple:
         """(ranges, errors): each candidate's (rmin, rmax) and its (C,) expected error, as (K, C), in candidate
         order."""
@@ -137,6 +141,9 @@ class Auto(Calibrator):
         return ranges, grid_error(stats.histogram, lo, hi, scale, self.clip_weight, self.bounds).T
 
     def _explained(self, stats, bits, signed):
+        if self.ranked_by is not None:
+            rmin, rmax = get_calibrator("extrema").compute(stats, bits, signed)
+            return rmin, rmax, f"auto:extrema ({self.ranked_by} ranks its largest values: never clipped)"
         ranges, errors = self.scores(stats, bits, signed)
         best = np.argmin(errors, axis=0)  # first of equals: candidate order
         channels = np.arange(errors.shape[1])
