@@ -38,6 +38,9 @@ class Calibrator(ABC):
     param_required: ClassVar[bool] = False
     usage: ClassVar[str] = ""
     needs: ClassVar[frozenset] = frozenset({Stat.MINMAX})
+    # chooses by the error of the values read on the tensor's grid: given the statistics of what a grid-keeping
+    # reader passes on (`ptq.calibration.read_values`)
+    scores_read_values: ClassVar[bool] = False
 
     @property
     def spelling(self) -> str:

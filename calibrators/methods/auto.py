@@ -137,6 +137,7 @@ class Auto(Calibrator):
     bounds: Optional[tuple] = None  # (lo, hi): every consumer clamps the tensor to it (`within`)
     ranked_by: Optional[str] = None  # the consumer that ranks the tensor's largest values (`unclipped`)
     needs = frozenset({Stat.HISTOGRAM})
+    scores_read_values = True
 
     def __post_init__(self):
         if not self.candidates or "auto" in self.candidates:
