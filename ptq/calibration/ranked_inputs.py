@@ -11,6 +11,10 @@ auto`), `auto` clipped the logits feeding the Softmax over 6,625 classes at thei
 instead of 67.3, E 0.67 of extrema's), and greedy CTC decodes agreeing with float fell from 0.961 (extrema) to
 0.895; that one tensor on extrema's range gave back 0.047 of it. So the default calibrator keeps such a tensor's
 observed extremes (`Calibrator.unclipped`); a calibrator a user names is used as named.
+
+A graph output counts as ranked too: its reader is the user, who takes a classifier's top logits, a detector's
+scores above a threshold, a regression's largest values as they come (on EfficientNet-Lite0 `auto` clipped the
+logits at their 99.99th percentile; kept whole, the cosine on the 20 eval photos rose by 4e-5).
 """
 from __future__ import annotations
 
@@ -19,10 +23,11 @@ from ptq.core.graph import Graph
 
 
 def ranked_tensors(graph: Graph) -> dict[str, str]:
-    """Activation -> the node that ranks its values (the first one met), for every activation read as input 0
-    by an op that ranks its input, or by a code-moving op whose output is such a tensor."""
+    """Activation -> what ranks its values (the first reader met), for every graph output, every activation
+    read as input 0 by an op that ranks its input, and every one read by a code-moving op whose output is such a
+    tensor."""
     consumers = graph.consumers()
-    ranked: dict[str, str] = {}
+    ranked: dict[str, str] = {name: "the graph output's reader" for name in graph.outputs}
     for name in reversed(graph.activations):  # topological order reversed: a code-moving op's output first
         for node in consumers.get(name, []):
             op = op_of(node)
