@@ -2,6 +2,7 @@
 under which two calibrators' results on a model cannot be told apart.
 
     python bench/range_jitter.py [--model efficientnet_lite0] --tensor getitem_15 [--factors 1,0.99,0.98,...]
+                                 [--lite0-crops N]
 
 Calibrates with extrema (the models and arrays of bench/first_try.py), then for each factor f runs ptq's integer
 graph with the one tensor's range [min, max] scaled to [f min, f max] (qparams rebuilt, weight-scale floors
@@ -34,9 +35,10 @@ def main() -> int:
     parser.add_argument("--model", default="efficientnet_lite0")
     parser.add_argument("--tensor", required=True)
     parser.add_argument("--factors", default=FACTORS)
+    parser.add_argument("--lite0-crops", type=int, default=0, help="as bench/first_try.py's")
     args = parser.parse_args()
     path = first_try.model_path(args.model)
-    data = first_try.samples(args.model, 0)
+    data = first_try.samples(args.model, 0, args.lite0_crops)
     ref = first_try.ort_outputs(onnx.load(str(path)), data.held_out, optimized=True)
     with tempfile.TemporaryDirectory() as tmp:
         calib = first_try.write_feeds(data.calib, Path(tmp) / "calib")
