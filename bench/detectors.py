@@ -1,6 +1,7 @@
 """Detector and OCR models: ptq's integer run beside onnxruntime's quantizer and NNCF, on the same arrays.
 
-    python bench/detectors.py [--models yolo,dbnet,crnn] [--no-ort] [--no-nncf] [--nncf-python PATH]
+    python bench/detectors.py [--models yolo,dbnet,crnn] [--calibrator NAME] [--no-ort] [--no-nncf]
+                              [--nncf-python PATH]
 
 Models (`bench/models/`, built by the scripts there; the sample arrays are written by
 `bench/models/make_samples.py` when missing): a YOLOv8-style detector (DFL Softmax, pixel boxes and sigmoid
@@ -8,7 +9,8 @@ scores joined in one output [1, 22, 525]), a DBNet-style text detector (Paddle s
 Adds) and a CRNN-style recognizer (opset 11, Softmax over 6,625 classes). Calibration on the 32 calib arrays,
 every figure on the 256 eval arrays, each against the float model in onnxruntime:
 
-- ptq: `ptq.calibrate(model, data=calib)` with every default (no flag), then the integer graph;
+- ptq: `ptq.calibrate(model, data=calib)` with every default (no flag; `--calibrator` names one), then the
+  integer graph;
 - ort: `onnxruntime.quantization.quantize_static`, QDQ, per-channel int8 weights, uint8 activations, MinMax,
   run by onnxruntime with graph optimizations off (the arithmetic the QDQ graph describes);
 - nncf: `nncf.quantize` with its defaults (`bench/nncf_quantize.py`, in NNCF's own venv), run likewise.
@@ -67,9 +69,10 @@ def session_outputs(path: Path, samples: list[np.ndarray], optimize: bool = True
     return [session.run(None, {name: s})[0] for s in samples]
 
 
-def ptq_outputs(model: Path, calib: Path, samples: list[np.ndarray], tmp: Path, float_nodes=()):
-    """(outputs, float nodes) of ptq's integer graph calibrated with every default on `calib`."""
-    result = calibrate(model, data=calib, out=tmp / "ptq", quiet=True)
+def ptq_outputs(model: Path, calib: Path, samples: list[np.ndarray], tmp: Path, float_nodes=(), calibrator=None):
+    """(outputs, float nodes) of ptq's integer graph calibrated on `calib` with every default, or `calibrator`."""
+    named = {} if calibrator is None else {"calibrator": calibrator}
+    result = calibrate(model, data=calib, out=tmp / "ptq", quiet=True, **named)
     table = load_quant_table(result.table_path)
     graph = load_model_for_table(model, table, result.table_path, note=False)
     prepared = prepare(graph, table, float_nodes=list(float_nodes))
@@ -155,6 +158,7 @@ def cell(value) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="yolo,dbnet,crnn")
+    parser.add_argument("--calibrator", help="ptq's activation calibrator (default: ptq's default)")
     parser.add_argument("--no-ort", action="store_true")
     parser.add_argument("--no-nncf", action="store_true")
     parser.add_argument("--nncf-python", default=NNCF_PYTHON)
@@ -170,14 +174,15 @@ def main(argv=None) -> int:
             rows = {}
             start = time.perf_counter()
             try:
-                outputs, float_nodes = ptq_outputs(model, calib_dir, samples, tmp)
+                outputs, float_nodes = ptq_outputs(model, calib_dir, samples, tmp, calibrator=args.calibrator)
                 rows["ptq"] = figures(kind, reference, outputs)
             except ValueError as exc:  # what a user meets; then what they would do: float the op it names
                 print(f"\n{kind}: ptq's integer run fails: {exc}")
                 op = FAILED_OP.search(str(exc))
                 if op is None:
                     raise
-                outputs, float_nodes = ptq_outputs(model, calib_dir, samples, tmp, float_nodes=[op.group(1)])
+                outputs, float_nodes = ptq_outputs(model, calib_dir, samples, tmp, float_nodes=[op.group(1)],
+                                                   calibrator=args.calibrator)
                 rows["ptq*"] = figures(kind, reference, outputs)
             rows[next(iter(rows))]["seconds"] = time.perf_counter() - start
             if not args.no_ort:

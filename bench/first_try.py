@@ -2,11 +2,13 @@
 on four model families, every tool fed the same arrays.
 
     python bench/first_try.py [--models efficientnet_lite0,mobilenet_v3_small,dbnet_detector,char_tagger]
-                              [--calibrators extrema,mse,kld] [--eval N] [--no-peers]
+                              [--calibrators extrema,mse,kld] [--eval N] [--no-peers] [--lite0-crops N]
 
 Models and arrays (the arrays are written by the build scripts under bench/models/, or here):
 - efficientnet_lite0 (the bundled model): the 23 calibration photos and the 20 labelled eval photos,
-  preprocessed as `ptq calibrate` does (mean 127, std 128, 224x224);
+  preprocessed as `ptq calibrate` does (mean 127, std 128, 224x224); `--lite0-crops N`: held out instead N
+  crops of the 20 eval photos (`lite0_crops`, drawn as MobileNetV3-small's 200; the 20 photos cannot tell
+  calibrators 5e-4 apart: `bench/range_jitter.py` moves the cosine by 6e-4 shrinking one tensor's range by 1%);
 - mobilenet_v3_small (BatchNormalizations kept, hard-swish, squeeze-excitation with hard-sigmoid gates):
   `bench/models/mobilenet_v3_small.py` writes `data/mobilenet_v3_small_calib.npy` (32 crops of the calibration
   photos); held out: 200 crops of the 20 eval photos (`held_out_crops`, seed 1; the 40 the build script writes
@@ -109,15 +111,35 @@ def photo_arrays() -> tuple[np.ndarray, np.ndarray]:
     return np.load(calib), np.load(held_out)
 
 
+def lite0_crops(count: int, seed: int = 1) -> np.ndarray:
+    """`count` 224x224 crops of the 20 eval photos (`count // 20` per photo; side 0.5-0.9 of the shorter edge,
+    nearest-neighbour, as `mobilenet_v3_small.crop` draws held-out crops), preprocessed as `ptq calibrate` does."""
+    held_out = mobilenet_v3_small.photos(PHOTOS / "eval", DATA / "eval_photos.npz")
+    rng = np.random.default_rng(seed)
+    per_photo = max(1, count // len(held_out))
+    out = []
+    for k in range(per_photo * len(held_out)):
+        photo = held_out[k // per_photo]
+        h, w = photo.shape[:2]
+        side = int(min(h, w) * rng.uniform(0.5, 0.9))
+        y, x = rng.integers(0, h - side + 1), rng.integers(0, w - side + 1)
+        idx = ((np.arange(224) + 0.5) * side / 224).astype(int)
+        patch = photo[y + idx][:, x + idx].astype(np.float32)
+        out.append(((patch - 127.0) / 128.0).transpose(2, 0, 1))
+    return np.stack(out).astype(np.float32)
+
+
 def folder_feeds(folder: Path, name: str, limit: int = 0) -> list[Feeds]:
     files = sorted(p for p in folder.iterdir() if p.suffix in (".npy", ".npz"))[: limit or None]
     return [dict(np.load(f)) if f.suffix == ".npz" else {name: np.load(f).astype(np.float32)} for f in files]
 
 
-def samples(name: str, eval_limit: int) -> Samples:
+def samples(name: str, eval_limit: int, lite0_crops_count: int = 0) -> Samples:
     path = model_path(name)
     if name == "efficientnet_lite0":
         calib, held_out = photo_arrays()
+        if lite0_crops_count:
+            held_out = lite0_crops(lite0_crops_count)
         return Samples(split(calib, input_name(path)), split(held_out, input_name(path)))
     if name == "dbnet_detector":
         folders = write_samples(DATA)["dbnet"]
@@ -245,9 +267,9 @@ class Row:
     seconds: float | None = None
 
 
-def bench(name: str, calibrators: list[str], peers: bool, eval_limit: int) -> list[Row]:
+def bench(name: str, calibrators: list[str], peers: bool, eval_limit: int, lite0_crops_count: int = 0) -> list[Row]:
     path = model_path(name)
-    data = samples(name, eval_limit)
+    data = samples(name, eval_limit, lite0_crops_count)
     model = onnx.load(str(path))
     ref = ort_outputs(model, data.held_out, optimized=True)
     rows = []
@@ -300,12 +322,15 @@ def main() -> int:
     parser.add_argument("--calibrators", default="", help="comma-separated calibrators to add as rows")
     parser.add_argument("--eval", type=int, default=0, help="held-out samples per model at most (default 0: all)")
     parser.add_argument("--no-peers", action="store_true", help="ptq only (no onnxruntime quantizer, no NNCF)")
+    parser.add_argument("--lite0-crops", type=int, default=0,
+                        help="efficientnet_lite0 held out: N crops of the eval photos (default 0: the 20 photos)")
     args = parser.parse_args()
     print("| model | quantizer | cosine | agreement | time |")
     print("|---|---|---:|---:|---:|")
     results = {}
     for name in args.models.split(","):
-        results[name] = bench(name, [c for c in args.calibrators.split(",") if c], not args.no_peers, args.eval)
+        results[name] = bench(name, [c for c in args.calibrators.split(",") if c], not args.no_peers, args.eval,
+                              args.lite0_crops)
         for row in results[name]:
             seconds = "" if row.seconds is None else f"{row.seconds:.1f} s"
             print(f"| {name} | {row.quantizer} | {row.score.cells()} | {seconds} |", flush=True)

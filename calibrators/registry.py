@@ -38,6 +38,9 @@ class Calibrator(ABC):
     param_required: ClassVar[bool] = False
     usage: ClassVar[str] = ""
     needs: ClassVar[frozenset] = frozenset({Stat.MINMAX})
+    # chooses by the error of the values read on the tensor's grid: given the statistics of what a grid-keeping
+    # reader passes on (`ptq.calibration.read_values`)
+    scores_read_values: ClassVar[bool] = False
 
     @property
     def spelling(self) -> str:
@@ -75,6 +78,12 @@ class Calibrator(ABC):
         """This calibrator for a tensor every consumer clamps to [lo, hi] (`OpDef.clip_range`; the caller
         intersects the range with it afterwards). Only a calibrator that scores ranges by their error (`auto`)
         needs to know: values beyond the clamp cost nothing more than the clamp itself."""
+        return self
+
+    def unclipped(self, reason: str) -> "Calibrator":
+        """This calibrator for a tensor whose largest values a consumer ranks (a Softmax, an ArgMax:
+        `ptq.calibration.ranked_inputs`; `reason` names it). Only a calibrator that chooses its range per tensor
+        (`auto`) changes: it keeps the observed extremes; a calibrator a user names is used as named."""
         return self
 
     @abstractmethod

@@ -125,6 +125,9 @@ class OpDef:
     - `gives_scores`: the output is a probability, or its log, from logits (Softmax and LogSoftmax over a row,
       Sigmoid per element): at a graph output an argmax or a threshold reads it, so calibration keeps it, its
       logits and the tail feeding only them at 16 bits (`ptq.calibration.output_scores`);
+    - `ranks_input`: the output is decided by which of input 0's values lead and by how much (Softmax,
+      LogSoftmax, Hardmax, ArgMax, ArgMin, TopK): clipping the leaders ties them, so the default calibrator
+      never clips such an input (`ptq.calibration.ranked_inputs`, `calibrators.methods.auto`);
     - `sums_inputs`: the output is an elementwise sum of the inputs (Add, Sub), so inputs and output on one
       scale make the op a plain integer add (the int4-dsp scheme's ShareQuantize, `ptq.calibration.int4_dsp`);
       `sum_signs` the sign each input takes in it ((1, 1) for Add, (1, -1) for Sub);
@@ -170,6 +173,7 @@ class OpDef:
     rearranges: ClassVar[bool] = False
     selects_boxes: ClassVar[bool] = False
     gives_scores: ClassVar[bool] = False
+    ranks_input: ClassVar[bool] = False
     sums_inputs: ClassVar[bool] = False
     sum_signs: ClassVar[Optional[tuple[int, ...]]] = None
     positively_homogeneous: ClassVar[bool] = False

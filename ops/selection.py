@@ -85,6 +85,7 @@ def top_k(node: Node, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 class _ArgExtreme(OpDef):
     section = "4.2"
+    ranks_input = True
     int_types = "any -> int64 indices"
     largest: bool
 
@@ -128,6 +129,7 @@ class TopK(OpDef):
     indices are int64 without qparams. Whitepaper 4.76."""
 
     op_type = "TopK"
+    ranks_input = True
     lsb_bound = 0.0
     section = "4.76"
     int_types = "any -> same as input, int64 indices"

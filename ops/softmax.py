@@ -110,6 +110,7 @@ class Softmax(OpDef):
 
     op_type = "Softmax"
     gives_scores = True
+    ranks_input = True
     lsb_bound = 1.0
     section = "4.66"
     int_types = "int8/uint8/int16 -> uint8/uint16"
@@ -137,6 +138,7 @@ class LogSoftmax(OpDef):
 
     op_type = "LogSoftmax"
     gives_scores = True
+    ranks_input = True
     lsb_bound = 1.0
     section = "4.66"
     int_types = "int8/uint8/int16 -> int8/uint8/int16"
@@ -163,6 +165,7 @@ class Hardmax(OpDef):
     """ONNX Hardmax (both opset semantics): the first maximum of the codes. Exact (module docstring)."""
 
     op_type = "Hardmax"
+    ranks_input = True
     lsb_bound = 0.0
     int_types = "any -> int8/uint8/int16 (codes of 0 and 1)"
     conformance = Case(attrs={"axis": -1})

@@ -33,6 +33,48 @@ overstates the rounding error of the clamped values, which sit exactly on the bo
 Without it the choice and its E were made for values the range never held: on EfficientNet-Lite0, 22 of the
 tensors feeding a ReLU6 recorded `auto:mse (E 0.57 of extrema's)` for the range [0, 6] that extrema gives too.
 
+A tensor whose largest values a consumer ranks (a Softmax, LogSoftmax, Hardmax, ArgMax/ArgMin or TopK,
+directly or through ops that only move codes: `ptq.calibration.ranked_inputs`, `unclipped`) keeps extrema's
+range: E weighs every value alike, but such a consumer reads only the leaders of each row (Softmax's dp_i/dx_i =
+p_i (1 - p_i) vanishes on the small logits whose rounding a clipping range refines) and clipping ties them. On
+bench/models' CRNN recognizer the 99.999th-percentile logits (E 0.67 of extrema's) took the greedy CTC decode
+agreement from 0.961 (extrema) to 0.895; never clipping them gives 0.941 (`python bench/detectors.py --models crnn
+--calibrator auto`, 256 eval arrays).
+
+A tensor whose one reader keeps its grid and has one output (a MaxPool, a Reshape: `ptq.calibration.read_values`,
+`scores_read_values`) is scored on that reader's output statistics, the values actually read on its grid: a
+MaxPool passes on only each window's maximum, the input's upper tail, which E on the input's histogram
+underweights. On the CRNN (three ReLU -> MaxPool pairs) that took the decode agreement from 0.941 to 0.961.
+A graph output keeps its extremes too (its reader is the user: top logits, scores above a threshold).
+
+Measured against extrema (the default), int run, same arrays (`python bench/first_try.py --no-peers
+--calibrators auto [--lite0-crops 200]`; `python bench/detectors.py --no-ort --no-nncf [--calibrator auto]`):
+
+| figure | extrema | auto |
+|---|---:|---:|
+| EfficientNet-Lite0, cosine (20 eval photos) | 0.992125 | 0.991638 |
+| EfficientNet-Lite0, cosine (200 crops of the eval photos) | 0.993318 | 0.993259 |
+| MobileNetV3-small, cosine (200 held-out crops) | 0.999178 | 0.999119 |
+| DBNet-style detector, cosine / text IoU (256 pages) | 0.999876 / 0.9957 | 0.999935 / 0.9968 |
+| ALBERT-style tagger, tag agreement | 0.999485 | 0.999743 |
+| CRNN recognizer, greedy decode agreement (256) | 0.9609 | 0.9609 |
+| YOLO-style detector, recall / precision (256) | 0.9797 / 0.9713 | 0.9826 / 0.9700 |
+| YOLO-style detector, output / score / box cosine | 0.9998 / 0.9997 / 0.9998 | 0.9997 / 0.9996 / 0.9997 |
+
+(NNCF's best: 0.9538, 0.99909, 0.999877, 0.9923 on the first_try models.) The classifier differences are at
+the noise floor of their figures: `python bench/range_jitter.py --tensor getitem_15` shrinks one Lite0 tensor's
+range by 1% and the 20-photo cosine falls from 0.992125 to 0.991523; with `--lite0-crops 200` single tensors at
+±1% move it by up to 5e-5; on MobileNetV3-small (`--model mobilenet_v3_small --tensor /8/Add_output_0`) 1-3%
+move it by up to 3e-5. `python bench/calibrator_swap.py efficientnet_lite0` sets each of auto's 49 differing
+entries back to extrema's one at a time: each gains (sum +0.0022) while all together gain 0.0005, so the
+tensors interact and no class of tensor stands out. YOLO is different: there the swaps' gains are mostly
+positive (`bench/calibrator_swap.py yolo --eval 128`: sum +0.0010, the largest in the s3/s4 stages' residual
+Adds, C2f Concats and SiLU outputs, E 0.8-0.97 of extrema's), so clipping costs more downstream than E says,
+and on DBNet they are mostly negative (clipping helps, diffusely, 1e-6 each). A local squared error cannot tell
+the two apart: the gain from a tensor to the output differs between its large and small values by model (a
+DBNet map saturates its Sigmoid where activations are large; YOLO's box distances and a classifier's logits
+grow with them), which needs the output's sensitivity, not one pass of statistics.
+
 The table records each tensor's choice and why, as its calibrator: `auto:mse (E 0.31 of extrema's; next kld
 0.35)`; a per-channel tensor records the choice of most channels.
 """
@@ -104,7 +146,9 @@ class Auto(Calibrator):
     clip_weight: float = DEFAULT_CLIP_WEIGHT
     symmetric_grid: bool = False
     bounds: Optional[tuple] = None  # (lo, hi): every consumer clamps the tensor to it (`within`)
+    ranked_by: Optional[str] = None  # the consumer that ranks the tensor's largest values (`unclipped`)
     needs = frozenset({Stat.HISTOGRAM})
+    scores_read_values = True
 
     def __post_init__(self):
         if not self.candidates or "auto" in self.candidates:
@@ -120,6 +164,9 @@ class Auto(Calibrator):
 
     def within(self, lo: float, hi: float) -> "Auto":
         return replace(self, bounds=(float(lo), float(hi)))
+
+    def unclipped(self, reason: str) -> "Auto":
+        return replace(self, ranked_by=str(reason))
 
     def scores(self, stats, bits: int, signed: bool) -> tuple:
         """(ranges, errors): each candidate's (rmin, rmax) and its (C,) expected error, as (K, C), in candidate
@@ -137,6 +184,9 @@ class Auto(Calibrator):
         return ranges, grid_error(stats.histogram, lo, hi, scale, self.clip_weight, self.bounds).T
 
     def _explained(self, stats, bits, signed):
+        if self.ranked_by is not None:
+            rmin, rmax = get_calibrator("extrema").compute(stats, bits, signed)
+            return rmin, rmax, f"auto:extrema ({self.ranked_by} ranks its largest values: never clipped)"
         ranges, errors = self.scores(stats, bits, signed)
         best = np.argmin(errors, axis=0)  # first of equals: candidate order
         channels = np.arange(errors.shape[1])

@@ -14,6 +14,8 @@ import numpy as np
 from calibrators import TensorStatistics, calibrate_array, get_calibrator
 from ptq.calibration.joined_ranges import separate_joined_parts
 from ptq.calibration.outlier_channels import widen_outlier_channels
+from ptq.calibration.ranked_inputs import ranked_tensors
+from ptq.calibration.read_values import read_values_tensor
 from ptq.calibration.recurrent_inputs import widen_recurrent_inputs
 from ptq.calibration.output_scores import widen_output_scores
 from ptq.core.bodies import body_activations, calibrated_tensors
@@ -35,6 +37,8 @@ def activation_entries(
     (`ptq.calibration.recurrent_inputs`)."""
     calibrator = get_calibrator(options.calibrator).for_grid(options.symmetric)
     bounds = folded_ranges(graph) if options.fold_clip else {}
+    ranked = ranked_tensors(graph)
+    consumers, known = graph.consumers(), {n for n, s in stats.items() if not s.empty}
     entries = {}
     inner = set(body_activations(graph))
     for name in calibrated_tensors(graph):
@@ -42,7 +46,10 @@ def activation_entries(
             continue  # a branch no sample took: no entry, and the executor runs that branch in float
         try:
             chooser = calibrator.within(*bounds[name]) if name in bounds else calibrator
-            rmin, rmax, label = chooser.compute_explained(stats[name], bits=options.bits)
+            if name in ranked:
+                chooser = chooser.unclipped(ranked[name])
+            read = read_values_tensor(graph, name, known, consumers) if calibrator.scores_read_values else name
+            rmin, rmax, label = chooser.compute_explained(stats[read], bits=options.bits)
         except ValueError as exc:
             raise ValueError(f"calibrating tensor {name!r}: {exc}") from exc
         if name in bounds:
