@@ -55,6 +55,7 @@ from calibrators import required_stats
 from ptq.core.bodies import calibrated_tensors
 from ptq.core.graph import Graph
 from ptq.engine.executor import IntegerGraph, prepare
+from ptq.engine.quantize_memo import QuantizeMemo
 from ptq.engine.float_run import FloatRunner, collect_statistics
 from ptq.table.quant_table import QuantTable
 from ptq.data.images import decode_image, preprocess_array
@@ -127,7 +128,9 @@ class Validation:
     `groups`: the photo each sample is a view of (None: every sample its own photo); `progress`: a progress
     bar per pass over them; `scorer`: where the cosines are computed (None: here); `metric`: the user's metric
     and the reference model's on each sample (None: the cosine alone); `prefix`: the passes kept to resume later
-    ones from (`ptq.tuning.prefix_cache`; None: every pass from the input)."""
+    ones from (`ptq.tuning.prefix_cache`; None: every pass from the input); `memo`: the quantized nodes of the
+    candidates prepared before, reused where a node's quantize context is unchanged (`ptq.engine.quantize_memo`;
+    None: every node quantized for each candidate)."""
 
     inputs: list[dict]
     reference: list[np.ndarray]
@@ -136,6 +139,7 @@ class Validation:
     scorer: Optional[Scorer] = None
     metric: Optional[MetricReference] = None
     prefix: Optional[PrefixCache] = field(default_factory=PrefixCache)
+    memo: Optional[QuantizeMemo] = field(default_factory=QuantizeMemo)
 
     @classmethod
     def create(cls, reference_graph: Graph, samples: Samples, progress: bool = False,
@@ -191,7 +195,7 @@ class Validation:
         (prepared once, here or by the scorer)."""
         if self.scorer is not None:
             return lambda samples: self.scorer.cosines(graph, table, float_nodes, samples)
-        prepared = prepare(graph, table, float_nodes=float_nodes)
+        prepared = prepare(graph, table, float_nodes=float_nodes, memo=self.memo)
         return lambda samples: self.run(prepared, graph.outputs[0], samples)
 
     def cosines(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str] = ()) -> list[float]:
@@ -243,7 +247,7 @@ class Validation:
 
     def _metric_pass(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str]) -> "Score":
         """One full pass here, each sample scored on the cosine and the metric (`measure`)."""
-        prepared = prepare(graph, table, float_nodes=float_nodes)
+        prepared = prepare(graph, table, float_nodes=float_nodes, memo=self.memo)
         measured = []
         for k in tqdm(range(len(self)), unit="img", desc="tune", disable=None if self.progress else True,
                       leave=False):

@@ -31,6 +31,7 @@ from typing import Optional
 import numpy as np
 
 from ptq.engine.executor import IntegerGraph
+from ptq.engine.quantize_memo import ObjectDigests
 
 DEFAULT_CHECKPOINTS = 24  # per pass: where a later candidate may resume
 KEPT_PASSES = 3  # the current state, the candidate before and the one before it: a bisection alternates them
@@ -48,16 +49,18 @@ def _digest(obj) -> Optional[bytes]:
     return hashlib.blake2b(data, digest_size=20).digest()
 
 
-def step_key(prepared: IntegerGraph, index: int, constant_digest=_digest) -> Optional[bytes]:
-    """The digest of step `index`'s node, kind, qparams, quantized constants and the initializers it reads (each
-    by `constant_digest`, the digest of an array); None when something in it cannot be digested (it then
-    matches no other step)."""
+def step_key(prepared: IntegerGraph, index: int, constant_digest=_digest, quantized_digest=_digest) -> Optional[bytes]:
+    """The digest of step `index`'s node, kind, qparams, quantized node (by `quantized_digest`: `prepare` with a
+    `ptq.engine.quantize_memo.QuantizeMemo` hands unchanged nodes the same object, digested once) and the
+    initializers it reads (each by `constant_digest`, the digest of an array); None when something in it cannot be
+    digested (it then matches no other step)."""
     step = prepared.steps[index]
     constants = prepared.graph.initializers
     read = [constant_digest(constants[name]) for name in step.node.all_inputs if name in constants]
-    if any(d is None for d in read):
+    quantized = quantized_digest(step.quantized) if step.quantized is not None else b""
+    if any(d is None for d in read) or quantized is None:
         return None
-    return _digest((step.node, step.kind, step.in_qparams, step.out_qparams, step.quantized, step.reason,
+    return _digest((step.node, step.kind, step.in_qparams, step.out_qparams, quantized, step.reason,
                     step.control, read))
 
 
@@ -180,6 +183,7 @@ class PrefixCache:
     passes: list = field(default_factory=list)
     current: Optional[PrefixRun] = None
     constants: ConstantDigests = field(default_factory=ConstantDigests)
+    quantized: ObjectDigests = field(default_factory=ObjectDigests)  # of the steps' quantized nodes, while they live
     input_codes: dict = field(default_factory=dict)  # input key -> sample -> codes, for the latest input key only
 
     def runner(self, prepared: IntegerGraph) -> PrefixRun:
@@ -190,7 +194,8 @@ class PrefixCache:
         return self.current
 
     def _new_run(self, prepared: IntegerGraph) -> PrefixRun:
-        keys = [input_key(prepared)] + [step_key(prepared, i, self.constants) for i in range(len(prepared.steps))]
+        keys = [input_key(prepared)] + [step_key(prepared, i, self.constants, self.quantized)
+                                        for i in range(len(prepared.steps))]
         best, prefix = None, 0
         for kept in self.passes:
             shared = _shared_prefix(keys, kept.keys)

@@ -410,7 +410,8 @@ class _Tuner:
     def measure(self, graph: Graph, table: QuantTable, float_layers: Sequence[str] = (),
                 rule: Optional[PassRule] = None) -> Score:
         """The validation score; with `rule`, stopped once out of its reach (`ptq.tuning.early_stop`)."""
-        nodes = float_node_names(prepare(graph, table), list(float_layers)) if float_layers else []
+        prepared = prepare(graph, table, memo=self.validation.memo) if float_layers else None
+        nodes = float_node_names(prepared, list(float_layers)) if float_layers else []
         if rule is None or not rule.order:  # no photo means from the first pass: no order to stop early in
             return self.validation.cosine(graph, table, nodes)
         return self.validation.cosine(graph, table, nodes, rule=rule)
