@@ -47,6 +47,9 @@ class ObjectDigests:
 
     by_id: dict = field(default_factory=dict)  # id(obj) -> digest
 
+    def __reduce__(self):
+        return ObjectDigests, ()  # ids name nothing in another process: a copy starts empty
+
     def __call__(self, obj) -> Optional[bytes]:
         key = id(obj)
         if key not in self.by_id:

@@ -45,6 +45,7 @@ user's callable and reads every output), whatever the scorer.
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Optional, Protocol, Sequence, Union
 
@@ -130,7 +131,8 @@ class Validation:
     and the reference model's on each sample (None: the cosine alone); `prefix`: the passes kept to resume later
     ones from (`ptq.tuning.prefix_cache`; None: every pass from the input); `memo`: the quantized nodes of the
     candidates prepared before, reused where a node's quantize context is unchanged (`ptq.engine.quantize_memo`;
-    None: every node quantized for each candidate)."""
+    None: every node quantized for each candidate); `threads`: the samples of a pass run here this many at a time
+    (`run`)."""
 
     inputs: list[dict]
     reference: list[np.ndarray]
@@ -140,6 +142,7 @@ class Validation:
     metric: Optional[MetricReference] = None
     prefix: Optional[PrefixCache] = field(default_factory=PrefixCache)
     memo: Optional[QuantizeMemo] = field(default_factory=QuantizeMemo)
+    threads: int = 1
 
     @classmethod
     def create(cls, reference_graph: Graph, samples: Samples, progress: bool = False,
@@ -204,14 +207,21 @@ class Validation:
 
     def run(self, prepared: IntegerGraph, output: str, samples: Sequence[int]) -> list[float]:
         """The cosines of the listed samples (by index) through `prepared`, whose `output` is compared; with a
-        `prefix` cache, each sample resumed after the steps an earlier pass shares (the same values)."""
-        values = []
+        `prefix` cache, each sample resumed after the steps an earlier pass shares (the same values). With
+        `threads` > 1, that many samples at a time in threads (the compiled kernels release the GIL; each
+        sample's run is its own, so the cosines are those of one thread, in the order listed)."""
         runner = self.prefix.runner(prepared) if self.prefix is not None else None
-        for k in tqdm(samples, unit="img", desc="tune", disable=None if self.progress else True, leave=False):
+
+        def cosine(k: int) -> float:
             outputs = runner.outputs(k, self.inputs[k]) if runner is not None else \
                 prepared.run(self.inputs[k], keep_all=False).outputs
-            values.append(sample_cosine(self.reference[k], outputs[output].astype(np.float64).ravel()))
-        return values
+            return sample_cosine(self.reference[k], outputs[output].astype(np.float64).ravel())
+
+        bar = dict(total=len(samples), unit="img", desc="tune", disable=None if self.progress else True, leave=False)
+        if self.threads < 2 or len(samples) < 2:
+            return [cosine(k) for k in tqdm(samples, **bar)]
+        with ThreadPoolExecutor(min(self.threads, len(samples)), thread_name_prefix="ptq-tune") as pool:
+            return list(tqdm(pool.map(cosine, samples), **bar))
 
     def cosine(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str] = (),
                rule: Optional[PassRule] = None) -> "Score":

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -143,9 +144,11 @@ class PrefixRun:
     room: int  # bytes `record` may hold
     input_codes: dict = field(default_factory=dict)  # sample -> the graph inputs' codes (shared by equal input keys)
     resumed_steps: int = 0  # steps skipped over the samples run (for the tests and the bench)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def outputs(self, sample: int, inputs: dict) -> dict[str, np.ndarray]:
-        """The dequantized graph outputs on `inputs`, validation sample number `sample`."""
+        """The dequantized graph outputs on `inputs`, validation sample number `sample` (samples may run in
+        threads at once: what they record is counted under `lock`)."""
         start, values = 0, None
         inherited = self.source.saved.get(sample, {}) if self.source is not None else {}
         for index in sorted((i for i in inherited if i <= self.prefix), reverse=True):
@@ -153,7 +156,8 @@ class PrefixRun:
                 start, values = index, dict(inherited[index])
                 break
         mine = {i: v for i, v in inherited.items() if i <= start}
-        self.record.nbytes += sum(a.nbytes for v in mine.values() for a in v.values())
+        with self.lock:
+            self.record.nbytes += sum(a.nbytes for v in mine.values() for a in v.values())
         if values is None:  # from the input: its codes as an earlier pass with the same input key quantized them
             if sample not in self.input_codes:
                 self.input_codes[sample] = self.prepared.quantized_inputs(inputs)
@@ -163,13 +167,15 @@ class PrefixRun:
             if index in self.marks and index > start:
                 tensors = {name: held[name] for name in self.live[index]}
                 size = sum(a.nbytes for a in tensors.values())
-                if self.record.nbytes + size <= self.room:
-                    mine[index] = tensors
-                    self.record.nbytes += size
+                with self.lock:
+                    if self.record.nbytes + size <= self.room:
+                        mine[index] = tensors
+                        self.record.nbytes += size
 
         result = self.prepared.run_from(values, start, keep)
-        self.record.saved[sample] = mine
-        self.resumed_steps += start
+        with self.lock:
+            self.record.saved[sample] = mine
+            self.resumed_steps += start
         return result
 
 

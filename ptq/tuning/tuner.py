@@ -72,6 +72,7 @@ from ptq.core.graph import Graph
 from ptq.core.roles import LayerKind
 from ptq.engine.fused_layers import fused_output
 from ptq.engine.executor import prepare
+from ptq.engine.threads import usable_cores
 from ptq.qdq.check import QDQCheck
 from ptq.qdq.output import summary_lines
 from ptq.table.quant_table import QuantTable
@@ -641,7 +642,9 @@ def tune(graph: Graph, table: QuantTable, images: Samples, target: Optional[floa
         fit = images
     check = Validation.create(reference or graph, validation, progress=progress, views=views, metric=metric)
     with sample_passes(graph, table, fit, check, workers=workers, ray=ray) as passes:
-        return _search(graph, table, fit, dataclasses.replace(check, scorer=passes.scorer), passes, target,
+        # passes scored here run their samples on the usable cores (`Validation.run`); the pool's workers one at a time
+        here = dataclasses.replace(check, scorer=passes.scorer, threads=usable_cores())
+        return _search(graph, table, fit, here, passes, target,
                        budget_int16=len(table.tensors) if budget_int16 is None else budget_int16,
                        allow_float=allow_float, margin=margin, z=z,
                        range_calibrators=range_calibrators, range_search=range_search, min_gain=min_gain,
