@@ -123,6 +123,17 @@ def sample_cosine(reference: np.ndarray, output: np.ndarray) -> float:
     return float(np.dot(reference, output) / norm) if norm > 0 else float(np.array_equal(reference, output))
 
 
+_THREADS: dict[int, ThreadPoolExecutor] = {}
+
+
+def sample_threads(count: int) -> ThreadPoolExecutor:
+    """The threads validation passes run their samples in, `count` of them, started once per process: a thread
+    keeps its kernels' scratch buffers (`ops.compiled.scratch`) from pass to pass."""
+    if count not in _THREADS:
+        _THREADS[count] = ThreadPoolExecutor(count, thread_name_prefix="ptq-tune")
+    return _THREADS[count]
+
+
 @dataclass
 class Validation:
     """Validation samples (inputs by name) and the reference model's first output on each (computed once);
@@ -220,8 +231,7 @@ class Validation:
         bar = dict(total=len(samples), unit="img", desc="tune", disable=None if self.progress else True, leave=False)
         if self.threads < 2 or len(samples) < 2:
             return [cosine(k) for k in tqdm(samples, **bar)]
-        with ThreadPoolExecutor(min(self.threads, len(samples)), thread_name_prefix="ptq-tune") as pool:
-            return list(tqdm(pool.map(cosine, samples), **bar))
+        return list(tqdm(sample_threads(self.threads).map(cosine, samples), **bar))
 
     def cosine(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str] = (),
                rule: Optional[PassRule] = None) -> "Score":
