@@ -401,6 +401,7 @@ class _Tuner:
         self.original = table
         self.steps: list[TuneStep] = []
         self._patches: Optional[dict] = None
+        self._shifts: dict = {}  # the layers' bias shifts between grids, as computed (`recorrected_biases`)
         self.stats: Optional[dict] = None  # activation statistics of the fit samples, once collected
         self.saved: dict = {}  # the entry each 16-bit tensor had before it was widened
         self.state = _State(table, graph, self.measure(graph, table))
@@ -440,7 +441,7 @@ class _Tuner:
             layers = [n for n in graph.nodes if layer_kind(n) in CORRECTED_LAYERS and len(n.inputs) > 1
                       and n.inputs[1] in self.original.tensors]
             self._patches = mean_patches(graph, layers, (x for _, x, _ in self.fit.samples(graph)))
-        biases = recorrected_biases(graph, self.state.table, table, weights, self._patches)
+        biases = recorrected_biases(graph, self.state.table, table, weights, self._patches, self._shifts)
         return with_biases(graph, biases) if biases else graph
 
     def attempt(self, change: str, table: QuantTable, int16: Sequence[str] = (), float_layers: Sequence[str] = (),
