@@ -67,6 +67,16 @@ def flat_bin_index(values: np.ndarray, exponent: np.ndarray, num_bins: int) -> n
     return scaled.astype(np.int64).ravel()
 
 
+def _normal_scale(exponent: np.ndarray) -> Optional[np.ndarray]:
+    """2^-e_c per channel (float64; 0 for a channel with EMPTY_EXPONENT), None when one is not a normal float64
+    (then `flat_bin_index` scales each value by `np.ldexp`)."""
+    empty = exponent <= EMPTY_EXPONENT
+    e = np.where(empty, 0, exponent)
+    if not np.all((e >= -1022) & (e <= 1022)):
+        return None
+    return np.where(empty, 0.0, np.ldexp(1.0, -e))
+
+
 def _coarsened(counts: np.ndarray, exponent: np.ndarray, new_exponent: np.ndarray) -> np.ndarray:
     """`counts` (C, 2, B) at widths 2^exponent re-binned to widths 2^new_exponent (new >= old, exact)."""
     shift = np.minimum(new_exponent - exponent, _MAX_SHIFT)
@@ -134,6 +144,14 @@ class HistogramCollector:
             new_exponent = np.maximum(self.exponent, need)
             self.counts = _coarsened(self.counts, self.exponent, new_exponent)
             self.exponent = new_exponent
+        scale = _normal_scale(self.exponent)
+        if scale is not None:
+            # reason: numba is loaded only where a histogram is filled (calibrate's default extrema fills none)
+            from calibrators.histogram_counts import add_counts
+
+            if add_counts(rows.values, scale, self.counts, self.zeros):
+                raise ValueError("HistogramCollector: a value lies past the histogram's widest bin")
+            return
         flat = flat_bin_index(rows.values, self.exponent, self.num_bins)
         self.counts += np.bincount(flat, minlength=self.counts.size).reshape(self.counts.shape)
         zero = rows.values == 0

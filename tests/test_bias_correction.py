@@ -132,3 +132,36 @@ def test_recorrected_bias_moves_the_correction_to_the_new_grid():
     stale = run(with_weights(float_model, {"W": w6, "B": corrected.initializers["B"]}), x, ["c"])["c"]
     assert np.max(np.abs((stale - ref).mean(axis=(0, 2, 3)))) > 0.02  # the 4-bit correction is wrong for 6 bits
     np.testing.assert_allclose((fixed - ref).mean(axis=(0, 2, 3)), 0, atol=2e-5)
+
+
+def test_recorrected_biases_from_kept_shifts_are_the_computed_ones(monkeypatch):
+    """`shifts`: a weight moved between the same grids again reads the shift kept (no rounding computed again),
+    the same biases; another grid is computed anew."""
+    import ptq.adjust.bias_correction as bc
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(0.5, 1.0, (6, 4, 9, 9)).astype(np.float32)
+    graph = load_model(random_grouped_conv_gemm(rng))
+    old = coarse_table(graph.initializers["W"], graph.initializers["WG"])
+    corrected = load_model(correct_biases(graph, old, iter([x]))[0])
+    patches = mean_patches(corrected, [n for n in corrected.nodes if n.op_type == "Conv"], iter([x]))
+    m = float(np.max(np.abs(graph.initializers["W"])))
+
+    def moved(bits):
+        qp = compute_qparams(np.array([-m]), np.array([m]), bits, symmetric=True, narrow=True)
+        return QuantTable(old.options, {**old.tensors, "W": TensorEntry("weight", "extrema", np.array([-m]),
+                                                                         np.array([m]), qp)})
+
+    six, seven = moved(6), moved(7)
+    fresh = recorrected_biases(corrected, old, six, ["W"], patches)
+    calls = []
+    rounding = bc.rounding_delta
+    monkeypatch.setattr(bc, "rounding_delta", lambda w, qp: calls.append(qp) or rounding(w, qp))
+    shifts: dict = {}
+    first = recorrected_biases(corrected, old, six, ["W"], patches, shifts)
+    again = recorrected_biases(corrected, old, six, ["W"], patches, shifts)
+    assert len(calls) == 2 and len(shifts) == 1  # the old and the new rounding, once
+    assert np.array_equal(first["B"], fresh["B"]) and np.array_equal(again["B"], fresh["B"])
+    other = recorrected_biases(corrected, old, seven, ["W"], patches, shifts)
+    assert len(calls) == 4 and len(shifts) == 2
+    assert not np.array_equal(other["B"], fresh["B"])

@@ -3,6 +3,7 @@ gives the full run's outputs bit for bit; a pass stopped early stops only when n
 could pass; the layers' route of `minimize` measures only heads that could keep fewer 16-bit tensors."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -254,3 +255,31 @@ def test_on_the_bundled_model_a_resumed_pass_is_the_full_run(tmp_path, model_pat
         got, want = run.outputs(k, x), other.run(x, keep_all=False).outputs
         assert all(np.array_equal(got[n], want[n]) for n in want)
     assert run.resumed_steps >= 2 * 30  # resumed past most of the shared steps
+
+
+def test_a_pass_in_threads_gives_the_cosines_of_one_thread(tmp_path, monkeypatch):
+    """`Validation.threads`: the samples of a pass run several at a time, each resumed from the prefix cache as
+    in one thread, with the same cosines in the same order and the same tensors saved for later passes."""
+    import threading
+
+    from ptq.tuning.prefix_cache import PrefixRun
+
+    graph, table, _ = _chain_case(tmp_path)
+    check, _ = _array_validation(graph, table, count=12)
+    one, four = dataclass_copy(check), dataclasses.replace(dataclass_copy(check), threads=4)
+    names = set()
+    outputs = PrefixRun.outputs
+
+    def recorded(self, sample, inputs):
+        names.add(threading.current_thread().name)
+        return outputs(self, sample, inputs)
+
+    monkeypatch.setattr(PrefixRun, "outputs", recorded)
+    for candidate in (table, with_bits(table, ["c3"], 16), with_bits(table, ["a2"], 16), table):
+        names.clear()
+        assert four.cosines(graph, candidate) == one.cosines(graph, candidate)
+        assert len(names) >= 2 and all(n.startswith("ptq-tune") for n in names - {threading.main_thread().name})
+        mine, theirs = four.prefix.current, one.prefix.current
+        assert mine.resumed_steps == theirs.resumed_steps and mine.record.nbytes == theirs.record.nbytes
+        assert {k: v.keys() for k, v in mine.record.saved.items()} == \
+            {k: v.keys() for k, v in theirs.record.saved.items()}

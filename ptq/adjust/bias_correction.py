@@ -187,11 +187,13 @@ def correct_biases(graph: Graph, table: QuantTable, batches: Iterable[np.ndarray
 
 
 def recorrected_biases(graph: Graph, old: QuantTable, new: QuantTable, weights: Iterable[str],
-                       patches: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+                       patches: dict[str, np.ndarray], shifts: Optional[dict] = None) -> dict[str, np.ndarray]:
     """Bias name -> its value once the listed weights move from `old`'s grid to `new`'s (e.g. 8 -> 16 bits) in a
     graph whose biases were corrected for `old`: b'' = b' - shift(delta_new - delta_old), the correction for
     the old rounding replaced by the one for the new (linear in delta, so no float weights need be kept).
-    `patches`: `mean_patches` of the layers (a layer without one keeps its bias)."""
+    `patches`: `mean_patches` of the layers (a layer without one keeps its bias). `shifts`: the shifts computed
+    by earlier calls, kept by the caller (`ptq tune` moves the same weights between the same grids again and
+    again): by the ids of the node, weight, grids and patch, each entry holding them (so no id is reused)."""
     wanted = set(weights)
     consumers = graph.consumers()
     shared = {name for name, users in consumers.items() if len(users) > 1}
@@ -202,7 +204,14 @@ def recorrected_biases(graph: Graph, old: QuantTable, new: QuantTable, weights: 
         bias_name, sign = bias_target(graph, node, shared, consumers)
         if not bias_name or node.name not in patches:
             continue
-        w = graph.initializers[node.inputs[1]]
-        change = rounding_delta(w, new.tensors[node.inputs[1]].qparams) - rounding_delta(w, old.tensors[node.inputs[1]].qparams)
-        out[bias_name] = corrected_bias(graph, bias_name, layer_shift(node, change, patches[node.name]), sign)
+        w, patch = graph.initializers[node.inputs[1]], patches[node.name]
+        grids = new.tensors[node.inputs[1]].qparams, old.tensors[node.inputs[1]].qparams
+        key = (id(node), id(w), id(grids[0]), id(grids[1]), id(patch))
+        known = shifts.get(key) if shifts is not None else None
+        if known is None:
+            change = rounding_delta(w, grids[0]) - rounding_delta(w, grids[1])
+            known = (node, w, grids, patch, layer_shift(node, change, patch))
+            if shifts is not None:
+                shifts[key] = known
+        out[bias_name] = corrected_bias(graph, bias_name, known[-1], sign)
     return out

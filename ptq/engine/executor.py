@@ -63,6 +63,7 @@ from ptq.engine.compile_notice import first_run_notice
 from ptq.engine.control_flow import FloatBranch, IfStep, LoopStep, branch_output
 from ptq.engine.float_fallback import NodeFloatEvaluator
 from ptq.engine.fused_layers import layer_nodes
+from ptq.engine.quantize_memo import QuantizeMemo
 from ptq.engine.rewrites import RewriteLog, apply_rewrites
 from ptq.engine.weight_scale_floor import floor_folded_weight
 from ptq.table.quant_table import QuantTable, load_quant_table
@@ -365,8 +366,9 @@ class _Quantizer:
     """Walks the rewritten graph once, choosing each node's kind and running its quantize rule."""
 
     def __init__(self, graph: Graph, table: QuantTable, rewrites: RewriteLog, marked: Mapping[str, str],
-                 options: ExecutorOptions):
+                 options: ExecutorOptions, memo: Optional[QuantizeMemo] = None):
         self.graph, self.table, self.marked = graph, table, marked
+        self.memo = memo  # quantized nodes of earlier prepares (`ptq.engine.quantize_memo`; None: none)
         self.folded = rewrites.folded_weights
         self.qparams: dict[str, QParams] = {}
         self.options = options
@@ -482,11 +484,16 @@ class _Quantizer:
         shapes = [[self.graph.tensors[n].shape if n in self.graph.tensors else None for n in names]
                   for names in (node.inputs, node.outputs)]
         ctx = QuantizeContext(node, in_qp, proposal, constants, self.quantize_options, *shapes)
-        try:
-            q = op.quantize(ctx)
-            check_quantized(q)
-        except Exception as exc:  # whatever the rule raised: the node falls back to float, or strict fails
-            raise QuantizationError(str(exc)) from exc
+        key = self.memo.context_key(ctx) if self.memo is not None else None
+        q = self.memo.get(key) if key is not None else None
+        if q is None:
+            try:
+                q = op.quantize(ctx)
+                check_quantized(q)
+            except Exception as exc:  # whatever the rule raised: the node falls back to float, or strict fails
+                raise QuantizationError(str(exc)) from exc
+            if key is not None:
+                self.memo.put(key, q)
         self._record(node, q.out_qparams)
         return Step(node, NodeKind.INTEGER, in_qp, list(q.out_qparams), op=op, quantized=q)
 
@@ -652,12 +659,15 @@ def prepare(
     float_nodes: Iterable[str] = (),
     backend: Union[str, DotBackend, None] = None,
     options: Optional[ExecutorOptions] = None,
+    memo: Optional[QuantizeMemo] = None,
 ) -> IntegerGraph:
     """Rewrite a copy of `graph` and quantize every node with `quant_table` (see the module docstring).
 
     `float_nodes`: node names, output tensor names or op types to run in float (fake-quant debugging), besides
     the layers computing the tensors the table marks float.
     `backend`: the dot product under Conv, Gemm and MatMul, a `DotBackend` or a name of `ptq.engine.backends`.
+    `memo`: the quantized nodes of earlier prepares, a node whose quantize rule would see the same context taken
+    from it (`ptq.engine.quantize_memo`: the same steps, fewer rules run; None: every rule runs).
     """
     options = options or ExecutorOptions()
     backend = get_backend(backend)  # None: the default; a name; or a backend object as it is
@@ -667,7 +677,9 @@ def prepare(
     for name, tensor in _table_float_layers(quant_table, rewrite, marked).items():
         marked.setdefault(name, f"float in the quant table ({tensor!r})")
     rewritten, log = rewrite(marked)
-    quantizer = _Quantizer(rewritten, quant_table, log, marked, options)
+    if memo is not None:
+        memo.begin()
+    quantizer = _Quantizer(rewritten, quant_table, log, marked, options, memo)
     quantizer.node_float = node_float
     quantizer.graph_inputs()
     steps = [quantizer.step(node) for node in rewritten.nodes]

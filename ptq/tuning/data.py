@@ -45,6 +45,7 @@ user's callable and reads every output), whatever the scorer.
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Optional, Protocol, Sequence, Union
 
@@ -55,6 +56,7 @@ from calibrators import required_stats
 from ptq.core.bodies import calibrated_tensors
 from ptq.core.graph import Graph
 from ptq.engine.executor import IntegerGraph, prepare
+from ptq.engine.quantize_memo import QuantizeMemo
 from ptq.engine.float_run import FloatRunner, collect_statistics
 from ptq.table.quant_table import QuantTable
 from ptq.data.images import decode_image, preprocess_array
@@ -121,13 +123,27 @@ def sample_cosine(reference: np.ndarray, output: np.ndarray) -> float:
     return float(np.dot(reference, output) / norm) if norm > 0 else float(np.array_equal(reference, output))
 
 
+_THREADS: dict[int, ThreadPoolExecutor] = {}
+
+
+def sample_threads(count: int) -> ThreadPoolExecutor:
+    """The threads validation passes run their samples in, `count` of them, started once per process: a thread
+    keeps its kernels' scratch buffers (`ops.compiled.scratch`) from pass to pass."""
+    if count not in _THREADS:
+        _THREADS[count] = ThreadPoolExecutor(count, thread_name_prefix="ptq-tune")
+    return _THREADS[count]
+
+
 @dataclass
 class Validation:
     """Validation samples (inputs by name) and the reference model's first output on each (computed once);
     `groups`: the photo each sample is a view of (None: every sample its own photo); `progress`: a progress
     bar per pass over them; `scorer`: where the cosines are computed (None: here); `metric`: the user's metric
     and the reference model's on each sample (None: the cosine alone); `prefix`: the passes kept to resume later
-    ones from (`ptq.tuning.prefix_cache`; None: every pass from the input)."""
+    ones from (`ptq.tuning.prefix_cache`; None: every pass from the input); `memo`: the quantized nodes of the
+    candidates prepared before, reused where a node's quantize context is unchanged (`ptq.engine.quantize_memo`;
+    None: every node quantized for each candidate); `threads`: the samples of a pass run here this many at a time
+    (`run`)."""
 
     inputs: list[dict]
     reference: list[np.ndarray]
@@ -136,6 +152,8 @@ class Validation:
     scorer: Optional[Scorer] = None
     metric: Optional[MetricReference] = None
     prefix: Optional[PrefixCache] = field(default_factory=PrefixCache)
+    memo: Optional[QuantizeMemo] = field(default_factory=QuantizeMemo)
+    threads: int = 1
 
     @classmethod
     def create(cls, reference_graph: Graph, samples: Samples, progress: bool = False,
@@ -191,7 +209,7 @@ class Validation:
         (prepared once, here or by the scorer)."""
         if self.scorer is not None:
             return lambda samples: self.scorer.cosines(graph, table, float_nodes, samples)
-        prepared = prepare(graph, table, float_nodes=float_nodes)
+        prepared = prepare(graph, table, float_nodes=float_nodes, memo=self.memo)
         return lambda samples: self.run(prepared, graph.outputs[0], samples)
 
     def cosines(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str] = ()) -> list[float]:
@@ -200,14 +218,20 @@ class Validation:
 
     def run(self, prepared: IntegerGraph, output: str, samples: Sequence[int]) -> list[float]:
         """The cosines of the listed samples (by index) through `prepared`, whose `output` is compared; with a
-        `prefix` cache, each sample resumed after the steps an earlier pass shares (the same values)."""
-        values = []
+        `prefix` cache, each sample resumed after the steps an earlier pass shares (the same values). With
+        `threads` > 1, that many samples at a time in threads (the compiled kernels release the GIL; each
+        sample's run is its own, so the cosines are those of one thread, in the order listed)."""
         runner = self.prefix.runner(prepared) if self.prefix is not None else None
-        for k in tqdm(samples, unit="img", desc="tune", disable=None if self.progress else True, leave=False):
+
+        def cosine(k: int) -> float:
             outputs = runner.outputs(k, self.inputs[k]) if runner is not None else \
                 prepared.run(self.inputs[k], keep_all=False).outputs
-            values.append(sample_cosine(self.reference[k], outputs[output].astype(np.float64).ravel()))
-        return values
+            return sample_cosine(self.reference[k], outputs[output].astype(np.float64).ravel())
+
+        bar = dict(total=len(samples), unit="img", desc="tune", disable=None if self.progress else True, leave=False)
+        if self.threads < 2 or len(samples) < 2:
+            return [cosine(k) for k in tqdm(samples, **bar)]
+        return list(tqdm(sample_threads(self.threads).map(cosine, samples), **bar))
 
     def cosine(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str] = (),
                rule: Optional[PassRule] = None) -> "Score":
@@ -243,7 +267,7 @@ class Validation:
 
     def _metric_pass(self, graph: Graph, table: QuantTable, float_nodes: Sequence[str]) -> "Score":
         """One full pass here, each sample scored on the cosine and the metric (`measure`)."""
-        prepared = prepare(graph, table, float_nodes=float_nodes)
+        prepared = prepare(graph, table, float_nodes=float_nodes, memo=self.memo)
         measured = []
         for k in tqdm(range(len(self)), unit="img", desc="tune", disable=None if self.progress else True,
                       leave=False):

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
 from ptq.engine.executor import IntegerGraph
+from ptq.engine.quantize_memo import ObjectDigests
 
 DEFAULT_CHECKPOINTS = 24  # per pass: where a later candidate may resume
 KEPT_PASSES = 3  # the current state, the candidate before and the one before it: a bisection alternates them
@@ -48,16 +50,18 @@ def _digest(obj) -> Optional[bytes]:
     return hashlib.blake2b(data, digest_size=20).digest()
 
 
-def step_key(prepared: IntegerGraph, index: int, constant_digest=_digest) -> Optional[bytes]:
-    """The digest of step `index`'s node, kind, qparams, quantized constants and the initializers it reads (each
-    by `constant_digest`, the digest of an array); None when something in it cannot be digested (it then
-    matches no other step)."""
+def step_key(prepared: IntegerGraph, index: int, constant_digest=_digest, quantized_digest=_digest) -> Optional[bytes]:
+    """The digest of step `index`'s node, kind, qparams, quantized node (by `quantized_digest`: `prepare` with a
+    `ptq.engine.quantize_memo.QuantizeMemo` hands unchanged nodes the same object, digested once) and the
+    initializers it reads (each by `constant_digest`, the digest of an array); None when something in it cannot be
+    digested (it then matches no other step)."""
     step = prepared.steps[index]
     constants = prepared.graph.initializers
     read = [constant_digest(constants[name]) for name in step.node.all_inputs if name in constants]
-    if any(d is None for d in read):
+    quantized = quantized_digest(step.quantized) if step.quantized is not None else b""
+    if any(d is None for d in read) or quantized is None:
         return None
-    return _digest((step.node, step.kind, step.in_qparams, step.out_qparams, step.quantized, step.reason,
+    return _digest((step.node, step.kind, step.in_qparams, step.out_qparams, quantized, step.reason,
                     step.control, read))
 
 
@@ -140,9 +144,11 @@ class PrefixRun:
     room: int  # bytes `record` may hold
     input_codes: dict = field(default_factory=dict)  # sample -> the graph inputs' codes (shared by equal input keys)
     resumed_steps: int = 0  # steps skipped over the samples run (for the tests and the bench)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def outputs(self, sample: int, inputs: dict) -> dict[str, np.ndarray]:
-        """The dequantized graph outputs on `inputs`, validation sample number `sample`."""
+        """The dequantized graph outputs on `inputs`, validation sample number `sample` (samples may run in
+        threads at once: what they record is counted under `lock`)."""
         start, values = 0, None
         inherited = self.source.saved.get(sample, {}) if self.source is not None else {}
         for index in sorted((i for i in inherited if i <= self.prefix), reverse=True):
@@ -150,7 +156,8 @@ class PrefixRun:
                 start, values = index, dict(inherited[index])
                 break
         mine = {i: v for i, v in inherited.items() if i <= start}
-        self.record.nbytes += sum(a.nbytes for v in mine.values() for a in v.values())
+        with self.lock:
+            self.record.nbytes += sum(a.nbytes for v in mine.values() for a in v.values())
         if values is None:  # from the input: its codes as an earlier pass with the same input key quantized them
             if sample not in self.input_codes:
                 self.input_codes[sample] = self.prepared.quantized_inputs(inputs)
@@ -160,13 +167,15 @@ class PrefixRun:
             if index in self.marks and index > start:
                 tensors = {name: held[name] for name in self.live[index]}
                 size = sum(a.nbytes for a in tensors.values())
-                if self.record.nbytes + size <= self.room:
-                    mine[index] = tensors
-                    self.record.nbytes += size
+                with self.lock:
+                    if self.record.nbytes + size <= self.room:
+                        mine[index] = tensors
+                        self.record.nbytes += size
 
         result = self.prepared.run_from(values, start, keep)
-        self.record.saved[sample] = mine
-        self.resumed_steps += start
+        with self.lock:
+            self.record.saved[sample] = mine
+            self.resumed_steps += start
         return result
 
 
@@ -180,6 +189,7 @@ class PrefixCache:
     passes: list = field(default_factory=list)
     current: Optional[PrefixRun] = None
     constants: ConstantDigests = field(default_factory=ConstantDigests)
+    quantized: ObjectDigests = field(default_factory=ObjectDigests)  # of the steps' quantized nodes, while they live
     input_codes: dict = field(default_factory=dict)  # input key -> sample -> codes, for the latest input key only
 
     def runner(self, prepared: IntegerGraph) -> PrefixRun:
@@ -190,7 +200,8 @@ class PrefixCache:
         return self.current
 
     def _new_run(self, prepared: IntegerGraph) -> PrefixRun:
-        keys = [input_key(prepared)] + [step_key(prepared, i, self.constants) for i in range(len(prepared.steps))]
+        keys = [input_key(prepared)] + [step_key(prepared, i, self.constants, self.quantized)
+                                        for i in range(len(prepared.steps))]
         best, prefix = None, 0
         for kept in self.passes:
             shared = _shared_prefix(keys, kept.keys)

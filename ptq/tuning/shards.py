@@ -170,7 +170,8 @@ class TuneJob:
             return ReportJob(self.model, self.input_shapes, self.format, self.labels).run(context.report,
                                                                                           (call.evaluate, part))
         if call.key != context.scored:
-            context.prepared = prepare(graph, call.table, float_nodes=list(call.float_nodes))
+            context.prepared = prepare(graph, call.table, float_nodes=list(call.float_nodes),
+                                       memo=self.validation.memo)
             context.scored = call.key
         return ShardResult(payload=self.validation.run(context.prepared, graph.outputs[0], [part]))
 

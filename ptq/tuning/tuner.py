@@ -72,6 +72,7 @@ from ptq.core.graph import Graph
 from ptq.core.roles import LayerKind
 from ptq.engine.fused_layers import fused_output
 from ptq.engine.executor import prepare
+from ptq.engine.threads import usable_cores
 from ptq.qdq.check import QDQCheck
 from ptq.qdq.output import summary_lines
 from ptq.table.quant_table import QuantTable
@@ -400,6 +401,7 @@ class _Tuner:
         self.original = table
         self.steps: list[TuneStep] = []
         self._patches: Optional[dict] = None
+        self._shifts: dict = {}  # the layers' bias shifts between grids, as computed (`recorrected_biases`)
         self.stats: Optional[dict] = None  # activation statistics of the fit samples, once collected
         self.saved: dict = {}  # the entry each 16-bit tensor had before it was widened
         self.state = _State(table, graph, self.measure(graph, table))
@@ -410,7 +412,8 @@ class _Tuner:
     def measure(self, graph: Graph, table: QuantTable, float_layers: Sequence[str] = (),
                 rule: Optional[PassRule] = None) -> Score:
         """The validation score; with `rule`, stopped once out of its reach (`ptq.tuning.early_stop`)."""
-        nodes = float_node_names(prepare(graph, table), list(float_layers)) if float_layers else []
+        prepared = prepare(graph, table, memo=self.validation.memo) if float_layers else None
+        nodes = float_node_names(prepared, list(float_layers)) if float_layers else []
         if rule is None or not rule.order:  # no photo means from the first pass: no order to stop early in
             return self.validation.cosine(graph, table, nodes)
         return self.validation.cosine(graph, table, nodes, rule=rule)
@@ -438,7 +441,7 @@ class _Tuner:
             layers = [n for n in graph.nodes if layer_kind(n) in CORRECTED_LAYERS and len(n.inputs) > 1
                       and n.inputs[1] in self.original.tensors]
             self._patches = mean_patches(graph, layers, (x for _, x, _ in self.fit.samples(graph)))
-        biases = recorrected_biases(graph, self.state.table, table, weights, self._patches)
+        biases = recorrected_biases(graph, self.state.table, table, weights, self._patches, self._shifts)
         return with_biases(graph, biases) if biases else graph
 
     def attempt(self, change: str, table: QuantTable, int16: Sequence[str] = (), float_layers: Sequence[str] = (),
@@ -640,7 +643,9 @@ def tune(graph: Graph, table: QuantTable, images: Samples, target: Optional[floa
         fit = images
     check = Validation.create(reference or graph, validation, progress=progress, views=views, metric=metric)
     with sample_passes(graph, table, fit, check, workers=workers, ray=ray) as passes:
-        return _search(graph, table, fit, dataclasses.replace(check, scorer=passes.scorer), passes, target,
+        # passes scored here run their samples on the usable cores (`Validation.run`); the pool's workers one at a time
+        here = dataclasses.replace(check, scorer=passes.scorer, threads=usable_cores())
+        return _search(graph, table, fit, here, passes, target,
                        budget_int16=len(table.tensors) if budget_int16 is None else budget_int16,
                        allow_float=allow_float, margin=margin, z=z,
                        range_calibrators=range_calibrators, range_search=range_search, min_gain=min_gain,
