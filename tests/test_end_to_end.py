@@ -1,7 +1,10 @@
 """End to end: calibrate, run in integers, compare with float onnxruntime and with onnxruntime on the QDQ export.
 
 EfficientNet-Lite0 is calibrated once per session (examples/calib, int8 per-channel weights) and run on the
-20 labelled eval photos.
+20 labelled eval photos. The engine's checks (integer run against float and against onnxruntime's QDQ run,
+layer by layer) calibrate with `extrema`, the ranges their bounds were measured on; the default calibrator
+(`auto`, ranges chosen per tensor) has its own checks at the end of that section: the task figures and the QDQ
+model's agreement with the integer run.
 
 onnxruntime runs the QDQ model with graph optimizations disabled: then every QuantizeLinear/DequantizeLinear
 pair and every op runs as written (the QDQ model's defined semantics). With optimizations on, onnxruntime
@@ -35,6 +38,7 @@ from ops.registry import QuantizeOptions, bias_role
 from ptq.engine.executor import ExecutorOptions, prepare
 from ptq.core.graph import load_model
 from ptq.data.images import ImageLog, Preprocess, load_image, select_files
+from ptq.core.option_defaults import DEFAULT_CALIBRATOR
 from ptq.core.qparams import compute_qparams
 from ptq.table.quant_table import QuantTable, TensorEntry
 from ptq.data.labels import label_from_filename
@@ -57,9 +61,9 @@ def _session(model, optimize: bool = True) -> ort.InferenceSession:
 
 
 class EfficientNetRun:
-    def __init__(self, model_path: Path, calib_dir: Path, eval_dir: Path, out_dir: Path):
+    def __init__(self, model_path: Path, calib_dir: Path, eval_dir: Path, out_dir: Path, calibrator: str):
         self.model_path = model_path
-        self.result = calibrate(model_path, calib_dir, out_dir)
+        self.result = calibrate(model_path, calib_dir, out_dir, calibrator=calibrator)
         graph = load_model(model_path)
         pre = Preprocess(**self.result.table.options.preprocess)
         spec = input_spec(graph, pre)
@@ -80,7 +84,13 @@ class EfficientNetRun:
 
 @pytest.fixture(scope="session")
 def effnet(model_path, calib_dir, eval_dir, tmp_path_factory) -> EfficientNetRun:
-    return EfficientNetRun(model_path, calib_dir, eval_dir, tmp_path_factory.mktemp("effnet"))
+    return EfficientNetRun(model_path, calib_dir, eval_dir, tmp_path_factory.mktemp("effnet"), "extrema")
+
+
+@pytest.fixture(scope="session")
+def effnet_default(model_path, calib_dir, eval_dir, tmp_path_factory) -> EfficientNetRun:
+    return EfficientNetRun(model_path, calib_dir, eval_dir, tmp_path_factory.mktemp("effnet_default"),
+                           DEFAULT_CALIBRATOR)
 
 
 def test_efficientnet_runs_entirely_in_integers(effnet):
@@ -193,6 +203,33 @@ def test_cli_run_prints_top5_and_summary(effnet, capsys):
     assert f"top-1 accuracy {hit}/1 on the images labelled" in out
     assert "every node ran in integers" in out
     assert "saturated their int32 accumulator" in out or "no int32 accumulator overflow" in out
+
+
+def test_default_calibrator_chooses_per_tensor_and_keeps_the_task(effnet_default):
+    """`ptq calibrate` with no accuracy flag: every activation's range chosen per tensor (and labelled with the
+    choice), the whole graph in integers, the logits close to float and the labelled photos' top-1 accuracy
+    within one photo of float's."""
+    table = effnet_default.result.table
+    labels_of = [e.calibrator for e in table.tensors.values() if e.kind == "activation"]
+    assert labels_of and all(c.startswith(f"{DEFAULT_CALIBRATOR}:") for c in labels_of), set(labels_of)
+    assert effnet_default.float_nodes == []
+    cosines = [_cosine(i, f) for i, f in zip(effnet_default.int_logits, effnet_default.float_logits)]
+    assert np.mean(cosines) >= 0.99, cosines
+    labels = np.array([label_from_filename(p) for p in effnet_default.files])
+    int_correct = int(np.sum(effnet_default.int_logits.argmax(1) == labels))
+    float_correct = int(np.sum(effnet_default.float_logits.argmax(1) == labels))
+    assert int_correct >= float_correct - 1, (int_correct, float_correct)
+
+
+def test_default_qdq_model_scores_within_0005_of_the_integer_run(effnet_default):
+    """Issue 26's bar: the QDQ model of the default table, in onnxruntime with optimizations off and on, within
+    0.005 logits cosine (to float) of the integer run."""
+    int_cosine = np.mean([_cosine(i, f) for i, f in zip(effnet_default.int_logits, effnet_default.float_logits)])
+    optimized = _session(effnet_default.result.qdq_path)
+    for qdq_logits in (effnet_default.qdq_logits,
+                       np.concatenate([optimized.run(None, {"input": x})[0] for x in effnet_default.samples])):
+        qdq_cosine = np.mean([_cosine(q, f) for q, f in zip(qdq_logits, effnet_default.float_logits)])
+        assert abs(qdq_cosine - int_cosine) <= 0.005, (qdq_cosine, int_cosine)
 
 
 # ---------------------------------------------------------------- a model of the other op kinds

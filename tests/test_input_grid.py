@@ -39,7 +39,7 @@ def test_distinct_values_counts_per_channel_and_stops_past_the_limit():
 
 
 def test_continuous_samples_give_the_input_16_bits_and_say_why():
-    result = calibrate(conv_relu_gemm(), _continuous(16), write_qdq=False)
+    result = calibrate(conv_relu_gemm(), _continuous(16), write_qdq=False, calibrator="extrema")
     entry = result.table.tensors["input"]
     assert entry.qparams.bits == 16 and "finer than 8-bit data" in entry.why
     # over the calibrated range (extrema: the samples' own); every other activation keeps 8 bits
