@@ -3,6 +3,7 @@ what the tuned table scores on held-out photos.
 
     python bench/tune_speed.py                          # the bundled model, examples/calib, the 20 eval photos
     python bench/tune_speed.py MODEL CALIB EVAL [--target 0.998] [--rounds 2] [--tune-args "--workers 2"]
+                               [--calibrate-args "--calibrator extrema"]
 
 One run times both commands as the user runs them (`python -m ptq.cli ...` subprocesses, imports and the
 QDQ check included): per round, `ptq calibrate MODEL --images CALIB --bias-correction`, then `ptq tune MODEL
@@ -68,6 +69,8 @@ def main(argv=None) -> int:
     parser.add_argument("--target", type=float, default=0.998, help="tune's --target-cosine (default 0.998)")
     parser.add_argument("--rounds", type=int, default=1, help="calibrate + tune pairs, medians reported (default 1)")
     parser.add_argument("--tune-args", default="", help="more arguments for ptq tune, e.g. \"--workers 2\"")
+    parser.add_argument("--calibrate-args", default="",
+                        help="more arguments for ptq calibrate, e.g. \"--calibrator extrema\" (tune starts from its table)")
     args = parser.parse_args(argv)
     model, calib, held_out = (Path(p).resolve() for p in args.paths) if args.paths else BUNDLED
     cli = [sys.executable, "-m", "ptq.cli"]
@@ -77,7 +80,7 @@ def main(argv=None) -> int:
             out = Path(tmp) / f"round{r}"
             load = os.getloadavg()[0]
             wall, cpu, _ = timed(cli + ["calibrate", str(model), "--images", str(calib), "--bias-correction",
-                                        "--out", str(out)])
+                                        "--out", str(out)] + shlex.split(args.calibrate_args))
             rows["calibrate"].append((wall, cpu, load, os.getloadavg()[0]))
             table = out / f"{model.stem}.quant.json"
             load = os.getloadavg()[0]
@@ -88,7 +91,7 @@ def main(argv=None) -> int:
             summary = [line for line in log.splitlines() if line.startswith(("validation cosine", "QDQ model in"))
                        or "tensor(s) in 16 bits" in line]
         print(f"{model.name}: calibrate and tune on {calib} ({args.rounds} round(s), each a fresh process; "
-              f"tune {args.tune_args or 'with its defaults'})")
+              f"calibrate {args.calibrate_args or 'with its defaults'}, tune {args.tune_args or 'with its defaults'})")
         print(f"{'command':44s} {'wall s':>7s} {'cpu s':>7s} {'load':>9s}")
         median = {}
         for name, label in (("calibrate", "ptq calibrate --bias-correction"),
