@@ -146,7 +146,7 @@ class HistogramCollector:
             self.exponent = new_exponent
         scale = _normal_scale(self.exponent)
         if scale is not None:
-            # reason: numba is loaded only where a histogram is filled (calibrate's default extrema fills none)
+            # reason: numba is loaded only where a histogram is filled (a calibrator such as extrema fills none)
             from calibrators.histogram_counts import add_counts
 
             if add_counts(rows.values, scale, self.counts, self.zeros):

@@ -47,7 +47,7 @@ MaxPool passes on only each window's maximum, the input's upper tail, which E on
 underweights. On the CRNN (three ReLU -> MaxPool pairs) that took the decode agreement from 0.941 to 0.961.
 A graph output keeps its extremes too (its reader is the user: top logits, scores above a threshold).
 
-Measured against extrema (the default), int run, same arrays (`python bench/first_try.py --no-peers
+Measured against extrema (the default until issue 26), int run, same arrays (`python bench/first_try.py --no-peers
 --calibrators auto [--lite0-crops 200]`; `python bench/detectors.py --no-ort --no-nncf [--calibrator auto]`):
 
 | figure | extrema | auto |
