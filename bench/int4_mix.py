@@ -72,7 +72,7 @@ from ptq.data_options import DataOptions  # noqa: E402
 from ptq.engine.executor import prepare  # noqa: E402
 from ptq.table.quant_table import load_quant_table  # noqa: E402
 from ptq.tuning.data import split_samples  # noqa: E402
-from ptq.tuning.lane_mix import Int4Grid, LaneMix  # noqa: E402
+from ptq.tuning.lane_mix import Int4Grid, LaneMix, four_bit_macs, lane_throughput  # noqa: E402
 from ptq.tuning.tuner import fit_statistics  # noqa: E402
 from reports.lane_pareto import pareto_svg  # noqa: E402
 
@@ -80,6 +80,26 @@ from reports.lane_pareto import pareto_svg  # noqa: E402
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+# Lite0's 14 layers holding 40.0 % of its MACs: the head of the order of the nearest-rounding tune (DSP operations
+# saved per unit of sensitivity); the fixed assignment the 4-bit grid levers are compared on (docs/dsp.md)
+LITE0_FIXED_40 = ["node_Conv_829", "node_Conv_849", "node_Conv_844", "node_Conv_834", "node_Conv_841", "node_Conv_859",
+                  "node_Conv_846", "node_Conv_819", "node_Conv_864", "node_Conv_816", "node_Conv_869", "node_Conv_856",
+                  "node_Conv_809", "node_Conv_861"]
+
+
+def most_saving(layers, fraction: float) -> list[str]:
+    """The layers saving most DSP operations on 4-bit lanes, in that order, until they hold `fraction` of the
+    MACs (the fixed assignment the grids are compared on; the same layers on an equalized model)."""
+    ranked = sorted(layers, key=lambda layer: layer.ops_at(4) - layer.ops_at(8))
+    total, order, acc = sum(layer.macs for layer in ranked), [], 0
+    for layer in ranked:
+        if acc >= fraction * total:
+            break
+        order.append(layer.node)
+        acc += layer.macs
+    return order
 
 
 def compare_grids(graph, table, samples, fraction: float) -> None:
@@ -101,14 +121,8 @@ def compare_grids(graph, table, samples, fraction: float) -> None:
     order = None
     for name, grid in grids.items():
         mix = LaneMix(graph, table, stats, grid, (x for _, x, _ in fit.samples(graph)))
-        if order is None:  # the layers saving most DSP operations, up to 40 % of the MACs
-            ranked = sorted(mix.layers, key=lambda layer: layer.ops_at(4) - layer.ops_at(8))
-            total, order, acc = sum(layer.macs for layer in ranked), [], 0
-            for layer in ranked:
-                if acc >= 0.4 * total:
-                    break
-                order.append(layer.node)
-                acc += layer.macs
+        if order is None:
+            order = most_saving(mix.layers, 0.4)
         row = []
         for four in ([layer.node for layer in mix.layers], order):
             prepared = prepare(*mix.build(four))
@@ -131,6 +145,10 @@ def main() -> int:
     parser.add_argument("--rounding", choices=["nearest", "adaround", "gptq"], default="gptq",
                         help="how the 4-bit weights are rounded (Int4Grid.rounding)")
     parser.add_argument("--bias-correction", action="store_true", help="calibrate the 8-bit table with bias correction")
+    parser.add_argument("--equalize", action="store_true",
+                        help="calibrate the 8-bit table with cross-layer equalization (the tune starts from it)")
+    parser.add_argument("--fixed", action="store_true",
+                        help="also score Lite0's fixed 40 %% assignment (LITE0_FIXED_40) on validation and eval photos")
     parser.add_argument("--grids", action="store_true", help="compare the 4-bit grid variants first")
     parser.add_argument("--data", action="store_true", help="--calib and --eval are .npy sample files")
     parser.add_argument("--out", default="/tmp/int4_mix")
@@ -142,7 +160,8 @@ def main() -> int:
     source = {"data": args.calib} if args.data else {"images": args.calib}
     table_path = out / f"{stem}.quant.json"
     if not table_path.exists():
-        ptq.calibrate(args.model, out=out, quiet=True, bias_correction=args.bias_correction, **source)
+        ptq.calibrate(args.model, out=out, quiet=True, bias_correction=args.bias_correction,
+                      equalize=args.equalize, **source)
     table = load_quant_table(table_path)
     graph = load_model_for_table(args.model, table, table_path, note=False)  # bias-corrected weights, if any
     if args.grids:
@@ -175,8 +194,8 @@ def main() -> int:
     labelled = all(label is not None for label in labels)
     session = ort.InferenceSession(str(graph_path), providers=["CPUExecutionProvider"])
     ref = [session.run(None, x)[0] for x in feeds]
-    fit, _ = split_samples(ImageSet.from_source(DataOptions(**source).source(table.options.preprocess), None, None, 0),
-                           args.validation_fraction)
+    fit, held = split_samples(ImageSet.from_source(DataOptions(**source).source(table.options.preprocess), None, None,
+                                                   0), args.validation_fraction)
     grid = Int4Grid(**lanes["int4_grid"])
     mix = LaneMix(graph, table, fit_statistics(graph, fit, [grid.activation_calibrator]), grid,
                   (x for _, x, _ in fit.samples(graph)))
@@ -189,7 +208,15 @@ def main() -> int:
           f"{'top-1 agree':>11}" + (f" {'top-1':>6}" if labelled else ""))
     chosen = lanes["chosen"]
     drawn = []
-    for point in lanes["points"] + [dict(chosen, label="TUNED: " + chosen["label"])]:
+    fixed = []
+    if args.fixed:  # scored on the tuner's validation photos as the tuner scores its points
+        four = LITE0_FIXED_40
+        held_feeds = [x for _, x, _ in held.samples(graph)]
+        prepared = prepare(*mix.build(four))
+        val = np.mean([cosine(session.run(None, x)[0], prepared.run(x).outputs[graph.outputs[0]]) for x in held_feeds])
+        fixed = [dict(label=f"FIXED: the {len(four)} layers of 40 %", four=four, cosine=float(val),
+                      four_bit_macs=four_bit_macs(mix.layers, four), throughput=lane_throughput(mix.layers, four))]
+    for point in lanes["points"] + fixed + [dict(chosen, label="TUNED: " + chosen["label"])]:
         prepared = prepare(*mix.build(point["four"]))
         ys = [prepared.run(x).outputs[graph.outputs[0]] for x in feeds]
         cos = [cosine(r, y) for r, y in zip(ref, ys)]
@@ -200,13 +227,17 @@ def main() -> int:
               + (f" {top1:>6.0%}" if labelled else ""))
         drawn.append(dict(point, cosine=float(np.mean(cos))))
     if args.svg:
-        svg = pareto_svg(drawn[:-1], drawn[-1], args.target,
+        svg = pareto_svg(drawn[:-1 - len(fixed)], drawn[-1], args.target,
                          f"{graph_path.name}: cosine on {len(feeds)} held-out samples against DSP throughput")
         Path(args.svg).write_text(svg + "\n", encoding="utf-8")
         print(f"wrote {args.svg}")
     same = prepare(tuned_graph, tuned_table).run(feeds[0]).outputs[graph.outputs[0]]
     rebuilt = prepare(*mix.build(chosen["four"])).run(feeds[0]).outputs[graph.outputs[0]]
     print("\nthe written tuned model and table give the same logits as the rebuilt mix:", np.array_equal(same, rebuilt))
+    eight = [layer.weight for layer in mix.layers if layer.node not in set(chosen["four"])]
+    print(f"the written tuned model has the calibrated model's weights ({len(eight)} 8-bit layers"
+          f"{', equalized' if table.options.equalize else ''}):",
+          all(np.array_equal(tuned_graph.initializers[w], graph.initializers[w]) for w in eight))
 
     for k, x in enumerate(feeds[:args.exact_photos]):
         start = time.time()
