@@ -11,7 +11,10 @@ all-int8, all-int4, the tuned mix and every assignment the tuner measured (cosin
 agreement with the float model); last, every integer tensor of the tuned mix on --exact-photos photos through
 the plain backend and through `dsp:lanes` (each 4-bit layer on int4 lanes, each 8-bit one on int8 lanes).
 The tune result is cached in --out (delete it to tune again). With --grids, the 4-bit grid variants are
-compared first (all-int4 and a fixed 40 %-of-MACs assignment on the validation photos).
+compared first (all-int4 and a fixed 40 %-of-MACs assignment on the validation photos). --fixed adds Lite0's
+fixed 40 % assignment (LITE0_FIXED_40) to the table, also with its 4-bit weights reading the 8-bit inputs (what
+the weights' 4 bits alone cost). --equalize calibrates the 8-bit base with cross-layer equalization
+(`ptq calibrate --equalize`); the tune, the table and the written tuned model all use its equalized weights.
 
 Measured (2-core shared machine, Lite0 with examples/calib: 16 fit photos, 7 validation photos without views;
 20 eval photos). 4-bit grids, mean cosine on the 7 validation photos, all-int4 / the 40 % of the MACs whose
@@ -46,6 +49,13 @@ against float's 80 %); all-int8 1.999 / 0.9957 (75 %), all-int4 3.637 / 0.744 (5
 the eval photos; the tuner's bound, mean - 2 sem >= 0.98 on 7 photos, stops at 32.7 %. Before these changes
 (nearest, in-sample sensitivities): 33.5 % (2.400) at 0.9785; GPTQ with in-sample sensitivities: 28.8 % (2.334)
 at 0.9875.
+Cross-layer equalization of the 8-bit base (`--equalize --bias-correction --fixed`) hurts Lite0, dropped: all-int8
+0.9944 / 0.9957 -> 0.9895 / 0.9924 (validation / eval); the fixed 40 % 0.9796 / 0.9807 -> 0.9643 / 0.9691; its
+4-bit weights reading 8-bit inputs 0.9823 / 0.9848 -> 0.9772 / 0.9789, so the 4 bits of the weights cost 0.0121 /
+0.0109 without and 0.0124 / 0.0135 with it: balanced weight columns do not help the per-channel GPTQ-rounded 4-bit
+weights, and the depthwise outputs' channels, spread by 1/s_c, lose resolution on their per-tensor 8- and 4-bit
+grids. Tuned: 3 layers, 5.9 % of the MACs (2.060) at eval 0.9898 against 32.7 % without. Mini ResNet (target
+0.998): 98.3 % either way, eval 0.99894 -> 0.99916, validation 0.99921 -> 0.99914, all-int4 0.99703 -> 0.99621.
 Mini ResNet (`--model bench/models/mini_resnet.onnx --calib bench/models/mini_resnet_data/calib --eval
 bench/models/mini_resnet_data/eval --data`): target 0.998 -> 98.3 % (3.935) at 0.99894 (nearest: 71.3 %, 3.108,
 0.99894), target 0.98 -> 100 % (4.000) at 0.99811 (nearest: 0.99289); all-int8 0.99994, all-int4 0.99703.
@@ -53,6 +63,7 @@ bench/models/mini_resnet_data/eval --data`): target 0.998 -> 98.3 % (3.935) at 0
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -100,6 +111,16 @@ def most_saving(layers, fraction: float) -> list[str]:
         order.append(layer.node)
         acc += layer.macs
     return order
+
+
+def built(mix: LaneMix, four: list[str], inputs8: bool = False):
+    """The mix's graph and table with `four` on 4-bit lanes; `inputs8`: their 4-bit weights read the 8-bit inputs
+    (what the weights' 4 bits alone cost; not a lane assignment: an 8-bit input does not fit int4 lanes)."""
+    if not inputs8:
+        return mix.build(four)
+    graph, table = mix.build(four, every_edge=True)
+    return graph, dataclasses.replace(table, tensors={
+        **table.tensors, **{mix.copies[n]: mix.table.tensors[mix.by_node[n].data] for n in four}})
 
 
 def compare_grids(graph, table, samples, fraction: float) -> None:
@@ -211,13 +232,19 @@ def main() -> int:
     fixed = []
     if args.fixed:  # scored on the tuner's validation photos as the tuner scores its points
         four = LITE0_FIXED_40
+        if not set(four) <= set(mix.by_node):
+            missing = sorted(set(four) - set(mix.by_node))
+            raise SystemExit(f"--fixed: {args.model} lacks Lite0's layers {', '.join(missing[:3])}, ...")
         held_feeds = [x for _, x, _ in held.samples(graph)]
-        prepared = prepare(*mix.build(four))
-        val = np.mean([cosine(session.run(None, x)[0], prepared.run(x).outputs[graph.outputs[0]]) for x in held_feeds])
-        fixed = [dict(label=f"FIXED: the {len(four)} layers of 40 %", four=four, cosine=float(val),
-                      four_bit_macs=four_bit_macs(mix.layers, four), throughput=lane_throughput(mix.layers, four))]
+        for inputs8 in (False, True):
+            prepared = prepare(*built(mix, four, inputs8))
+            val = np.mean([cosine(session.run(None, x)[0], prepared.run(x).outputs[graph.outputs[0]])
+                           for x in held_feeds])
+            fixed.append(dict(label=f"FIXED 40 %{', 8-bit inputs' if inputs8 else ''}", four=four, inputs8=inputs8,
+                              cosine=float(val), four_bit_macs=four_bit_macs(mix.layers, four),
+                              throughput=lane_throughput(mix.layers, four)))
     for point in lanes["points"] + fixed + [dict(chosen, label="TUNED: " + chosen["label"])]:
-        prepared = prepare(*mix.build(point["four"]))
+        prepared = prepare(*built(mix, point["four"], point.get("inputs8", False)))
         ys = [prepared.run(x).outputs[graph.outputs[0]] for x in feeds]
         cos = [cosine(r, y) for r, y in zip(ref, ys)]
         agree = np.mean([int(np.argmax(r)) == int(np.argmax(y)) for r, y in zip(ref, ys)])
