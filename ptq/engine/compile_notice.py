@@ -45,7 +45,7 @@ PROJECT_PACKAGES = ("ptq", "ops", "reports", "calibrators", "lut", "dsp")
 
 def compiled_here() -> list[str]:
     """What this process compiled that later runs load from caches, for a note beside a time it prints:
-    "the integer kernels" when a numba kernel missed its disk cache, "ptq's Python modules" when the bytecode
+    "the numba kernels" when a numba kernel (an integer kernel, the histogram counter) missed its disk cache, "ptq's Python modules" when the bytecode
     of a module of the project was written after `ptq` was imported (a fresh clone or install: 2.4 s of
     `ptq calibrate` took 11 s the first time)."""
     compiled = []
@@ -55,7 +55,7 @@ def compiled_here() -> list[str]:
 
         kernels = [v for m in modules for v in list(vars(m).values()) if isinstance(v, CPUDispatcher)]
         if any(sum(kernel.stats.cache_misses.values()) for kernel in kernels):
-            compiled.append("the integer kernels")
+            compiled.append("the numba kernels")
     for module in modules:
         cached = getattr(module, "__cached__", None)
         if cached and os.path.exists(cached) and os.path.getmtime(cached) >= IMPORTED_AT:
