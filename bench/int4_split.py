@@ -22,13 +22,12 @@ at random; `--global-from N`: the head of N layers with channels returned to 8-b
 (`allocated`) down to each MAC share.
 
 Measured (Lite0, bias-corrected 8-bit base, examples/calib: 16 fit and 7 validation photos, 20 eval photos;
-docs/dsp.md has the table): nothing kept reproduces the mix (the 14 layers of 40 %: 0.9796 / 0.9807), every channel kept all-int8
-(--keep 1: 0.9944 / 0.9957). Keeping
-the 10 % of channels with the largest difference (27-31 % of the squared difference) gains no more than 10 %
-chosen at random (36.1 %: 0.9803 / 0.9819, next 0.9816 / 0.9816, random 0.9815 / 0.9813). At equal MACs a split
-does no better than whole layers (30.0 % split: 0.9831 / 0.9847, 32.7 % whole: 0.9850 / 0.9853). Channels
-chosen across the first 20 (17) layers down to 40 %: 0.9797 / 0.9801 (0.9800 / 0.9797). No split reaches 40 %
-of the MACs at validation 0.984.
+docs/dsp.md has the table): nothing kept reproduces the mix (the 14 layers of 40 %: 0.9796 / 0.9807), every channel
+kept all-int8 (--keep 1: 0.9944 / 0.9957). Keeping the 10 % of channels with the largest difference (27-31 % of the
+squared difference) gains no more than 10 % chosen at random (36.1 %: 0.9803 / 0.9819, next 0.9816 / 0.9816, random
+0.9815 / 0.9813). At equal MACs a split does no better than whole layers (30.0 % split: 0.9831 / 0.9847, 32.7 %
+whole: 0.9850 / 0.9853). Channels chosen across the first 20 (17) layers down to 40 %: 0.9797 / 0.9801 (0.9800 /
+0.9797). No split reaches 40 % of the MACs at validation 0.984.
 """
 from __future__ import annotations
 
