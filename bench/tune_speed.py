@@ -14,9 +14,10 @@ Then, on EVAL (held out: neither fitted nor decided on), the mean logits cosine 
 onnxruntime and the top-1 agreement of: the calibrated table's integer run, the tuned table's integer run, and
 the tuned QDQ model in onnxruntime with graph optimizations off and on.
 
-Measured (docs/tune.md, "How long it takes"; 2-core machine shared with other jobs, so compare the CPU column and
-runs made one after the other): tune 15.1-15.9 s CPU against calibrate 3.2-3.4 s, a CPU ratio of 4.5-5.0, a
-wall ratio of 3.8 where the second core was free for tune's threads (4.9-6.0 before: 16.2-17.1 s CPU).
+Measured (docs/tune.md, "How long it takes"; the 2-core machine quiet, load 0.3-0.8): with the default calibrator
+(auto) calibrate 3.9 s wall / 4.2 s CPU, tune 16.1 s / 23.4 s: 4.18x calibrate's wall time (5.57x its CPU: tune's
+sample threads use the second core), the tuned table 0.99910 on the eval photos; `--calibrate-args "--calibrator
+extrema"`: 2.9 s / 3.2 s against 11.4 s / 15.6 s, 3.92x.
 """
 from __future__ import annotations
 
