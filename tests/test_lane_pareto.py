@@ -18,6 +18,19 @@ def _point(label, throughput, cosine):
     return {"label": label, "throughput": throughput, "cosine": cosine, "four": [], "four_bit_macs": 0.0}
 
 
+def _calibrated(tmp_path, samples: int):
+    """residual_net saved in tmp_path, `samples` random .npy inputs in tmp_path/data, and its table calibrated by
+    the CLI into tmp_path (net.quant.json)."""
+    model = tmp_path / "net.onnx"
+    onnx.save(residual_net(), model)
+    data = tmp_path / "data"
+    data.mkdir()
+    for k, x in enumerate(np.random.default_rng(1).normal(0, 1, (samples, 3, 8, 8)).astype(np.float32)):
+        np.save(data / f"s{k:02d}.npy", x)
+    assert main(["calibrate", str(model), "--data", str(data), "--out", str(tmp_path), "-q"]) == 0
+    return model, data
+
+
 def test_front_keeps_the_points_no_other_beats_on_both_axes():
     points = [_point("a", 2.0, 0.99), _point("b", 2.5, 0.995), _point("c", 3.0, 0.97), _point("d", 2.8, 0.96),
               _point("e", 3.6, 0.5), _point("f", 2.5, 0.99)]
@@ -37,13 +50,7 @@ def test_svg_draws_every_point_the_front_and_the_target():
 
 
 def test_cli_tune_int4_dsp_then_dsp_report_lists_lanes_and_draws_the_front(tmp_path, capsys):
-    model = tmp_path / "net.onnx"
-    onnx.save(residual_net(), model)
-    data = tmp_path / "data"
-    data.mkdir()
-    for k, x in enumerate(np.random.default_rng(1).normal(0, 1, (12, 3, 8, 8)).astype(np.float32)):
-        np.save(data / f"s{k:02d}.npy", x)
-    assert main(["calibrate", str(model), "--data", str(data), "--out", str(tmp_path), "-q"]) == 0
+    model, data = _calibrated(tmp_path, 12)
     table = tmp_path / "net.quant.json"
     rc = main(["tune", str(model), "--quant", str(table), "--data", str(data), "--target-cosine", "0.5", "--scheme",
                "int4-dsp", "--int4-pow2", "--views", "none", "--z", "0", "--no-check", "-q"])
@@ -95,13 +102,7 @@ def test_cli_tune_int4_dsp_then_dsp_report_lists_lanes_and_draws_the_front(tmp_p
 
 
 def test_cli_int4_dsp_refuses_the_16_bit_and_float_options(tmp_path, capsys):
-    model = tmp_path / "net.onnx"
-    onnx.save(residual_net(), model)
-    data = tmp_path / "data"
-    data.mkdir()
-    for k, x in enumerate(np.random.default_rng(1).normal(0, 1, (4, 3, 8, 8)).astype(np.float32)):
-        np.save(data / f"s{k:02d}.npy", x)
-    assert main(["calibrate", str(model), "--data", str(data), "--out", str(tmp_path), "-q"]) == 0
+    model, data = _calibrated(tmp_path, 4)
     rc = main(["tune", str(model), "--quant", str(tmp_path / "net.quant.json"), "--data", str(data),
                "--target-cosine", "0.9", "--scheme", "int4-dsp", "--allow-float", "1", "-q"])
     assert rc == 2 and "do not apply to --scheme int4-dsp" in capsys.readouterr().err
@@ -109,13 +110,7 @@ def test_cli_int4_dsp_refuses_the_16_bit_and_float_options(tmp_path, capsys):
 
 
 def test_cli_tune_int4_dsp_default_grids_write_a_table_that_loads_and_runs(tmp_path, capsys):
-    model = tmp_path / "net.onnx"
-    onnx.save(residual_net(), model)
-    data = tmp_path / "data"
-    data.mkdir()
-    for k, x in enumerate(np.random.default_rng(1).normal(0, 1, (12, 3, 8, 8)).astype(np.float32)):
-        np.save(data / f"s{k:02d}.npy", x)
-    assert main(["calibrate", str(model), "--data", str(data), "--out", str(tmp_path), "-q"]) == 0
+    model, data = _calibrated(tmp_path, 12)
     rc = main(["tune", str(model), "--quant", str(tmp_path / "net.quant.json"), "--data", str(data), "--target-cosine",
                "0.5", "--scheme", "int4-dsp", "--int4-rounding", "gptq", "--views", "none", "--z", "0", "--no-check",
                "-q"])
