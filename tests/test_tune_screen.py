@@ -101,12 +101,13 @@ def test_a_screened_head_that_reaches_on_every_photo_is_kept_with_the_full_score
 
 def test_each_initializer_is_digested_once_and_a_new_array_changes_the_step_key(tmp_path):
     from ptq.engine.executor import prepare
-    from ptq.tuning.prefix_cache import ConstantDigests, step_key
+    from ptq.engine.quantize_memo import ObjectDigests
+    from ptq.tuning.prefix_cache import step_key
     from ptq.tuning.tuner import with_biases
 
     model_path, table_path = setup(tmp_path)
     table, graph = load_quant_table(table_path), load_model(model_path)
-    digests = ConstantDigests()
+    digests = ObjectDigests()
     first = prepare(graph, table)
     keys = [step_key(first, i, digests) for i in range(len(first.steps))]
     held = dict(digests.by_id)

@@ -23,8 +23,6 @@ bytes in all (a checkpoint that would pass it is not saved: a later pass resumes
 """
 from __future__ import annotations
 
-import hashlib
-import pickle
 import threading
 from dataclasses import dataclass, field
 from typing import Optional
@@ -32,25 +30,14 @@ from typing import Optional
 import numpy as np
 
 from ptq.engine.executor import IntegerGraph
-from ptq.engine.quantize_memo import ObjectDigests
+from ptq.engine.quantize_memo import ObjectDigests, digest
 
 DEFAULT_CHECKPOINTS = 24  # per pass: where a later candidate may resume
 KEPT_PASSES = 3  # the current state, the candidate before and the one before it: a bisection alternates them
 DEFAULT_LIMIT = 1 << 30  # bytes of saved tensors, all kept passes together: a checkpoint past it is not saved
 
 
-def _digest(obj) -> Optional[bytes]:
-    """A digest of `obj`'s pickle (numpy arrays, dataclasses and builtins pickle by value, in C): equal digests
-    mean equal contents; equal contents pickled with different sharing of sub-objects may differ, which only
-    loses a reuse. None when `obj` does not pickle."""
-    try:
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    except (pickle.PicklingError, TypeError, AttributeError):
-        return None
-    return hashlib.blake2b(data, digest_size=20).digest()
-
-
-def step_key(prepared: IntegerGraph, index: int, constant_digest=_digest, quantized_digest=_digest) -> Optional[bytes]:
+def step_key(prepared: IntegerGraph, index: int, constant_digest=digest, quantized_digest=digest) -> Optional[bytes]:
     """The digest of step `index`'s node, kind, qparams, quantized node (by `quantized_digest`: `prepare` with a
     `ptq.engine.quantize_memo.QuantizeMemo` hands unchanged nodes the same object, digested once) and the
     initializers it reads (each by `constant_digest`, the digest of an array); None when something in it cannot be
@@ -61,32 +48,14 @@ def step_key(prepared: IntegerGraph, index: int, constant_digest=_digest, quanti
     quantized = quantized_digest(step.quantized) if step.quantized is not None else b""
     if any(d is None for d in read) or quantized is None:
         return None
-    return _digest((step.node, step.kind, step.in_qparams, step.out_qparams, quantized, step.reason,
-                    step.control, read))
-
-
-@dataclass
-class ConstantDigests:
-    """The digests of the graph's initializers, each computed once per array object: the candidates share the
-    user's weights (the same arrays, graph after graph), only re-corrected biases are new arrays (the tuner
-    replaces an initializer, never writes into one). An entry holds its array, so its id is not reused while the
-    entry lives."""
-
-    by_id: dict = field(default_factory=dict)  # id(array) -> (array, digest)
-
-    def __call__(self, array) -> Optional[bytes]:
-        hit = self.by_id.get(id(array))
-        if hit is not None and hit[0] is array:
-            return hit[1]
-        digest = _digest(array)
-        self.by_id[id(array)] = (array, digest)
-        return digest
+    return digest((step.node, step.kind, step.in_qparams, step.out_qparams, quantized, step.reason,
+                   step.control, read))
 
 
 def input_key(prepared: IntegerGraph) -> Optional[bytes]:
     """The digest of how the graph inputs enter (their names and qparams), the backend and the outputs."""
-    return _digest(([(name, prepared.qparams.get(name)) for name in prepared.graph.inputs],
-                    type(prepared.backend).__qualname__, list(prepared.graph.outputs)))
+    return digest(([(name, prepared.qparams.get(name)) for name in prepared.graph.inputs],
+                   type(prepared.backend).__qualname__, list(prepared.graph.outputs)))
 
 
 def live_tensors(prepared: IntegerGraph) -> list[frozenset]:
@@ -188,7 +157,7 @@ class PrefixCache:
     limit: int = DEFAULT_LIMIT  # bytes all kept passes may hold together
     passes: list = field(default_factory=list)
     current: Optional[PrefixRun] = None
-    constants: ConstantDigests = field(default_factory=ConstantDigests)
+    constants: ObjectDigests = field(default_factory=ObjectDigests)  # of the initializers, once per array
     quantized: ObjectDigests = field(default_factory=ObjectDigests)  # of the steps' quantized nodes, while they live
     input_codes: dict = field(default_factory=dict)  # input key -> sample -> codes, for the latest input key only
 
