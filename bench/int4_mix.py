@@ -113,12 +113,13 @@ def most_saving(layers, fraction: float) -> list[str]:
     return order
 
 
-def built(mix: LaneMix, four: list[str], inputs8: bool = False):
-    """The mix's graph and table with `four` on 4-bit lanes; `inputs8`: their 4-bit weights read the 8-bit inputs
-    (what the weights' 4 bits alone cost; not a lane assignment: an 8-bit input does not fit int4 lanes)."""
+def built(mix: LaneMix, four: list[str], sixteen: list[str] = (), inputs8: bool = False):
+    """The mix's graph and table with `four` on 4-bit lanes and `sixteen` on 16-bit ones; `inputs8`: the 4-bit
+    weights read the 8-bit inputs (what the weights' 4 bits alone cost; not a lane assignment: an 8-bit input does
+    not fit int4 lanes)."""
     if not inputs8:
-        return mix.build(four)
-    graph, table = mix.build(four, every_edge=True)
+        return mix.build(four, sixteen)
+    graph, table = mix.build(four, sixteen, every_edge=True)
     return graph, dataclasses.replace(table, tensors={
         **table.tensors, **{mix.copies[n]: mix.table.tensors[mix.by_node[n].data] for n in four}})
 
@@ -202,9 +203,10 @@ def main() -> int:
     tuned_graph = load_model_for_table(args.model, tuned_table, out / f"{stem}.tuned.quant.json", note=False)
 
     print(f"\nlayers ({len(lanes['layers'])}): lanes, MACs, sensitivity (fit-photo cosine drop alone at 4 bits, "
-          "cross-fitted)")
+          "cross-fitted; - on 16-bit lanes)")
     for row in sorted(lanes["layers"], key=lambda r: -r["macs"])[:12]:
-        print(f"  {row['node']:<28} {row['lanes']}-bit {row['macs']:>11,} {row['sensitivity']:+.5f}")
+        sensitivity = "-" if row["sensitivity"] is None else format(row["sensitivity"], "+.5f")
+        print(f"  {row['node']:<28} {row['lanes']:>2}-bit {row['macs']:>11,} {sensitivity:>8}")
     print(f"  ... ({len(lanes['layers']) - 12} more in {record_path})")
 
     eval_opts = DataOptions(**({"data": args.eval} if args.data else {"images": args.eval}))
@@ -225,7 +227,7 @@ def main() -> int:
     if labelled:
         print(f"top-1 of onnxruntime float against the labels: "
               f"{np.mean([int(np.argmax(r)) == int(label) for r, label in zip(ref, labels)]):.0%}")
-    print(f"{'point':<34} {'4-bit MACs':>10} {'MACs/DSP/cyc':>12} {'val cos':>8} {'eval cos':>8} {'eval min':>8} "
+    print(f"{'point':<34} {'4-bit MACs':>10} {'16-bit layers':>13} {'MACs/DSP/cyc':>12} {'val cos':>8} {'eval cos':>8} {'eval min':>8} "
           f"{'top-1 agree':>11}" + (f" {'top-1':>6}" if labelled else ""))
     chosen = lanes["chosen"]
     drawn = []
@@ -237,19 +239,20 @@ def main() -> int:
             raise SystemExit(f"--fixed: {args.model} lacks Lite0's layers {', '.join(missing[:3])}, ...")
         held_feeds = [x for _, x, _ in held.samples(graph)]
         for inputs8 in (False, True):
-            prepared = prepare(*built(mix, four, inputs8))
+            prepared = prepare(*built(mix, four, inputs8=inputs8))
             val = np.mean([cosine(session.run(None, x)[0], prepared.run(x).outputs[graph.outputs[0]])
                            for x in held_feeds])
             fixed.append(dict(label=f"FIXED 40 %{', 8-bit inputs' if inputs8 else ''}", four=four, inputs8=inputs8,
                               cosine=float(val), four_bit_macs=four_bit_macs(mix.layers, four),
                               throughput=lane_throughput(mix.layers, four)))
     for point in lanes["points"] + fixed + [dict(chosen, label="TUNED: " + chosen["label"])]:
-        prepared = prepare(*built(mix, point["four"], point.get("inputs8", False)))
+        prepared = prepare(*built(mix, point["four"], point.get("sixteen", []), point.get("inputs8", False)))
         ys = [prepared.run(x).outputs[graph.outputs[0]] for x in feeds]
         cos = [cosine(r, y) for r, y in zip(ref, ys)]
         agree = np.mean([int(np.argmax(r)) == int(np.argmax(y)) for r, y in zip(ref, ys)])
         top1 = np.mean([int(np.argmax(y)) == int(label) for y, label in zip(ys, labels)]) if labelled else None
-        print(f"{point['label'][:34]:<34} {point['four_bit_macs']:>10.1%} {point['throughput']:>12.3f} "
+        print(f"{point['label'][:34]:<34} {point['four_bit_macs']:>10.1%} {len(point.get('sixteen', [])):>13} "
+              f"{point['throughput']:>12.3f} "
               f"{point['cosine']:>8.5f} {np.mean(cos):>8.5f} {np.min(cos):>8.5f} {agree:>11.0%}"
               + (f" {top1:>6.0%}" if labelled else ""))
         drawn.append(dict(point, cosine=float(np.mean(cos))))
@@ -259,9 +262,9 @@ def main() -> int:
         Path(args.svg).write_text(svg + "\n", encoding="utf-8")
         print(f"wrote {args.svg}")
     same = prepare(tuned_graph, tuned_table).run(feeds[0]).outputs[graph.outputs[0]]
-    rebuilt = prepare(*mix.build(chosen["four"])).run(feeds[0]).outputs[graph.outputs[0]]
+    rebuilt = prepare(*mix.build(chosen["four"], chosen["sixteen"])).run(feeds[0]).outputs[graph.outputs[0]]
     print("\nthe written tuned model and table give the same logits as the rebuilt mix:", np.array_equal(same, rebuilt))
-    eight = [layer.weight for layer in mix.layers if layer.node not in set(chosen["four"])]
+    eight = [layer.weight for layer in mix.layers if layer.node not in set(chosen["four"]) | set(chosen["sixteen"])]
     print(f"the written tuned model has the calibrated model's weights ({len(eight)} 8-bit layers"
           f"{', equalized' if table.options.equalize else ''}):",
           all(np.array_equal(tuned_graph.initializers[w], graph.initializers[w]) for w in eight))

@@ -7,6 +7,8 @@ Two schemes (port values are built arithmetically, never by OR-ing two's-complem
   "Sharing the activation" packs two weights of two output channels, "sharing the weight" two activations
   of two output pixels; the arithmetic is the same. The seed's cases name the shared operand first:
   iii, uii (unsigned shared), iuu (unsigned packed), uuu (all unsigned: unsigned lanes, no sign correction).
+- `Int16x1`: one product of operands up to 16 bits (A takes 27 bits, B 18: a signed or unsigned 16-bit code fits
+  either), no packing: a 16-bit layer of a mixed-precision model, one MAC per slice and cycle.
 - `Int4x4` (Xilinx WP521): two B-side operands x1, x2 (uint4 activations) times two A/D-side operands w1, w2
   (int4 weights):
       B = x2 * 2^11 + x1,  A = w1,  D = w2 * 2^22   ->   AD = w2 * 2^22 + w1 (the pre-adder)
@@ -222,3 +224,25 @@ class Int4x4:
         d = np.asarray(w2, dtype=np.int64) * np.int64(1 << self.w_shift)
         b = np.asarray(x2, dtype=np.int64) * np.int64(1 << self.x_shift) + np.asarray(x1, dtype=np.int64)
         return a, d, b
+
+
+@dataclass(frozen=True)
+class Int16x1:
+    """One product per slice: A = a, B = b, P = sum a*b (48-bit accumulator); codes of up to 16 bits."""
+
+    a: CodeRange
+    b: CodeRange
+    lanes_per_op: int = 1
+
+    def __post_init__(self):
+        if self.a.bits > 16 or self.b.bits > 16:
+            raise ValueError(f"Int16x1 takes codes of at most 16 bits, got {self.a.name} x {self.b.name}")
+
+    @property
+    def lanes(self) -> tuple[Lane]:
+        return (Lane(0, P_BITS, self.a.signed or self.b.signed),)
+
+    @property
+    def depth(self) -> int:
+        """Products the 48-bit accumulator sums without overflow (131,071 for int16 x int16)."""
+        return self.lanes[0].depth(*product_range(self.a, self.b))

@@ -4,6 +4,8 @@ For (..., M, K) @ (..., K, N) with `batch` = the product of the broadcast batch 
 
 - `int8` (Int8x2): two rows of `a` per slice sharing each element of `b`, or two columns of `b` sharing each
   element of `a` (`swap`), whichever pads fewer lanes: ceil(M/2) * N against M * ceil(N/2) slices per k.
+- `int16` (Int16x1): one product per slice, no packing: M * N slices per k, each a single chain of K (no lane
+  to extract before the 48-bit accumulator overflows).
 - `int4` (Int4x4): two rows of the A/D operand times two columns of the B operand: ceil(M/2) * ceil(N/2)
   slices per k; `swap` puts an unsigned `a` on B (WP521: uint4 activations on B, int4 weights on A/D).
 
@@ -20,9 +22,9 @@ from typing import Union
 
 import numpy as np
 
-from dsp.packing import CodeRange, Int4x4, Int8x2
+from dsp.packing import CodeRange, Int16x1, Int4x4, Int8x2
 
-Scheme = Union[Int8x2, Int4x4]
+Scheme = Union[Int8x2, Int4x4, Int16x1]
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class DotPlan:
 
 
 def plan_dot(scheme: str, a_shape: tuple, b_shape: tuple, a_code: CodeRange, b_code: CodeRange) -> DotPlan:
-    """The slice mapping of a (..., M, K) @ (..., K, N) dot product under `scheme` ("int8" or "int4")."""
+    """The slice mapping of a (..., M, K) @ (..., K, N) dot product under `scheme` ("int8", "int4" or "int16")."""
     m, k = a_shape[-2:]
     n = b_shape[-1]
     batch = int(np.prod(np.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2])), dtype=np.int64))
@@ -52,9 +54,13 @@ def plan_dot(scheme: str, a_shape: tuple, b_shape: tuple, a_code: CodeRange, b_c
             a_code, b_code = b_code, a_code
         packed = Int8x2(packed=a_code, shared=b_code)
         slices = min(m * -(-n // 2), -(-m // 2) * n)
+    elif scheme == "int16":
+        swap = False
+        packed = Int16x1(a=a_code, b=b_code)
+        slices = m * n
     else:
-        raise ValueError(f"unknown DSP packing scheme {scheme!r}; choose int8 or int4")
-    depth = packed.depth
+        raise ValueError(f"unknown DSP packing scheme {scheme!r}; choose int8, int4 or int16")
+    depth = packed.depth if scheme != "int16" else min(packed.depth, max(k, 1))  # no lanes to extract: one chain
     ops = batch * slices * k
     return DotPlan(packed, swap, batch * m * k * n, ops, batch * slices * -(-k // depth) * depth,
                    ops * packed.lanes_per_op)

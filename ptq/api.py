@@ -628,7 +628,8 @@ def tune(
     `reached` is the integer graph's alone). Judge the result on other held-out samples still. `workers`/`ray`: the
     passes over the samples (statistics, ranking, each step's validation cosines) on a pool, with the same
     result (`ptq.tuning.shards`). `scheme="int4-dsp"`: from an 8-bit table, move layers to 4-bit DSP lanes
-    (4 MACs per DSP48E2) while the target holds, maximizing MACs per DSP per cycle (`ptq.tuning.lane_tuner`;
+    (4 MACs per DSP48E2) while the target holds, maximizing MACs per DSP per cycle, and to 16-bit lanes (1 MAC) where
+    all-8-bit misses it (`ptq.tuning.lane_tuner`;
     `int4_grid`: how the 4-bit layers are quantized, `ptq.tuning.lane_mix.Int4Grid`); the result's `lanes`
     records each layer's lanes and sensitivity and every assignment tried.
 
@@ -662,8 +663,8 @@ def tune(
     if scheme not in (DEFAULT_SCHEME, INT4_DSP_SCHEME):
         raise ValueError(f"unknown tuning scheme {scheme!r}; choose {DEFAULT_SCHEME} or {INT4_DSP_SCHEME}")
     if scheme == INT4_DSP_SCHEME and (budget_int16 is not None or allow_float):
-        raise ValueError("--budget-int16 and --allow-float do not apply to --scheme int4-dsp (it moves layers "
-                         "between 8-bit and 4-bit DSP lanes only)")
+        raise ValueError("--budget-int16 and --allow-float do not apply to --scheme int4-dsp (it chooses each "
+                         "layer's DSP lanes, 4, 8 or 16 bits, itself)")
     if scheme == INT4_DSP_SCHEME and (metric_target is not None or target_cosine is None):
         raise ValueError("--scheme int4-dsp tunes to --target-cosine only (no metric target)")
     if target_cosine is not None and not 0 < target_cosine <= 1:

@@ -7,6 +7,8 @@ maps it onto slices for both schemes side by side:
 - int8 (WP486, two MACs per slice) with the operands' own 8-bit code types;
 - int4 (WP521, four MACs per slice) with the same shapes and signedness at 4 bits (what the layer would
   cost if quantized to 4 bits).
+- int16 (one MAC per slice, recorded for the lanes a mixed-precision table gives a layer whose operands are wider
+  than 8 bits; `ptq tune --scheme int4-dsp`'s 16-bit layers).
 
 Per layer and scheme: MACs, packed DSP operations (slice cycles), lanes lost to padding (odd channel or pixel
 counts) and to chaining (dot products rounded up to whole MACC chains of K slices), and cycles on an
@@ -29,7 +31,8 @@ from ptq.engine.executor import prepare
 from ptq.core.option_defaults import DEFAULT_CLOCK_MHZ, DEFAULT_DSPS
 from ptq.table.quant_table import QuantTable
 
-SCHEMES = ("int8", "int4")
+SCHEMES = ("int8", "int4")  # the model totals printed side by side
+LANE_BITS = {"int8": 8, "int4": 4, "int16": 16}  # every lane width a layer is costed on
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,8 @@ class LayerCost:
     name: str  # the node's first output tensor (the name the accuracy report uses)
     node: str
     op_type: str
-    stats: dict[str, DspStats] = field(default_factory=lambda: {s: DspStats() for s in SCHEMES})
-    lanes: str = "int8"  # the lanes the table puts it on: int4 when its weight and data input are 4-bit codes
+    stats: dict[str, DspStats] = field(default_factory=lambda: {s: DspStats() for s in LANE_BITS})
+    lanes: str = "int8"  # the lanes the table puts it on (`_lanes`)
 
     @property
     def macs(self) -> int:
@@ -136,10 +139,13 @@ class _Recorder(NumpyBackend):
 
 
 def _lanes(node, table: QuantTable) -> str:
-    """int4 when every quantized input of `node` (its weight and data input) is on a grid of at most 4 bits."""
+    """int4 when every quantized input of `node` (its weight and data input) is on a grid of at most 4 bits, int16
+    when one is wider than 8 bits, else int8."""
     entries = [table.tensors[name] for name in node.inputs if name in table.tensors]
-    narrow = entries and all(e.qparams.bits <= 4 for e in entries if e.kind in ("activation", "weight"))
-    return "int4" if narrow else "int8"
+    bits = [e.qparams.bits for e in entries if e.kind in ("activation", "weight")]
+    if bits and max(bits) <= 4:
+        return "int4"
+    return "int16" if bits and max(bits) > 8 else "int8"
 
 
 def dsp_report(graph: Graph, table: QuantTable, array: DspArray = DspArray()) -> DspReport:
@@ -156,7 +162,7 @@ def dsp_report(graph: Graph, table: QuantTable, array: DspArray = DspArray()) ->
         node = producer[name]
         layer = layers.setdefault(node.name, LayerCost(name, node.name, node.op_type, lanes=_lanes(node, table)))
         for a_shape, b_shape, a_signed, b_signed in recorder.pending:
-            for scheme, bits in (("int8", 8), ("int4", 4)):
+            for scheme, bits in LANE_BITS.items():
                 plan = plan_dot(scheme, a_shape, b_shape, CodeRange(bits, a_signed), CodeRange(bits, b_signed))
                 layer.stats[scheme].add(plan)
         recorder.pending.clear()
@@ -195,11 +201,13 @@ def report_text(report: DspReport, top: int = 10, accuracy: Optional[Accuracy] =
         lines.append(f"{scheme:<6} {t.macs:>13,} {t.ops:>13,} {t.macs / max(t.ops, 1):>12.3f} "
                      f"{t.padding_loss:>12.1%} {t.chain_loss:>10.1%} {cycles:>11,} {arr.milliseconds(cycles):>9.3f}")
     four = [layer for layer in report.layers if layer.lanes == "int4"]
-    if four and len(four) < len(report.layers):
+    wide = [layer for layer in report.layers if layer.lanes == "int16"]
+    if (four and len(four) < len(report.layers)) or wide:
         t = report.table_stats()
+        sixteen = f", {len(wide)} on int16 ({sum(l.macs for l in wide) / max(t.macs, 1):.1%})" if wide else ""
         lines.append(f"{'table':<6} {t.macs:>13,} {t.ops:>13,} {t.macs / max(t.ops, 1):>12.3f} {t.padding_loss:>12.1%} "
                      f"{t.chain_loss:>10.1%}   (each layer on its table's lanes: {len(four)} of {len(report.layers)} "
-                     f"on int4, {sum(l.macs for l in four) / max(t.macs, 1):.1%} of the MACs)")
+                     f"on int4, {sum(l.macs for l in four) / max(t.macs, 1):.1%} of the MACs{sixteen})")
     ranked = report.ranked()[:top]
     width = max([len(layer.name) for layer in ranked] + [5])
     lines += ["", f"layers ranked by int8 cycles (top {len(ranked)} of {len(report.layers)}):",

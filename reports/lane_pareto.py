@@ -97,59 +97,85 @@ def pareto_svg(points: Sequence[dict], chosen: Optional[dict] = None, target: Op
     return "\n".join(parts)
 
 
+def _value(value: Optional[float]) -> str:
+    """A per-layer figure, "-" where it was not measured (a 16-bit layer's sensitivity, gains without a 16-bit step)."""
+    return "-" if value is None else f"{value:.6f}"
+
+
+def _layer_columns(lanes: dict) -> list[tuple[str, str]]:
+    """(heading, key) of the per-layer figures beyond lanes and MACs; the 16-bit ones only where the tune had a
+    16-bit step."""
+    columns = [("int8 ops", "ops_int8"), ("int4 ops", "ops_int4")]
+    wide = any(r.get("gain16") is not None for r in lanes["layers"])
+    if wide:
+        columns.append(("int16 ops", "ops_int16"))
+    columns.append(("sensitivity", "sensitivity"))
+    if wide:
+        columns.append(("16-bit gain", "gain16"))
+    return columns
+
+
+def _cell(row: dict, key: str) -> str:
+    return f"{row[key]:,}" if key.startswith("ops_") else _value(row.get(key))
+
+
 def lanes_text(record: dict) -> str:
     """The points (front marked; `reached`: mean - z sem >= target + margin, as the tuner decided) and each
-    layer's lanes, MACs, DSP operations and sensitivity, from the
-    `lanes` part of a tune record (`<stem>.tune.json`)."""
+    layer's lanes, MACs, DSP operations, sensitivity (and 16-bit gain), from the `lanes` part of a tune record
+    (`<stem>.tune.json`)."""
     lanes = record["lanes"]
     front = {id(p) for p in pareto_front(lanes["points"])}
     chosen = lanes["chosen"]
     lines = [f"lane assignments measured ({len(lanes['points'])}; * on the Pareto front), validation cosine "
              f"(target {record['target_cosine']}):",
-             f"  {'':1} {'assignment':<34} {'4-bit layers':>12} {'4-bit MACs':>10} {'MACs/DSP/cyc':>12} {'cosine':>8} "
-             f"{'+- sem':>7} {'reached':>7}"]
+             f"  {'':1} {'assignment':<34} {'4-bit layers':>12} {'16-bit':>6} {'4-bit MACs':>10} {'MACs/DSP/cyc':>12} "
+             f"{'cosine':>8} {'+- sem':>7} {'reached':>7}"]
     for p in sorted(lanes["points"], key=lambda p: p["throughput"]):
         lines.append(f"  {'*' if id(p) in front else ' '} {p['label'][:34]:<34} {len(p['four']):>12} "
-                     f"{p['four_bit_macs']:>10.1%} {p['throughput']:>12.3f} {p['cosine']:>8.5f} {p['sem']:>7.5f} "
-                     f"{'yes' if p['reached'] else 'no':>7}")
-    lines.append(f"  tuned: {chosen['label']} ({len(chosen['four'])} layers on 4-bit lanes)")
+                     f"{len(p.get('sixteen', [])):>6} {p['four_bit_macs']:>10.1%} {p['throughput']:>12.3f} "
+                     f"{p['cosine']:>8.5f} {p['sem']:>7.5f} {'yes' if p['reached'] else 'no':>7}")
+    wide = f", {len(chosen.get('sixteen', []))} on 16-bit lanes" if chosen.get("sixteen") else ""
+    lines.append(f"  tuned: {chosen['label']} ({len(chosen['four'])} layers on 4-bit lanes{wide})")
     width = max(len(r["node"]) for r in lanes["layers"])
+    columns = _layer_columns(lanes)
     lines += ["", f"layers ({len(lanes['layers'])}), in graph order:",
-              f"  {'layer':<{width}} {'lanes':>5} {'MACs':>11} {'int8 ops':>10} {'int4 ops':>10} {'sensitivity':>11}"]
+              f"  {'layer':<{width}} {'lanes':>5} {'MACs':>11} " + " ".join(f"{h:>11}" for h, _ in columns)]
     for r in lanes["layers"]:
-        lines.append(f"  {r['node']:<{width}} {r['lanes']:>4}b {r['macs']:>11,} {r['ops_int8']:>10,} "
-                     f"{r['ops_int4']:>10,} {r['sensitivity']:>11.6f}")
+        lines.append(f"  {r['node']:<{width}} {r['lanes']:>4}b {r['macs']:>11,} "
+                     + " ".join(f"{_cell(r, key):>11}" for _, key in columns))
     return "\n".join(lines)
 
 
 def lanes_html(record: dict, title: str = "") -> str:
     """The report.html section of a tune record's `lanes` (`ptq report --tune`): the Pareto figure, the
-    assignments measured and each layer's lanes, MACs, DSP operations and sensitivity."""
+    assignments measured and each layer's lanes, MACs, DSP operations, sensitivity (and 16-bit gain)."""
     lanes = record["lanes"]
     front = {id(p) for p in pareto_front(lanes["points"])}
     chosen = lanes["chosen"]
-    head = "".join(f"<th>{h}</th>" for h in ("front", "assignment", "4-bit layers", "4-bit MACs", "MACs/DSP/cycle",
-                                             "cosine", "± sem", "reached"))
+    head = "".join(f"<th>{h}</th>" for h in ("front", "assignment", "4-bit layers", "16-bit layers", "4-bit MACs",
+                                             "MACs/DSP/cycle", "cosine", "± sem", "reached"))
     rows = []
     for p in sorted(lanes["points"], key=lambda p: p["throughput"]):
         cls = ' class="suspect"' if p is chosen or p["label"] == chosen["label"] else ""
-        cells = ["*" if id(p) in front else "", escape(p["label"]), str(len(p["four"])), f"{p['four_bit_macs']:.1%}",
-                 f"{p['throughput']:.3f}", f"{p['cosine']:.5f}", f"{p['sem']:.5f}", "yes" if p["reached"] else "no"]
+        cells = ["*" if id(p) in front else "", escape(p["label"]), str(len(p["four"])),
+                 str(len(p.get("sixteen", []))), f"{p['four_bit_macs']:.1%}", f"{p['throughput']:.3f}",
+                 f"{p['cosine']:.5f}", f"{p['sem']:.5f}", "yes" if p["reached"] else "no"]
         rows.append(f"<tr{cls}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    layer_head = "".join(f"<th>{h}</th>" for h in ("layer", "lanes", "MACs", "int8 DSP ops", "int4 DSP ops",
-                                                   "sensitivity"))
+    columns = _layer_columns(lanes)
+    layer_head = "".join(f"<th>{h}</th>" for h in ["layer", "lanes", "MACs"] + [h for h, _ in columns])
     layer_rows = [f"<tr><td class=\"t\">{escape(r['node'])}</td><td>{r['lanes']}-bit</td><td>{r['macs']:,}</td>"
-                  f"<td>{r['ops_int8']:,}</td><td>{r['ops_int4']:,}</td><td>{r['sensitivity']:.6f}</td></tr>"
-                  for r in lanes["layers"]]
-    return (f"<p>{len(chosen['four'])} of {len(lanes['layers'])} layers on 4-bit lanes, "
+                  + "".join(f"<td>{_cell(r, key)}</td>" for _, key in columns) + "</tr>" for r in lanes["layers"]]
+    wide = f" and {len(chosen.get('sixteen', []))} on 16-bit lanes" if chosen.get("sixteen") else ""
+    return (f"<p>{len(chosen['four'])} of {len(lanes['layers'])} layers on 4-bit lanes{wide}, "
             f"{chosen['four_bit_macs']:.1%} of the MACs, {chosen['throughput']:.3f} MACs per DSP per cycle; validation "
             f"cosine {chosen['cosine']:.5f} (target {record['target_cosine']}). Every assignment the tuner measured; "
             f"* marks the Pareto front.</p>"
             + pareto_svg(lanes["points"], chosen, record["target_cosine"], title)
             + f'<table id="lane-points"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
             + f'<p>Layers, in graph order (sensitivity: the cosine lost with the layer alone on 4-bit lanes, on '
-              f'the fit samples, cross-fitted).</p><table id="lane-layers"><thead><tr>{layer_head}</tr></thead>'
-              f'<tbody>{"".join(layer_rows)}</tbody></table>')
+              f'the fit samples, cross-fitted; 16-bit gain: the cosine gained with it alone on 16-bit lanes, on the '
+              f'fit samples, where 8 bits missed the target).</p><table id="lane-layers"><thead><tr>{layer_head}'
+              f'</tr></thead><tbody>{"".join(layer_rows)}</tbody></table>')
 
 
 def lanes_record(path) -> dict:

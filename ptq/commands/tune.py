@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "all: %(default)s)")
     parser.add_argument("--scheme", choices=SCHEMES, default=DEFAULT_SCHEME,
                         help="int4-dsp: from an 8-bit table, move layers to 4-bit DSP lanes (4 MACs per DSP48E2) "
-                             "while the target holds, for the most MACs per DSP per cycle (default: default)")
+                             "while the target holds, for the most MACs per DSP per cycle, and to 16-bit lanes (1 MAC) "
+                             "where all-8-bit misses it (default: default)")
     parser.add_argument("--int4-pow2", action="store_true",
                         help="with --scheme int4-dsp: power-of-two 4-bit scales (WP521's grid; default: free scales)")
     parser.add_argument("--int4-no-bias-correction", action="store_true",

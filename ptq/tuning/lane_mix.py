@@ -1,5 +1,6 @@
-"""Per-layer DSP lanes: which convolutions run on 4-bit lanes (WP521, four MACs per DSP48E2) and which on
-8-bit lanes (WP486, two), and the graph and table of such a mix (`ptq tune --scheme int4-dsp`).
+"""Per-layer DSP lanes: which convolutions run on 4-bit lanes (WP521, four MACs per DSP48E2), which on 8-bit
+lanes (WP486, two) and which on 16-bit ones (one product per slice), and the graph and table of such a mix
+(`ptq tune --scheme int4-dsp`).
 
 A *layer* is a node with a weight (Conv, ConvTranspose, Gemm, MatMul with a weight). Its lanes are the width of
 its two multiplier operands: on 4-bit lanes its weight is int4 and its data input uint4; on 8-bit lanes both
@@ -33,6 +34,14 @@ The 4-bit grids (`Int4Grid`):
   input x, P4 that of its 4-bit rounding Q4(x) on the copy's grid, clipping included), less the 8-bit weight
   correction the bias already carries when the starting table was corrected.
 
+16-bit layers, where 8 bits lose too much: the weight on the 16-bit grid of its 8-bit entry's range (per channel
+as that one), and the data input 16-bit *where it is computed*: the tensor and, up through producers with one
+activation input (Clip, Relu, Split, ...), each tensor it comes from, down to the output of the layer or the
+Add that makes it (`LaneMix.wide_sources`): a Clip reading an 8-bit convolution output would give 8-bit values
+on a 16-bit grid. Each other layer reading a widened tensor reads it through its copy, requantized to its own
+8- or 4-bit grid, so the 16-bit layers change no other layer's operands. With a bias-corrected starting table
+the 16-bit weight's bias drops the 8-bit rounding's correction, b_c + sum dW8[c] P.
+
 Throughput (`lane_throughput`): total MACs over total packed DSP operations, each layer counted on its lanes
 (`reports.dsp_resources.dsp_report`: padding of odd channel and pixel counts included), MACs per DSP per cycle.
 """
@@ -64,7 +73,8 @@ from ptq.tuning.lane_fit import fitted_grids, int4_weight_entry, uint4_qparams
 from reports.dsp_resources import dsp_report
 
 NARROW_BITS = 4
-LANES = {4: "int4", 8: "int8"}  # bits of a layer's operands -> the DSP packing it runs on
+WIDE_BITS = 16
+LANES = {4: "int4", 8: "int8", 16: "int16"}  # bits of a layer's operands -> the DSP packing it runs on
 COPY_SUFFIX = "_lanes4"
 POW2_EXPONENTS = range(-2, 3)  # around round(log2(max|w| / 7)): the weight grids `fit="mse"` tries
 CLIP_RATIOS = np.linspace(0.30, 1.0, 36)
@@ -134,10 +144,17 @@ def layers_of(graph: Graph, table: QuantTable) -> list[Layer]:
     return out
 
 
-def lane_throughput(layers: Sequence[Layer], four: Iterable[str]) -> float:
-    """MACs per DSP per cycle of the whole network with the layers named in `four` on 4-bit lanes."""
-    four = set(four)
-    ops = sum(layer.ops_at(4 if layer.node in four else 8) for layer in layers)
+def lane_bits(node: str, four: Iterable[str], sixteen: Iterable[str] = ()) -> int:
+    """The lanes of layer `node` when the layers named in `four` run on 4-bit lanes and those in `sixteen` on
+    16-bit ones (the rest 8-bit)."""
+    return NARROW_BITS if node in four else WIDE_BITS if node in sixteen else 8
+
+
+def lane_throughput(layers: Sequence[Layer], four: Iterable[str], sixteen: Iterable[str] = ()) -> float:
+    """MACs per DSP per cycle of the whole network with the layers named in `four` on 4-bit lanes and those in
+    `sixteen` on 16-bit ones."""
+    four, sixteen = set(four), set(sixteen)
+    ops = sum(layer.ops_at(lane_bits(layer.node, four, sixteen)) for layer in layers)
     return sum(layer.macs for layer in layers) / ops if ops else 0.0
 
 
@@ -226,6 +243,7 @@ class LaneMix:
                                      f"scheme and bits): layer {layer.node} reads {name!r} at "
                                      f"{table.tensors[name].qparams.bits} bits")
         self.by_node = {layer.node: layer for layer in self.layers}
+        self._weighted = {node.name for node in mac_nodes(graph)}
         taken = set(graph.tensors) | {n.name for n in graph.nodes}
         self.copies: dict[str, str] = {}  # layer node -> its 4-bit input copy
         for layer in self.layers:
@@ -258,25 +276,58 @@ class LaneMix:
             self.rounded4, _ = gptq(graph, adjusted, {layer.weight: self.weights4[layer.node].qparams
                                                       for layer in self.layers}, batches)
         self.biases4: dict[str, tuple[str, np.ndarray]] = {}
-        if grid.bias_correction and batches:
-            self.biases4 = self._corrected_biases(batches)
+        self.biases16: dict[str, tuple[str, np.ndarray]] = {}
+        if batches and (grid.bias_correction or table.options.bias_correction):
+            self.biases4, self.biases16 = self._corrected_biases(batches)
+            if not grid.bias_correction:
+                self.biases4 = {}
+        self.weights16 = {layer.node: self._wide_weight(layer, axes.get(layer.weight)) for layer in self.layers}
         self._full: Optional[Graph] = None
 
-    def _corrected_biases(self, batches) -> dict[str, tuple[str, np.ndarray]]:
-        """Layer node -> (its bias initializer, the bias corrected for the 4-bit weight rounding)."""
+    def _wide_weight(self, layer: Layer, axis: Optional[int]) -> TensorEntry:
+        entry = self.table.tensors[layer.weight]
+        qp = self.table.options.derive_qparams("weight", entry.min, entry.max, WIDE_BITS, entry.qparams.axis)
+        return dataclasses.replace(entry, qparams=qp, why="16-bit lanes")
+
+    def wide_sources(self, layer: str) -> list[str]:
+        """The tensors 16-bit lanes for `layer` widen: its data input and, up through producers with one activation
+        input, each tensor it is computed from, ending at the output of a layer, of an op with several activation
+        inputs, or at a graph input (module docstring)."""
+        producers = {out: node for node in self.graph.nodes for out in node.outputs if out}
+        name, chain = self.by_node[layer].data, []
+        while self.table.tensors.get(name) is not None and self.table.tensors[name].kind == "activation":
+            chain.append(name)
+            node = producers.get(name)
+            if node is None or node.name in self._weighted:
+                break
+            sources = [i for i in node.inputs if i and i not in self.graph.initializers]
+            if len(sources) != 1:
+                break
+            name = sources[0]
+        return chain
+
+    def _corrected_biases(self, batches) -> tuple[dict[str, tuple[str, np.ndarray]], dict[str, tuple[str, np.ndarray]]]:
+        """(layer node -> (its bias initializer, the bias corrected for the 4-bit weight rounding), the same for
+        16-bit lanes: the bias without the 8-bit weight rounding's correction the starting table's bias carries,
+        if any)."""
         nodes = {n.name: n for n in self.graph.nodes}
         consumers = self.graph.consumers()
         shared = {name for name, users in consumers.items() if len(users) > 1}
         four = set(self.by_node)
         patched = [n for n in weighted_layers(self.graph, self.table, BiasCorrectionLog()) if n.name in four]
         patches, rounded = self._mean_patches(patched, batches)
-        out = {}
+        out, wide = {}, {}
         for layer in self.layers:
             node = nodes[layer.node]
             bias_name, sign = bias_target(self.graph, node, shared, consumers)
             if not bias_name or node.name not in patches:
                 continue
+            bias = self.graph.initializers[bias_name]
             w = self.graph.initializers[layer.weight].astype(np.float64)
+            delta8 = rounding_delta(w, self.table.tensors[layer.weight].qparams)
+            if self.table.options.bias_correction:
+                value = bias.astype(np.float64) + sign * layer_shift(node, delta8, patches[node.name]).reshape(bias.shape)
+                wide[layer.node] = (bias_name, value.astype(bias.dtype))
             if layer.weight in self.rounded4:
                 w4 = self.rounded4[layer.weight].astype(np.float64)
             else:
@@ -284,12 +335,10 @@ class LaneMix:
             # E[W4 Q4(x)] - E[W x]: the mean shift of the weight's and the input's 4-bit rounding together
             shift = layer_shift(node, w4, rounded[node.name]) - layer_shift(node, w, patches[node.name])
             if self.table.options.bias_correction:  # the graph's bias already corrects the 8-bit weight rounding
-                delta8 = rounding_delta(w, self.table.tensors[layer.weight].qparams)
                 shift -= layer_shift(node, delta8, patches[node.name])
-            bias = self.graph.initializers[bias_name]
             value = bias.astype(np.float64) - sign * shift.reshape(bias.shape)
             out[layer.node] = (bias_name, value.astype(bias.dtype))
-        return out
+        return out, wide
 
     def _mean_patches(self, nodes: Sequence[Node], batches) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Node name -> the mean input patch (`ptq.adjust.bias_correction`) of the float input x and of its
@@ -318,26 +367,39 @@ class LaneMix:
         edges = {(self.by_node[n].output, self.by_node[n].data_index): self.copies[n] for n in nodes}
         return requantize_edges(self.graph, edges, set(self._taken)) if edges else self.graph
 
-    def build(self, four: Iterable[str], *, every_edge: bool = False) -> tuple[Graph, QuantTable]:
-        """(graph, table) with the layers named in `four` on 4-bit lanes, the others on the table's 8 bits.
-        `every_edge`: every layer reads its input through a Requantize (an 8-bit layer's is the identity, exact),
-        so that all assignments share one graph (only the biases differ); else only the 4-bit layers do."""
+    def build(self, four: Iterable[str], sixteen: Iterable[str] = (), *,
+              every_edge: bool = False) -> tuple[Graph, QuantTable]:
+        """(graph, table) with the layers named in `four` on 4-bit lanes, those in `sixteen` on 16-bit lanes, the
+        others on the table's 8 bits. `every_edge`: every layer reads its input through a Requantize (an 8-bit
+        layer's is the identity, exact), so that all assignments share one graph (only the biases differ); else
+        the 4-bit layers do, and the 8-bit ones reading a tensor a 16-bit layer widened."""
         four = [layer.node for layer in self.layers if layer.node in set(four)]
+        sixteen = [layer.node for layer in self.layers if layer.node in set(sixteen) and layer.node not in four]
+        widened = {name for node in sixteen for name in self.wide_sources(node)}
         if every_edge:
             if self._full is None:
                 self._full = self._graph([layer.node for layer in self.layers])
             graph = self._full
         else:
-            graph = self._graph(four)
+            graph = self._graph(four + [layer.node for layer in self.layers
+                                        if layer.node not in four and layer.node not in sixteen
+                                        and layer.data in widened])
         tensors = dict(self.table.tensors)
+        for name in widened:
+            entry = tensors[name]
+            qp = self.table.options.derive_qparams("activation", entry.min, entry.max, WIDE_BITS, entry.qparams.axis)
+            tensors[name] = dataclasses.replace(entry, qparams=qp, why="16-bit lanes")
         for layer in self.layers:
             copy = self.copies[layer.node]
             if layer.node in four:
                 tensors[copy] = self.inputs4[layer.node]
                 tensors[layer.weight] = self.weights4[layer.node]
             elif copy in graph.tensors:
-                tensors[copy] = self.table.tensors[layer.data]
+                tensors[copy] = tensors[layer.data] if layer.node in sixteen else self.table.tensors[layer.data]
+            if layer.node in sixteen:
+                tensors[layer.weight] = self.weights16[layer.node]
         values = dict(self.biases4[n] for n in four if n in self.biases4)
+        values.update(self.biases16[n] for n in sixteen if n in self.biases16)
         values.update({self.by_node[n].weight: self.rounded4[self.by_node[n].weight] for n in four
                        if self.by_node[n].weight in self.rounded4})
         if values:
