@@ -18,6 +18,7 @@ from ptq.core.graph import load_model
 from ptq.data.image_source import ArraySamples
 from ptq.engine.executor import prepare
 from ptq.tuning.lane_mix import Int4Grid, LaneMix, lane_throughput
+from ptq.tuning.data import Validation
 from ptq.tuning.lane_tuner import tune_lanes
 from ptq.tuning.tuner import fit_statistics
 from reports.dsp_resources import dsp_report, report_text
@@ -46,6 +47,32 @@ def forked_net(seed: int = 0):
              helper.make_node("Add", ["b", "c"], ["s"], name="add"),
              helper.make_node("GlobalAveragePool", ["s"], ["g"], name="gap"),
              helper.make_node("Flatten", ["g"], ["f"], name="flat"),
+             helper.make_node("Gemm", ["f", "WG", "BG"], ["logits"], name="fc", transB=1)]
+    inp = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 8, 8])
+    out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])
+    return make_model(nodes, [inp], [out], inits)
+
+
+def side_net(k: float = 30.0, seed: int = 0):
+    """input (1,3,8,8) -> {side: Conv 1x1 (k (x1 - x0), x2), every pixel to the Gemm; big: Conv 3x3 3->32 -> Relu
+    -> GlobalAveragePool} -> Concat -> Gemm. With x1 = x0 + a small difference, the 8-bit input grid loses most
+    of the side path's signal, which 16 bits keep; the big layer holds almost all the MACs."""
+    rng = np.random.default_rng(seed)
+    ws = np.zeros((2, 3, 1, 1), np.float32)
+    ws[0, 0], ws[0, 1], ws[1, 2] = -k, k, 1.0
+    wg = np.concatenate([rng.normal(0, 0.3 / 8, (10, 128)), rng.normal(0, 0.3, (10, 32))], axis=1)
+    inits = [numpy_helper.from_array(ws, "Ws"), numpy_helper.from_array(np.zeros(2, np.float32), "Bs"),
+             numpy_helper.from_array(rng.normal(0, 1.5 / math.sqrt(27), (32, 3, 3, 3)).astype(np.float32), "Wb"),
+             numpy_helper.from_array(rng.normal(0, 0.1, 32).astype(np.float32), "Bb"),
+             numpy_helper.from_array(wg.astype(np.float32), "WG"),
+             numpy_helper.from_array(rng.normal(0, 0.1, 10).astype(np.float32), "BG")]
+    nodes = [helper.make_node("Conv", ["input", "Ws", "Bs"], ["s"], name="side"),
+             helper.make_node("Flatten", ["s"], ["fs"], name="flat_s"),
+             helper.make_node("Conv", ["input", "Wb", "Bb"], ["b"], name="big", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["b"], ["h"], name="relu"),
+             helper.make_node("GlobalAveragePool", ["h"], ["gp"], name="gap"),
+             helper.make_node("Flatten", ["gp"], ["fb"], name="flat_b"),
+             helper.make_node("Concat", ["fs", "fb"], ["f"], name="cat", axis=1),
              helper.make_node("Gemm", ["f", "WG", "BG"], ["logits"], name="fc", transB=1)]
     inp = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 8, 8])
     out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])
@@ -142,7 +169,6 @@ def test_the_tuner_puts_layers_on_16_bit_lanes_only_where_8_bits_miss(arrays):
     samples = ArraySamples(arrays)
     easy = tune_lanes(graph, table, samples, 0.5, reference=graph, z=0.0, grid=CRUDE)
     assert easy.lanes.chosen.sixteen == [] and "all int16" not in [p.label for p in easy.lanes.points]
-    assert all(row["gain16"] is None for row in easy.lanes.to_dict()["layers"])
     all8 = easy.lanes.points[0]
     target = all8.cosine + (1 - all8.cosine) / 2  # above all-8-bit, below all-16-bit
     wide = tune_lanes(graph, table, samples, target, reference=graph, z=0.0, grid=CRUDE)
@@ -166,3 +192,26 @@ def test_the_tuner_puts_layers_on_16_bit_lanes_only_where_8_bits_miss(arrays):
     impossible = tune_lanes(graph, table, samples, 1.0, reference=graph, z=0.0, grid=CRUDE)
     assert not impossible.reached and impossible.lanes.chosen.label == "all int16"
     assert sorted(impossible.lanes.chosen.sixteen) == sorted(LAYERS)
+
+
+def test_a_layer_on_16_bit_lanes_can_make_room_for_4_bit_ones():
+    rng = np.random.default_rng(1)
+    x = rng.normal(0, 1, (16, 3, 8, 8)).astype(np.float32)
+    x[:, 1] = x[:, 0] + 0.02 * rng.normal(0, 1, (16, 8, 8)) + 0.05
+    graph = load_model(side_net())
+    table = calibrate(side_net(), x[:12], write_qdq=False).table
+    fit, held = ArraySamples(x[:12]), ArraySamples(x[12:])
+    mix = LaneMix(graph, table, fit_statistics(graph, fit, ["mse"]), Int4Grid(pow2=True),
+                  (y for _, y, _ in fit.samples(graph)))
+    check = Validation.create(graph, held)
+    all8, big4 = (check.cosine(*mix.build(four)).mean for four in ([], ["big"]))
+    assert check.cosine(*mix.build(["big"], ["side"])).mean > all8 > big4  # measured 0.9989 > 0.9950 > 0.9945
+    target = (all8 + big4) / 2  # all-8-bit reaches it, the big layer on 4-bit lanes alone does not
+    options = dict(reference=graph, validation=held, z=0.0, grid=Int4Grid(pow2=True))
+    plain = tune_lanes(graph, table, fit, target, exchanges=0, **options).lanes.chosen
+    assert plain.four == [] and plain.sixteen == []
+    traded = tune_lanes(graph, table, fit, target, **options)
+    chosen = traded.lanes.chosen
+    assert traded.reached and chosen.four == ["big"] and chosen.sixteen == ["side"]
+    assert chosen.throughput > 1.9 * plain.throughput
+    assert chosen.label.startswith("16-bit + side")

@@ -1,30 +1,34 @@
 """`tune_lanes` (`ptq tune --scheme int4-dsp`): the most DSP throughput whose validation cosine still reaches a
-target, by moving layers from 8-bit to 4-bit DSP lanes (`ptq.tuning.lane_mix`), and to 16-bit lanes where 8 bits
-do not reach it.
+target, by moving layers from 8-bit to 4-bit DSP lanes (`ptq.tuning.lane_mix`), and to 16-bit lanes where that
+buys accuracy cheaper than the 4-bit layers give it up, or where 8 bits do not reach the target at all.
 
-First, only when all-8-bit misses the target ("16 bits where nothing else holds"): each layer alone on 16-bit lanes
-gives its *gain*, the rise of the mean logits cosine on the fit samples; the layers that gain, sorted by gain per
-DSP operation the 16 bits add, most first; the shortest head of that order that reaches the target on the
-validation samples (bisection; all layers on 16-bit lanes measured first: when even that misses, the tune stops
-there, not reached). Those layers stay on 16-bit lanes, and the greedy below starts from that assignment (its
-sensitivities measured with them in place). Then a greedy on measured sensitivities:
+1. *Sensitivities*: every layer alone on 4-bit lanes, the rest 8-bit: the drop of the mean logits cosine on the fit
+   samples (no views: one pass per layer) from the all-8-bit one (at least `SENSITIVITY_FLOOR`), cross-fitted:
+   the fit samples split in two halves, each half measured on the 4-bit layers fitted to the other
+   (`cross_fitted_sensitivities`). Measured on the samples its grids and GPTQ rounding were fitted to, a layer
+   fed few patches per weight (Lite0's 7x7 layers) looks up to 4x cheaper than on other photos. *16-bit gains*:
+   every layer alone on 16-bit lanes, the rise of the mean cosine on the fit samples (`wide_gains`); the layers
+   that gain, by gain per DSP operation the 16 bits add, most first.
+2. Only when all-8-bit misses the target ("16 bits where nothing else holds"): the shortest head of the gain
+   order on 16-bit lanes that reaches it on the validation samples (bisection, after all layers on 16-bit lanes:
+   when even that misses, the tune stops there, not reached). The steps below start from it, its layers staying
+   on 16-bit lanes (the sensitivities are measured with them in place).
+3. The layers that 4-bit lanes speed up, sorted by DSP operations saved per sensitivity, (ops_8 - ops_4) /
+   sensitivity, most first (one that saves nothing, e.g. a Gemm of a single row, stays 8-bit); the longest head
+   of that order that reaches the target on the validation samples (mean - z sem >= target + margin, as `ptq
+   tune` asks; `ptq.tuning.data`), by bisection on its length (log2(n) validation passes; the longest when
+   reaching is monotone in the length, else one that reaches); then each of the `extra` layers after the first
+   one the head missed (the bisection measured that one) tried alone on top of it, kept if the target still holds.
+4. *Exchanges*: each of the first `exchanges` layers of the gain order not yet on 4- or 16-bit lanes is put on
+   16-bit lanes, and step 3 goes on from the chosen 4-bit layers with it in place; kept when the throughput
+   rises. On Lite0 the stem convolution reads the photo, finer than 8-bit data (`ptq.calibration.input_grid`): on
+   16-bit lanes (2.7 % of the MACs at 1 MAC per DSP) it raises the validation cosine by 0.004 with 35.5 % of the
+   MACs on 4-bit lanes, room for two more 4-bit layers, which leaves the throughput where it was (docs/dsp.md).
 
-1. every layer alone on 4-bit lanes, the rest 8-bit: its *sensitivity* is the drop of the mean logits cosine
-   on the fit samples (no views: one pass per layer) from the all-8-bit one (at least `SENSITIVITY_FLOOR`),
-   cross-fitted: the fit samples split in two halves, each half measured on the 4-bit layers fitted to the
-   other (`cross_fitted_sensitivities`). Measured on the samples its grids and GPTQ rounding were fitted to, a
-   layer fed few patches per weight (Lite0's 7x7 layers) looks up to 4x cheaper than on other photos;
-2. the layers that 4-bit lanes speed up sorted by DSP operations saved per sensitivity, (ops_8 - ops_4) /
-   sensitivity, most first (one that saves nothing, e.g. a Gemm of a single row, stays 8-bit);
-3. the longest head of that order that reaches the target on the validation samples (mean - z sem >= target +
-   margin, as `ptq tune` asks; `ptq.tuning.data`), by bisection on its length (log2(n) validation passes;
-   the longest when reaching is monotone in the length, else one that reaches);
-4. then each of the `extra` layers after the first one the head missed (the bisection measured that one) tried
-   alone on top of the head, kept if the target still holds (a layer the cut passed over may fit).
-
-Every assignment measured is a trade-off point (`LanePoint`: throughput, 4-bit MAC share, validation cosine);
-all-8-bit and all-4-bit are measured as the two ends (and all-16-bit when the 16-bit step runs). The result's graph reads only the 4-bit layers' inputs
-through Requantize nodes.
+Every assignment measured is a trade-off point (`LanePoint`: throughput, 4-bit MAC share, validation cosine, the
+16-bit layers); all-8-bit and all-4-bit are measured as the two ends (and all-16-bit when step 2 runs). The
+result's graph reads through Requantize nodes only the 4-bit layers' inputs and the 8-bit layers' inputs that a
+16-bit layer widened.
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ logger = logging.getLogger("ptq.tune")
 
 SENSITIVITY_FLOOR = 1e-6  # a layer whose 4 bits cost nothing measurable still ranks by its savings
 DEFAULT_EXTRA = 6
+DEFAULT_EXCHANGES = 3  # layers tried on 16-bit lanes to make room for more 4-bit ones
 
 
 @dataclass
@@ -135,7 +140,7 @@ def cross_fitted_sensitivities(graph: Graph, table: QuantTable, fit: Samples, re
 def tune_lanes(graph: Graph, table: QuantTable, samples: Samples, target: float, *, reference: Graph,
                validation: Optional[Samples] = None, validation_fraction: float = 0.25, margin: float = 0.0,
                z: float = 2.0, views: Sequence[str] = (), grid: Int4Grid = Int4Grid(), extra: int = DEFAULT_EXTRA,
-               progress: bool = False) -> LaneTuneResult:
+               exchanges: int = DEFAULT_EXCHANGES, progress: bool = False) -> LaneTuneResult:
     """Tune the lanes of `graph`'s layers (module docstring) from the 8-bit `table`; `reference` is the user's
     float model (the goal); the fit samples give the 4-bit grids, bias correction and the sensitivities."""
     fit, held = (samples, validation) if validation is not None else split_samples(samples, validation_fraction)
@@ -159,12 +164,37 @@ def tune_lanes(graph: Graph, table: QuantTable, samples: Samples, target: float,
                     len(sixteen), point.throughput, point.cosine)
         return point
 
+    def extend(four: list[str], rest: list[str], sixteen: list[str], start: LanePoint, label: str) -> LanePoint:
+        """The point of `four` plus the longest head of `rest` on 4-bit lanes that reaches the target (bisection;
+        `start`, the point of `four` alone, reaches), then each of the `extra` layers after the first one that head
+        missed tried alone on top of it (a layer the cut passed over may fit)."""
+        chosen = start
+        lo, hi = 0, len(rest)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            point = measure(f"{label}{mid}", four + rest[:mid], sixteen)
+            steps.append(TuneStep(f"4-bit lanes: {label}{mid}", point.cosine, point.cosine - chosen.cosine,
+                                  point.reached))
+            if point.reached:
+                lo, chosen = mid, point
+            else:
+                hi = mid - 1
+        for node in rest[lo + 1:lo + 1 + extra]:  # rest[lo] was measured by the bisection, and missed
+            point = measure(f"+ {node}", chosen.four + [node], sixteen)
+            steps.append(TuneStep(f"4-bit lanes: + {node}", point.cosine, point.cosine - chosen.cosine, point.reached))
+            if point.reached:
+                chosen = point
+        return chosen
+
     every = [layer.node for layer in layers]
     eight = measure("all int8", [])
     measure("all int4", every)
-    base, gains = eight, None
-    if not eight.reached:
-        base, gains = wide_layers(mix, fit, reference, measure, steps, progress)
+    gains = wide_gains(mix, fit, reference, progress)
+    for node, gain in gains.items():
+        logger.info("16-bit gain %s: %.6f", node, gain)
+    by_gain = [l.node for l in sorted((l for l in layers if gains[l.node] > 0),
+                                      key=lambda l: -gains[l.node] / max(l.ops_at(16) - l.ops_at(8), 1))]
+    base = eight if eight.reached else wide_layers(by_gain, every, measure, steps)
     sixteen = base.sixteen
     sensitivity = cross_fitted_sensitivities(graph, table, fit, reference, grid, progress, sixteen)
     for node, value in sensitivity.items():
@@ -173,30 +203,25 @@ def tune_lanes(graph: Graph, table: QuantTable, samples: Samples, target: float,
     saving = [l for l in layers if l.ops_at(4) < l.ops_at(8) and l.node not in sixteen]
     order = sorted(saving, key=lambda l: -(l.ops_at(8) - l.ops_at(4)) / max(sensitivity[l.node], SENSITIVITY_FLOOR))
     order = [l.node for l in order]
-
-    chosen = base
-    lo, hi = 0, len(order)  # head lo reaches (0: the base, if anything); find the longest
-    while lo < hi and base.reached:
-        mid = (lo + hi + 1) // 2
-        point = measure(f"head {mid}", order[:mid], sixteen)
-        steps.append(TuneStep(f"4-bit lanes: first {mid} of the order", point.cosine, point.cosine - chosen.cosine,
-                              point.reached))
-        if point.reached:
-            lo, chosen = mid, point
-        else:
-            hi = mid - 1
-    if base.reached:  # head lo + 1 was measured by the bisection (and missed) unless lo is the whole order
-        for node in order[lo + 1:lo + 1 + extra]:
-            point = measure(f"+ {node}", chosen.four + [node], sixteen)
-            steps.append(TuneStep(f"4-bit lanes: + {node}", point.cosine, point.cosine - chosen.cosine, point.reached))
-            if point.reached:
+    chosen = extend([], order, sixteen, base, "head ") if base.reached else base
+    if chosen.reached:  # 16 bits traded for 4: a layer's 16-bit lanes may buy room for more 4-bit ones
+        for node in [n for n in by_gain if n not in chosen.four and n not in chosen.sixteen][:exchanges]:
+            wider = chosen.sixteen + [node]
+            start = measure(f"16-bit + {node}", chosen.four, wider)
+            steps.append(TuneStep(f"16-bit lanes: + {node}", start.cosine, start.cosine - chosen.cosine,
+                                  start.reached))
+            if not start.reached:
+                continue
+            point = extend(chosen.four, [n for n in order if n not in chosen.four and n != node], wider, start,
+                           f"16-bit + {node}, 4-bit + ")
+            if point.throughput > chosen.throughput:
                 chosen = point
     final_graph, final_table = mix.build(chosen.four, chosen.sixteen)
     score = Score(chosen.cosine, chosen.sem)
     record = LaneRecord(
         layers=[{"node": l.node, "output": l.output, "macs": l.macs, "ops_int8": l.ops_at(8), "ops_int4": l.ops_at(4),
                  "ops_int16": l.ops_at(16), "sensitivity": sensitivity.get(l.node),
-                 "gain16": None if gains is None else gains[l.node],
+                 "gain16": gains[l.node],
                  "lanes": lane_bits(l.node, chosen.four, chosen.sixteen)} for l in layers],
         points=points, chosen=chosen, grid=asdict(grid))
     wide = sorted({name for node in chosen.sixteen for name in mix.wide_sources(node)})
@@ -206,35 +231,27 @@ def tune_lanes(graph: Graph, table: QuantTable, samples: Samples, target: float,
                           lanes=record, validation=check)
 
 
-def wide_layers(mix: LaneMix, fit: Samples, reference: Graph, measure, steps: list[TuneStep],
-                progress: bool = False) -> tuple[LanePoint, dict[str, float]]:
-    """The 16-bit step of the module docstring: (the point of the fewest layers on 16-bit lanes that reaches the
-    target, or all-16-bit when nothing does; each layer's 16-bit gain). `measure(label, four, sixteen)` measures
-    and records an assignment on the validation samples."""
-    gains = wide_gains(mix, fit, reference, progress)
-    for node, gain in gains.items():
-        logger.info("16-bit gain %s: %.6f", node, gain)
-    every = [layer.node for layer in mix.layers]
+def wide_layers(order: list[str], every: list[str], measure, steps: list[TuneStep]) -> LanePoint:
+    """The 16-bit step of the module docstring: the point of the shortest head of `order` (the layers that gain,
+    by gain per DSP operation added) on 16-bit lanes that reaches the target, or all-16-bit (`every`) when none
+    does. `measure(label, four, sixteen)` measures and records an assignment on the validation samples."""
     widest = measure("all int16", [], every)
     steps.append(TuneStep("16-bit lanes: every layer", widest.cosine, 0.0, widest.reached))
     if not widest.reached:
-        return widest, gains
-    gaining = [l for l in mix.layers if gains[l.node] > 0]
-    order = [l.node for l in sorted(gaining, key=lambda l: -gains[l.node] / max(l.ops_at(16) - l.ops_at(8), 1))]
+        return widest
     chosen = widest
-    lo, hi = 0, len(order)  # head hi reaches unless it is the whole order (then all layers do); find the shortest
+    lo, hi = 1, len(order)  # head hi reaches unless it is the whole order (then all layers do); find the shortest
     while lo < hi:
         mid = (lo + hi) // 2
-        point = measure(f"16-bit head {mid}", [], order[:mid]) if mid else None
-        if point is not None:
-            steps.append(TuneStep(f"16-bit lanes: first {mid} of the order", point.cosine, 0.0, point.reached))
-        if point is not None and point.reached:
+        point = measure(f"16-bit head {mid}", [], order[:mid])
+        steps.append(TuneStep(f"16-bit lanes: first {mid} of the order", point.cosine, 0.0, point.reached))
+        if point.reached:
             hi, chosen = mid, point
         else:
             lo = mid + 1
-    if lo == len(order) and chosen is widest and order:  # head len(order) not measured yet
-        point = measure(f"16-bit head {lo}", [], order)
+    if order and chosen is widest:  # head len(order) not measured yet
+        point = measure(f"16-bit head {lo}", [], order[:lo])
         steps.append(TuneStep(f"16-bit lanes: first {lo} of the order", point.cosine, 0.0, point.reached))
         if point.reached:
             chosen = point
-    return chosen, gains
+    return chosen
