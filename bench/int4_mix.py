@@ -231,8 +231,8 @@ def main() -> int:
     if labelled:
         print(f"top-1 of onnxruntime float against the labels: "
               f"{np.mean([int(np.argmax(r)) == int(label) for r, label in zip(ref, labels)]):.0%}")
-    print(f"{'point':<34} {'4-bit MACs':>10} {'16-bit layers':>13} {'MACs/DSP/cyc':>12} {'val cos':>8} {'eval cos':>8} {'eval min':>8} "
-          f"{'top-1 agree':>11}" + (f" {'top-1':>6}" if labelled else ""))
+    print(f"{'point':<34} {'4-bit MACs':>10} {'16-bit layers':>13} {'MACs/DSP/cyc':>12} {'val cos':>8} {'eval cos':>8} "
+          f"{'eval min':>8} {'top-1 agree':>11}" + (f" {'top-1':>6}" if labelled else ""))
     chosen = lanes["chosen"]
     drawn = []
     fixed = []

@@ -85,17 +85,18 @@ def arrays():
 
 
 def _mix(model, arrays, **options):
-    graph_table = calibrate(model, arrays[:8], write_qdq=False, **options)
+    calibrated = calibrate(model, arrays[:8], write_qdq=False, **options)
     fit = ArraySamples(arrays[:8])
-    graph = graph_table.graph
-    return LaneMix(graph, graph_table.table, fit_statistics(graph, fit, ["mse"]), Int4Grid(pow2=True),
+    graph = calibrated.graph
+    return LaneMix(graph, calibrated.table, fit_statistics(graph, fit, ["mse"]), Int4Grid(pow2=True),
                    (x for _, x, _ in fit.samples(graph)))
 
 
 def test_a_16_bit_dot_product_is_one_product_per_slice_in_one_chain():
     plan = plan_dot("int16", (2, 3, 5), (2, 5, 7), CodeRange(16, True), CodeRange(16, False))
     assert plan.macs == plan.ops == plan.chain_ops == plan.lane_slots == 2 * 3 * 5 * 7
-    assert plan_dot("int8", (2, 3, 5), (2, 5, 7), CodeRange(8, True), CodeRange(8, True)).ops == 2 * (3 * 4) * 5  # packed in pairs
+    packed = plan_dot("int8", (2, 3, 5), (2, 5, 7), CodeRange(8, True), CodeRange(8, True))
+    assert packed.ops == 2 * min(3 * 4, 2 * 7) * 5  # two products per slice: M * ceil(N / 2) slices per k
     # a 48-bit accumulator sums (2^47 - 1) // 2^30 products of two int16 codes, the largest being (-2^15)^2
     assert Int16x1(CodeRange(16, True), CodeRange(16, True)).depth == (2 ** 47 - 1) // 2 ** 30 == 131071
     with pytest.raises(ValueError, match="at most 16 bits"):

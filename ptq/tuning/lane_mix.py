@@ -244,6 +244,7 @@ class LaneMix:
                                      f"{table.tensors[name].qparams.bits} bits")
         self.by_node = {layer.node: layer for layer in self.layers}
         self._weighted = {node.name for node in mac_nodes(graph)}
+        self._producers = {out: node for node in graph.nodes for out in node.outputs if out}
         taken = set(graph.tensors) | {n.name for n in graph.nodes}
         self.copies: dict[str, str] = {}  # layer node -> its 4-bit input copy
         for layer in self.layers:
@@ -281,10 +282,10 @@ class LaneMix:
             self.biases4, self.biases16 = self._corrected_biases(batches)
             if not grid.bias_correction:
                 self.biases4 = {}
-        self.weights16 = {layer.node: self._wide_weight(layer, axes.get(layer.weight)) for layer in self.layers}
+        self.weights16 = {layer.node: self._wide_weight(layer) for layer in self.layers}
         self._full: Optional[Graph] = None
 
-    def _wide_weight(self, layer: Layer, axis: Optional[int]) -> TensorEntry:
+    def _wide_weight(self, layer: Layer) -> TensorEntry:
         entry = self.table.tensors[layer.weight]
         qp = self.table.options.derive_qparams("weight", entry.min, entry.max, WIDE_BITS, entry.qparams.axis)
         return dataclasses.replace(entry, qparams=qp, why="16-bit lanes")
@@ -293,11 +294,10 @@ class LaneMix:
         """The tensors 16-bit lanes for `layer` widen: its data input and, up through producers with one activation
         input, each tensor it is computed from, ending at the output of a layer, of an op with several activation
         inputs, or at a graph input (module docstring)."""
-        producers = {out: node for node in self.graph.nodes for out in node.outputs if out}
         name, chain = self.by_node[layer].data, []
         while self.table.tensors.get(name) is not None and self.table.tensors[name].kind == "activation":
             chain.append(name)
-            node = producers.get(name)
+            node = self._producers.get(name)
             if node is None or node.name in self._weighted:
                 break
             sources = [i for i in node.inputs if i and i not in self.graph.initializers]
@@ -326,8 +326,8 @@ class LaneMix:
             w = self.graph.initializers[layer.weight].astype(np.float64)
             delta8 = rounding_delta(w, self.table.tensors[layer.weight].qparams)
             if self.table.options.bias_correction:
-                value = bias.astype(np.float64) + sign * layer_shift(node, delta8, patches[node.name]).reshape(bias.shape)
-                wide[layer.node] = (bias_name, value.astype(bias.dtype))
+                correction = layer_shift(node, delta8, patches[node.name]).reshape(bias.shape)
+                wide[layer.node] = (bias_name, (bias.astype(np.float64) + sign * correction).astype(bias.dtype))
             if layer.weight in self.rounded4:
                 w4 = self.rounded4[layer.weight].astype(np.float64)
             else:

@@ -69,8 +69,9 @@ class LanePoint:
 
 @dataclass
 class LaneRecord:
-    """What `tune_lanes` measured: per layer (in graph order) its MACs, DSP ops on each lane width, sensitivity,
-    16-bit gain (None when the 16-bit step did not run) and chosen lanes; the points tried; the chosen point."""
+    """What `tune_lanes` measured: per layer (in graph order) its MACs, DSP ops on each lane width, sensitivity
+    (None for a layer on 16-bit lanes before step 3), 16-bit gain and chosen lanes; the points tried; the chosen
+    point."""
 
     layers: list[dict]
     points: list[LanePoint]
@@ -194,7 +195,7 @@ def tune_lanes(graph: Graph, table: QuantTable, samples: Samples, target: float,
         logger.info("16-bit gain %s: %.6f", node, gain)
     by_gain = [l.node for l in sorted((l for l in layers if gains[l.node] > 0),
                                       key=lambda l: -gains[l.node] / max(l.ops_at(16) - l.ops_at(8), 1))]
-    base = eight if eight.reached else wide_layers(by_gain, every, measure, steps)
+    base = eight if eight.reached else wide_layers(by_gain, every, eight.cosine, measure, steps)
     sixteen = base.sixteen
     sensitivity = cross_fitted_sensitivities(graph, table, fit, reference, grid, progress, sixteen)
     for node, value in sensitivity.items():
@@ -206,6 +207,8 @@ def tune_lanes(graph: Graph, table: QuantTable, samples: Samples, target: float,
     chosen = extend([], order, sixteen, base, "head ") if base.reached else base
     if chosen.reached:  # 16 bits traded for 4: a layer's 16-bit lanes may buy room for more 4-bit ones
         for node in [n for n in by_gain if n not in chosen.four and n not in chosen.sixteen][:exchanges]:
+            if node in chosen.four:  # an exchange kept before put it on 4-bit lanes
+                continue
             wider = chosen.sixteen + [node]
             start = measure(f"16-bit + {node}", chosen.four, wider)
             steps.append(TuneStep(f"16-bit lanes: + {node}", start.cosine, start.cosine - chosen.cosine,
@@ -231,27 +234,30 @@ def tune_lanes(graph: Graph, table: QuantTable, samples: Samples, target: float,
                           lanes=record, validation=check)
 
 
-def wide_layers(order: list[str], every: list[str], measure, steps: list[TuneStep]) -> LanePoint:
+def wide_layers(order: list[str], every: list[str], before: float, measure, steps: list[TuneStep]) -> LanePoint:
     """The 16-bit step of the module docstring: the point of the shortest head of `order` (the layers that gain,
     by gain per DSP operation added) on 16-bit lanes that reaches the target, or all-16-bit (`every`) when none
-    does. `measure(label, four, sixteen)` measures and records an assignment on the validation samples."""
+    does. `before`: the all-8-bit cosine; `measure(label, four, sixteen)` measures and records an assignment on the
+    validation samples."""
     widest = measure("all int16", [], every)
-    steps.append(TuneStep("16-bit lanes: every layer", widest.cosine, 0.0, widest.reached))
+    steps.append(TuneStep("16-bit lanes: every layer", widest.cosine, widest.cosine - before, widest.reached))
     if not widest.reached:
         return widest
     chosen = widest
-    lo, hi = 1, len(order)  # head hi reaches unless it is the whole order (then all layers do); find the shortest
+    lo, hi = 1, len(order)  # the shortest head that reaches is in [lo, hi] (head len(order) measured last)
     while lo < hi:
         mid = (lo + hi) // 2
         point = measure(f"16-bit head {mid}", [], order[:mid])
-        steps.append(TuneStep(f"16-bit lanes: first {mid} of the order", point.cosine, 0.0, point.reached))
+        steps.append(TuneStep(f"16-bit lanes: first {mid} of the order", point.cosine, point.cosine - before,
+                              point.reached))
         if point.reached:
             hi, chosen = mid, point
         else:
             lo = mid + 1
     if order and chosen is widest:  # head len(order) not measured yet
         point = measure(f"16-bit head {lo}", [], order[:lo])
-        steps.append(TuneStep(f"16-bit lanes: first {lo} of the order", point.cosine, 0.0, point.reached))
+        steps.append(TuneStep(f"16-bit lanes: first {lo} of the order", point.cosine, point.cosine - before,
+                              point.reached))
         if point.reached:
             chosen = point
     return chosen
