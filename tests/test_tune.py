@@ -121,13 +121,9 @@ def test_the_cli_writes_the_tuned_qdq_model_from_the_tuned_weights_and_onnxrunti
     from ptq.data.images import InputSpec, load_image
 
     raw = Preprocess(mean=0, std=255, crop_ratio=1.0)
-    model, images, paths = write_tiny_case(tmp_path, 9)
-    calibrate(model, images, tmp_path / "out", preprocess=raw, write_qdq=False, bits=4, per_channel=False,
-              bias_correction=True)
-    out = tmp_path / "out"
-    code = main(["tune", str(model), "--quant", str(out / "tiny.quant.json"), "--images", str(images),
-                 "--target-cosine", "0.999", "--views", "none", "--workers", "1"])
-    printed = capsys.readouterr().out
+    code, lines, _, out, images, model = tune_tiny_case(tmp_path, capsys, ("--workers", "1"))
+    printed = "\n".join(lines)
+    paths = sorted(images.iterdir())
     tuned_path, qdq_path = out / "tiny.tuned.quant.json", out / "tiny.tuned.qdq.onnx"
     assert code == 0 and f"QDQ model: {qdq_path} (target ort-cpu)" in printed
     assert "QDQ model in onnxruntime (target ort-cpu) on the same 3 validation samples: optimizations off " in printed
@@ -407,16 +403,16 @@ def test_a_needed_unit_ranked_last_is_moved_first_and_the_head_shrinks(tmp_path)
     assert check.calls - calls == 6  # two bisections of 7: 3 passes each
 
 
-def tune_tiny_case(tmp_path, capsys):
-    """The tiny case calibrated at 4 bits with bias correction, then `ptq tune --target-cosine 0.999`: its exit
-    status, printed lines, tune.json, output folder, images and model."""
+def tune_tiny_case(tmp_path, capsys, flags=("-q",)):
+    """The tiny case calibrated at 4 bits with bias correction, then `ptq tune --target-cosine 0.999` with `flags`:
+    its exit status, printed lines, tune.json, output folder, images and model."""
     raw = Preprocess(mean=0, std=255, crop_ratio=1.0)
     model, images, _ = write_tiny_case(tmp_path, 9)
     calibrate(model, images, tmp_path / "out", preprocess=raw, write_qdq=False, bits=4, per_channel=False,
               bias_correction=True)
     out = tmp_path / "out"
     code = main(["tune", str(model), "--quant", str(out / "tiny.quant.json"), "--images", str(images),
-                 "--target-cosine", "0.999", "--views", "none", "-q"])
+                 "--target-cosine", "0.999", "--views", "none", *flags])
     printed = capsys.readouterr().out.splitlines()
     return code, printed, json.loads((out / "tiny.tune.json").read_text()), out, images, model
 
