@@ -324,18 +324,20 @@ class LaneMix:
                 continue
             bias = self.graph.initializers[bias_name]
             w = self.graph.initializers[layer.weight].astype(np.float64)
-            delta8 = rounding_delta(w, self.table.tensors[layer.weight].qparams)
+            shift8 = None  # the 8-bit weight rounding's mean shift, which a bias-corrected table's bias corrects
             if self.table.options.bias_correction:
-                correction = layer_shift(node, delta8, patches[node.name]).reshape(bias.shape)
-                wide[layer.node] = (bias_name, (bias.astype(np.float64) + sign * correction).astype(bias.dtype))
+                shift8 = layer_shift(node, rounding_delta(w, self.table.tensors[layer.weight].qparams),
+                                     patches[node.name])
+                restored = bias.astype(np.float64) + sign * shift8.reshape(bias.shape)
+                wide[layer.node] = (bias_name, restored.astype(bias.dtype))
             if layer.weight in self.rounded4:
                 w4 = self.rounded4[layer.weight].astype(np.float64)
             else:
                 w4 = w + rounding_delta(w, self.weights4[layer.node].qparams)
             # E[W4 Q4(x)] - E[W x]: the mean shift of the weight's and the input's 4-bit rounding together
             shift = layer_shift(node, w4, rounded[node.name]) - layer_shift(node, w, patches[node.name])
-            if self.table.options.bias_correction:  # the graph's bias already corrects the 8-bit weight rounding
-                shift -= layer_shift(node, delta8, patches[node.name])
+            if shift8 is not None:  # the graph's bias already corrects the 8-bit weight rounding
+                shift -= shift8
             value = bias.astype(np.float64) - sign * shift.reshape(bias.shape)
             out[layer.node] = (bias_name, value.astype(bias.dtype))
         return out, wide
@@ -373,8 +375,9 @@ class LaneMix:
         others on the table's 8 bits. `every_edge`: every layer reads its input through a Requantize (an 8-bit
         layer's is the identity, exact), so that all assignments share one graph (only the biases differ); else
         the 4-bit layers do, and the 8-bit ones reading a tensor a 16-bit layer widened."""
-        four = [layer.node for layer in self.layers if layer.node in set(four)]
-        sixteen = [layer.node for layer in self.layers if layer.node in set(sixteen) and layer.node not in four]
+        four, sixteen = set(four), set(sixteen) - set(four)
+        four = [layer.node for layer in self.layers if layer.node in four]
+        sixteen = [layer.node for layer in self.layers if layer.node in sixteen]
         widened = {name for node in sixteen for name in self.wide_sources(node)}
         if every_edge:
             if self._full is None:
